@@ -1,0 +1,30 @@
+"""Writes need `Authorization: Bearer ozk_...` with a scope; reads are public.
+
+    @router.post(..., dependencies=...)  or  actor: str = Depends(require("bundles:publish"))
+
+The dependency returns the actor name recorded in created_by and the audit log. Tokens are
+never logged: uvicorn's access log holds the request line only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..registry_db.tokens import authenticate
+
+bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo tokens create`")
+
+
+def require(scope: str) -> Callable[..., str]:
+    def dependency(request: Request,
+                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str:
+        token = credentials.credentials if credentials else None
+        with request.app.state.registry.db.read() as session:
+            row = authenticate(session, token, scope)
+            return f"token:{row.name}"
+
+    dependency.__name__ = f"require_{scope.replace(':', '_')}"
+    return dependency

@@ -1,0 +1,77 @@
+"""The one place errors become HTTP: RFC 9457 `application/problem+json`, never a stack trace.
+
+Domain errors (zoo.errors.OscarZooError) carry their status and title; FastAPI's validation
+errors and Starlette's HTTP errors (unknown route, wrong method) get the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..zoo.errors import NotFound, OscarZooError, RangeNotSatisfiable, Unauthorized
+
+PROBLEM = "application/problem+json"
+log = logging.getLogger("oscar_zoo.api")
+
+
+class ProblemResponse(JSONResponse):
+    media_type = PROBLEM
+
+
+def problem(status: int, title: str, detail: str, instance: str | None = None,
+            headers: dict[str, str] | None = None, **extra) -> ProblemResponse:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    if instance:
+        body["instance"] = instance
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return ProblemResponse(body, status_code=status, headers=headers)
+
+
+async def domain_error(request: Request, exc: OscarZooError) -> ProblemResponse:
+    headers = {}
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="oscar-zoo"'
+    if isinstance(exc, RangeNotSatisfiable) and getattr(exc, "size", None) is not None:
+        headers["Content-Range"] = f"bytes */{exc.size}"
+    if exc.http_status >= 500:
+        log.error("%s on %s %s: %s", type(exc).__name__, request.method, request.url.path, exc)
+    suggestions = exc.suggestions if isinstance(exc, NotFound) and exc.suggestions else None
+    return problem(exc.http_status, exc.title, str(exc), request.url.path, headers or None,
+                   suggestions=suggestions)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> ProblemResponse:
+    errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")}
+              for e in exc.errors()[:20]]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(first["loc"]) or "request"
+    return problem(422, "Invalid request", f"{where}: {first['msg']}", request.url.path,
+                   errors=errors)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
+    status = exc.status_code
+    title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    detail = exc.detail if isinstance(exc.detail, str) else title
+    if status == 404 and detail == "Not Found":
+        detail = f"no endpoint at {request.url.path}; the API is described at /docs"
+    return problem(status, title, detail, request.url.path, getattr(exc, "headers", None))
+
+
+async def unexpected_error(request: Request, exc: Exception) -> ProblemResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem(500, "Internal error", "the registry hit an unexpected error; it has been "
+                   "logged on the server", request.url.path)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(OscarZooError, domain_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)

@@ -1,0 +1,129 @@
+"""What the server runs for jobs beside the API: the lease sweeper (always) and, when
+`app.state.start_workers` is set (`oscar-zoo serve` without --no-workers), an executor.
+
+The sweeper requeues expired leases inside the service itself, so a dead worker's job never
+waits for someone's cron (anchors A7, synthesis 3). It runs every lease/6 seconds (0.5 to 5 s)
+and takes a write transaction only when a lease has expired.
+
+The executor gets a token of its own (scope jobs:work), created at startup and revoked at a
+clean shutdown. On shutdown the local executor's workers stop, give their jobs back and wait
+until their GPU work is gone; jobs they still held are requeued without spending an attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy import exists, select
+
+from ..registry_db import jobs as jobs_db
+from ..registry_db.models import Job
+from ..registry_db.tokens import create_token, revoke_token
+from ..zoo import settings
+from ..zoo.errors import ConfigError
+
+log = logging.getLogger("oscar_zoo.jobs")
+
+
+class JobsRuntime:
+    def __init__(self, app: FastAPI):
+        self.app = app
+        self.registry = app.state.registry
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.executor = None
+        self.token_id: int | None = None
+
+    def start(self) -> None:
+        self.sweep()   # leases that ran out while the service was down
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="job-sweeper")
+        self.thread.start()
+        if getattr(self.app.state, "start_workers", False):
+            self._start_executor()
+
+    def stop(self) -> None:
+        if self.executor is not None:
+            holders = self.executor.stop()
+            with self.registry.db.write() as session:
+                for job_id in jobs_db.release_held_by(session, holders):
+                    log.warning("job %s: requeued (its worker stopped with the server)", job_id)
+                if self.token_id is not None:
+                    revoke_token(session, str(self.token_id), by="serve")
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(10)
+
+    # --- sweeper -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(interval()):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
+                log.exception("job sweeper: sweep failed; retrying")
+
+    def sweep(self) -> None:
+        now = jobs_db.now_utc()
+        with self.registry.db.read() as session:
+            due = session.scalar(select(exists().where(Job.status == "running",
+                                                       Job.lease_expires_at < now)))
+        if not due:
+            return
+        with self.registry.db.write() as session:
+            for job_id, status in jobs_db.sweep(session, now):
+                log.warning("job %s: lease expired -> %s", job_id, status)
+
+    # --- executor ------------------------------------------------------------------------------
+
+    def _start_executor(self) -> None:
+        url = getattr(self.app.state, "self_url", None)
+        if not url:
+            raise ConfigError("workers need the server's own URL (app.state.self_url); "
+                              "`oscar-zoo serve` sets it")
+        kind = settings.get("executor")
+        with self.registry.db.write() as session:
+            row, token = create_token(session, ["jobs:work"], f"{kind} executor of serve pid "
+                                      f"{os.getpid()}", created_by="serve")
+            self.token_id = row.id
+        if kind == "local":
+            from ..calibrate.executors.local import LocalExecutor
+
+            self.executor = LocalExecutor(url, token)
+        elif kind == "ray":
+            from ..calibrate.executors.ray_executor import RayExecutor
+
+            self.executor = RayExecutor(url, token, settings.get("ray_address"))
+        else:
+            raise ConfigError(f"OSCAR_ZOO_EXECUTOR={kind!r}: use local or ray")
+        self.executor.start()
+
+
+def interval() -> float:
+    return max(0.5, min(5.0, float(settings.get("job_lease_seconds")) / 6))
+
+
+def install(app: FastAPI) -> None:
+    """Add the jobs and worker routes and run the sweeper (and executor) with the app."""
+    from .routes import jobs, workers
+
+    app.include_router(jobs.router)
+    app.include_router(workers.router)
+    app.state.start_workers = getattr(app.state, "start_workers", False)
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a):
+        runtime = JobsRuntime(app)
+        app.state.jobs_runtime = runtime
+        runtime.start()
+        try:
+            async with inner(a) as state:
+                yield state
+        finally:
+            runtime.stop()
+
+    app.router.lifespan_context = lifespan

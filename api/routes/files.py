@@ -1,0 +1,46 @@
+"""Download a version's files by name: ETag (= sha256), HEAD, Range, If-None-Match."""
+
+from __future__ import annotations
+
+import mimetypes
+
+from fastapi import APIRouter, Request
+
+from ...registry_db import queries
+from ...zoo.errors import FileNotInBundle, StorageCorrupt
+from ..deps import reading
+from ..ranges import file_response
+
+router = APIRouter(tags=["files"])
+MEDIA = {".json": "application/json", ".md": "text/markdown; charset=utf-8",
+         ".safetensors": "application/octet-stream"}
+
+
+FILE_PATH = "/v1/models/{name:path}/versions/{ref}/files/{filename}"
+RESPONSES = {200: {"content": {"application/octet-stream": {}}},
+             206: {"description": "Partial content (Range)"},
+             304: {"description": "Not modified (If-None-Match)"}}
+
+
+@router.head(FILE_PATH, operation_id="head_file", summary="Size and ETag of one file",
+             responses=RESPONSES)
+@router.get(FILE_PATH, operation_id="download_file", summary="Download one file of a version",
+            responses=RESPONSES)
+def download(name: str, ref: str, filename: str, request: Request):
+    with reading(request) as session:
+        model = queries.resolve_model(session, name)
+        version = queries.resolve_version(session, model, ref)
+        entry = next((f for f in version.files if f.name == filename), None)
+        if entry is None:
+            names = ", ".join(f.name for f in version.files)
+            raise FileNotInBundle(f"version {version.number} of {model.name} has no file "
+                                  f"{filename!r}; its files are {names}")
+        try:
+            path = request.app.state.registry.blobs.verified_path(entry.sha256)
+        except FileNotFoundError:
+            raise StorageCorrupt(f"the blob of {filename} ({entry.sha256[:12]}...) is missing from "
+                                 "the registry's store; restore it from a mirror") from None
+        suffix = "." + filename.rsplit(".", 1)[-1] if "." in filename else ""
+        media = MEDIA.get(suffix) or mimetypes.guess_type(filename)[0] or "application/octet-stream"
+        return file_response(request, path, entry.size, entry.sha256, media,
+                             immutable=ref.strip().isascii() and ref.strip().isdigit())

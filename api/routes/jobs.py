@@ -1,0 +1,209 @@
+"""Calibration jobs, the user's side: submit, list, follow (server-sent events), cancel.
+
+    POST /v1/jobs                    {spec}, scope jobs:submit; `Idempotency-Key` header (or
+                                     "idempotency_key" in the body): same key -> same job
+    GET  /v1/jobs?status=&model=&limit=&cursor=
+    GET  /v1/jobs/{id}
+    GET  /v1/jobs/{id}/events        text/event-stream: `event: job` + `data: <job JSON>` on
+                                     every change, until the job ends
+    POST /v1/jobs/{id}/cancel        scope jobs:submit
+
+The worker's side (claim, heartbeat, progress, result) is routes/workers.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Literal
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from pydantic import Field
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
+
+from ...calibrate import jobspec
+from ...registry_db import jobs as jobs_db
+from ...registry_db import queries
+from ...registry_db.models import BundleVersion, Job
+from ...zoo.errors import InvalidInput, ModelNotFound
+from ...zoo.geometry import ModelGeometry
+from ..auth import require
+from ..serialize import iso
+
+router = APIRouter(tags=["jobs"])
+POLL_S = 0.3
+KEEPALIVE_S = 15.0
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+SPEC_EXAMPLE = {"model": "smollm2-135m", "tokens": 8192, "seq_len": 2048,
+                "validation": {"context_len": 2048, "windows": 2}, "aliases": ["recommended"]}
+
+
+# --- the job JSON (the UI's job pages apply it as is) ------------------------------------------
+
+def job_summary(job: Job, result: BundleVersion | None) -> dict[str, Any]:
+    return {"id": job.id, "status": job.status, "phase": job.phase, "model": job.model,
+            "progress": job.progress or {}, "attempts": job.attempts,
+            "max_attempts": job.max_attempts, "cancel_requested": job.cancel_requested,
+            "created_at": iso(job.created_at), "updated_at": iso(job.updated_at),
+            "result_version": result.number if result else None}
+
+
+def job_detail(job: Job, result: BundleVersion | None) -> dict[str, Any]:
+    lease = None
+    if job.status == "running":
+        lease = {"holder": job.lease_holder, "expires_at": iso(job.lease_expires_at),
+                 "heartbeat_at": iso(job.heartbeat_at), "seconds": job.lease_seconds}
+    return {**job_summary(job, result), "spec": job.spec, "timings": job.timings or {},
+            "error": job.error, "gpus": job.gpus, "lease": lease,
+            "started_at": iso(job.started_at), "finished_at": iso(job.finished_at),
+            "created_by": job.created_by,
+            "result": None if result is None else {
+                "model": result.model.name, "version": result.number, "status": result.status,
+                "digest": result.digest, "validation_passed": result.validation_passed}}
+
+
+def results_of(session: Session, jobs: list[Job]) -> dict[int, BundleVersion]:
+    ids = [j.result_version_id for j in jobs if j.result_version_id is not None]
+    if not ids:
+        return {}
+    from sqlalchemy import select
+
+    return {v.id: v for v in session.scalars(select(BundleVersion).where(BundleVersion.id.in_(ids)))}
+
+
+def detail_of(session: Session, job: Job) -> dict[str, Any]:
+    return job_detail(job, results_of(session, [job]).get(job.result_version_id))
+
+
+def read_detail(request: Request, job_id: str) -> dict[str, Any]:
+    with request.app.state.registry.db.read() as session:
+        return detail_of(session, jobs_db.get(session, job_id))
+
+
+# --- submit ----------------------------------------------------------------------------------
+
+def prepare_spec(session: Session, body: dict) -> tuple[jobspec.JobSpec, str]:
+    """The completed spec and the registry name its bundle goes under. Raises InvalidInput,
+    ModelNotFound (with suggestions)."""
+    spec = jobspec.parse_spec(body)
+    name, _, entry = _identity(session, spec)
+    spec = jobspec.complete(spec, entry)
+    jobspec.check(spec, _known_geometry(session, name, entry))
+    return spec, name
+
+
+def _identity(session: Session, spec: jobspec.JobSpec):
+    try:
+        return jobspec.identity(spec)
+    except ModelNotFound as e:
+        # A model someone published before (not in the catalog) is known too.
+        try:
+            row = queries.resolve_model(session, spec.publish_as or spec.model)
+        except ModelNotFound:
+            raise e from None  # the catalog's error, with its suggestions
+        return row.name, row.hub_id, None
+
+
+def _known_geometry(session: Session, name: str, entry) -> ModelGeometry | None:
+    if entry is not None:
+        return entry.geometry
+    try:
+        return ModelGeometry.from_dict(queries.resolve_model(session, name).geometry)
+    except ModelNotFound:
+        return None
+
+
+class SubmitBody(jobspec.JobSpec):
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200,
+                                        description="same key, same job (or the header)")
+
+
+@router.post("/v1/jobs", status_code=201, summary="Submit a calibration job",
+             responses={200: {"description": "this idempotency key's job, submitted before"},
+                        404: {"description": "unknown model (with suggestions)"},
+                        422: {"description": "invalid spec or impossible geometry"}})
+def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE]),
+           idempotency_key: str | None = Header(None, min_length=1, max_length=200),
+           actor: str = Depends(require("jobs:submit"))):
+    key = body.idempotency_key or idempotency_key
+    if "\\u0000" in body.model_dump_json():
+        raise InvalidInput("the job spec may not contain NUL characters")
+    registry = request.app.state.registry
+    with registry.db.read() as session:
+        spec, name = prepare_spec(session, body.model_dump(exclude={"idempotency_key"}))
+    with registry.db.write() as session:
+        job, created = jobs_db.submit(
+            session, spec.model_dump(mode="json"), model=name, gpus=spec.gpus,
+            max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
+            idempotency_key=key, created_by=actor)
+        detail = detail_of(session, job)
+    return JSONResponse(detail, status_code=201 if created else 200,
+                        headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+# --- read ------------------------------------------------------------------------------------
+
+@router.get("/v1/jobs", summary="Jobs, newest first")
+def list_jobs(request: Request, status: Status | None = Query(None),
+              model: str | None = Query(None, max_length=200),
+              limit: int = Query(50, ge=1, le=queries.MAX_LIMIT),
+              cursor: str | None = Query(None, max_length=500)):
+    with request.app.state.registry.db.read() as session:
+        page = jobs_db.list_jobs(session, status, _model_name(session, model), limit, cursor)
+        results = results_of(session, page.items)
+        return {"items": [job_summary(j, results.get(j.result_version_id)) for j in page.items],
+                "next_cursor": page.next_cursor}
+
+
+def _model_name(session: Session, model: str | None) -> str | None:
+    if not model:
+        return None
+    try:
+        return queries.resolve_model(session, model).name
+    except ModelNotFound:
+        return model.strip().lower()
+
+
+@router.get("/v1/jobs/{job_id}", summary="One job: phase, progress, attempts, timings, error")
+def get_job(job_id: str, request: Request):
+    return read_detail(request, job_id)
+
+
+@router.post("/v1/jobs/{job_id}/cancel", status_code=202,
+             summary="Cancel: a queued job at once; a running one stops between layers, then "
+                     "its process group is killed after a grace period")
+def cancel(job_id: str, request: Request, actor: str = Depends(require("jobs:submit"))):
+    with request.app.state.registry.db.write() as session:
+        return detail_of(session, jobs_db.request_cancel(session, job_id, actor))
+
+
+# --- events ----------------------------------------------------------------------------------
+
+@router.get("/v1/jobs/{job_id}/events", summary="Live job updates until the job ends",
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def events(job_id: str, request: Request) -> StreamingResponse:
+    first = await run_in_threadpool(read_detail, request, job_id)   # 404 before the stream
+    return StreamingResponse(_stream(request, job_id, first), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def sse(job: dict) -> str:
+    return f"event: job\ndata: {json.dumps(job, separators=(',', ':'))}\n\n"
+
+
+async def _stream(request: Request, job_id: str, job: dict) -> AsyncIterator[str]:
+    yield sse(job)
+    quiet_since = time.monotonic()
+    while job["status"] not in jobs_db.TERMINAL and not await request.is_disconnected():
+        await asyncio.sleep(POLL_S)
+        latest = await run_in_threadpool(read_detail, request, job_id)
+        if latest != job:
+            job, quiet_since = latest, time.monotonic()
+            yield sse(job)
+        elif time.monotonic() - quiet_since > KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ": keepalive\n\n"

@@ -1,0 +1,225 @@
+"""The worker protocol: plain HTTP, so `oscar-zoo worker --registry URL` runs on any host.
+Every call needs a token with scope `jobs:work` (or admin).
+
+    POST /v1/workers/claim           {worker, gpus, ray, wait} -> 200 {job, lease: {token,
+                                     seconds, expires_at}} | 204 (nothing within `wait` s)
+    POST /v1/jobs/{id}/attach        {lease, worker}: a Ray task takes over its dispatcher's lease
+    POST /v1/jobs/{id}/heartbeat     {lease} -> {status, cancel_requested, lease_expires_at}
+    POST /v1/jobs/{id}/progress      {lease, phase, progress, timings} -> same as heartbeat
+    POST /v1/jobs/{id}/result        multipart bundle files (+ status draft|published), header
+                                     X-Lease-Token -> the version (201 new, 200 recorded before);
+                                     a new published version moves the spec's aliases and is
+                                     mirrored (spec `mirror` + OSCAR_ZOO_MIRROR_TARGETS)
+    POST /v1/jobs/{id}/complete      {lease, timings, progress, error?}: the attempt's end
+    POST /v1/jobs/{id}/fail          {lease, error, retryable, cancelled}: requeue or end
+    POST /v1/jobs/{id}/release       {lease}: requeue without spending an attempt (shutdown)
+
+A call with a lease that is no longer the job's answers 409 (Lease lost): the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import exists, select
+
+from ...registry_db import jobs as jobs_db
+from ...registry_db.models import Job
+from ...registry_db.publish import model_for, prepare_bundle, store_blobs
+from ...zoo.errors import LeaseLost, UnsupportedMediaType
+from ..auth import require
+from ..serialize import iso
+from .jobs import detail_of
+from .publish import MAX_FILES, _stage
+from .versions import version_body
+
+router = APIRouter(tags=["workers"])
+log = logging.getLogger("oscar_zoo.jobs")
+work = require("jobs:work")
+CLAIM_POLL_S = 0.5
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value):
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("may not contain NUL characters")
+        return value
+
+
+class ClaimRequest(Strict):
+    worker: str = Field(min_length=1, max_length=200, description="host:pid:nonce")
+    gpus: int | None = Field(None, ge=0, le=1024, description="GPUs this worker has; null: any")
+    ray: bool = Field(False, description="a Ray dispatcher: may take jobs with ray_resources")
+    wait: float = Field(0, ge=0, le=30, description="long poll: seconds to wait for a job")
+
+
+class LeaseRequest(Strict):
+    lease: str = Field(min_length=1, max_length=64)
+
+
+class AttachRequest(LeaseRequest):
+    worker: str = Field(min_length=1, max_length=200)
+
+
+class ProgressRequest(LeaseRequest):
+    phase: str = Field(max_length=40)
+    progress: dict[str, Any] = {}
+    timings: dict[str, float] | None = None
+
+
+class CompleteRequest(LeaseRequest):
+    timings: dict[str, float] | None = None
+    progress: dict[str, Any] | None = None
+    error: str | None = Field(None, max_length=20000)
+
+
+class FailRequest(LeaseRequest):
+    error: str = Field(max_length=20000)
+    retryable: bool = True
+    cancelled: bool = False
+
+
+def _lease_state(job) -> dict:
+    return {"status": job.status, "cancel_requested": job.cancel_requested,
+            "lease_expires_at": iso(job.lease_expires_at), "lease_seconds": job.lease_seconds}
+
+
+@router.post("/v1/workers/claim", summary="Lease the oldest queued job this worker can run",
+             responses={204: {"description": "no job to run"}})
+async def claim(body: ClaimRequest, request: Request, actor: str = Depends(work)):
+    deadline = time.monotonic() + body.wait
+    while True:
+        got = await run_in_threadpool(_claim, request.app.state.registry, body)
+        if got is not None:
+            return got
+        if time.monotonic() >= deadline or await request.is_disconnected():
+            return Response(status_code=204)
+        await asyncio.sleep(CLAIM_POLL_S)
+
+
+def _claim(registry, body: ClaimRequest) -> dict | None:
+    with registry.db.read() as session:     # the common case, cheaply: nothing queued
+        if not session.scalar(select(exists().where(Job.status == "queued"))):
+            return None
+    with registry.db.write() as session:
+        got = jobs_db.claim(session, body.worker, body.gpus, body.ray)
+        if got is None:
+            return None
+        job, token = got
+        return {"job": detail_of(session, job),
+                "lease": {"token": token, "seconds": job.lease_seconds,
+                          "expires_at": iso(job.lease_expires_at)}}
+
+
+@router.post("/v1/jobs/{job_id}/attach", summary="Take over a dispatcher's lease (Ray task)")
+def attach(job_id: str, body: AttachRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        job = jobs_db.attach(session, job_id, body.lease, body.worker)
+        detail = detail_of(session, job)
+    if detail["status"] != "running":
+        raise LeaseLost(f"job {job_id} {detail['status']}: {detail['error']}")
+    return detail
+
+
+@router.post("/v1/jobs/{job_id}/heartbeat", summary="Extend the lease; learn about a cancel")
+def heartbeat(job_id: str, body: LeaseRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        return _lease_state(jobs_db.heartbeat(session, job_id, body.lease))
+
+
+@router.post("/v1/jobs/{job_id}/progress", summary="Report phase and per-layer progress")
+def progress(job_id: str, body: ProgressRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        job = jobs_db.report_progress(session, job_id, body.lease, body.phase, body.progress,
+                                      body.timings)
+        return _lease_state(job)
+
+
+@router.post("/v1/jobs/{job_id}/complete", summary="End the attempt with its result")
+def complete(job_id: str, body: CompleteRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        job = jobs_db.complete(session, job_id, body.lease, body.timings, body.progress, body.error)
+        return detail_of(session, job)
+
+
+@router.post("/v1/jobs/{job_id}/fail", summary="End the attempt without a result")
+def fail(job_id: str, body: FailRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        job = jobs_db.fail(session, job_id, body.lease, body.error, body.retryable, body.cancelled)
+        return detail_of(session, job)
+
+
+@router.post("/v1/jobs/{job_id}/release", summary="Give the job back (worker shutting down)")
+def release(job_id: str, body: LeaseRequest, request: Request, actor: str = Depends(work)):
+    with request.app.state.registry.db.write() as session:
+        return detail_of(session, jobs_db.release(session, job_id, body.lease))
+
+
+@router.post("/v1/jobs/{job_id}/result", status_code=201,
+             summary="Upload the job's bundle (multipart, like publishing); one version per job")
+async def result(job_id: str, request: Request,
+                 x_lease_token: str = Header(..., max_length=64), actor: str = Depends(work)):
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise UnsupportedMediaType("send the bundle files as multipart/form-data")
+    registry = request.app.state.registry
+    staging_root = registry.data_dir / "staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
+                            max_part_size=64 * 1024) as form:
+        staging = Path(tempfile.mkdtemp(prefix="job-", dir=staging_root))
+        try:
+            fields = await run_in_threadpool(_stage, form, staging)
+            body, created = await run_in_threadpool(
+                _record, registry, job_id, x_lease_token, staging,
+                fields.get("status") or "published", actor)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return JSONResponse(body, status_code=201 if created else 200)
+
+
+def _record(registry, job_id: str, token: str, staging: Path, status: str, actor: str):
+    """Verify (no side effects), fence, store blobs, then one transaction (as Registry.publish)."""
+    prepared = prepare_bundle(staging)
+    with registry.db.read() as session:
+        job = jobs_db.leased(session, job_id, token)
+        model_for(session, prepared.manifest, job.model, create=False)
+    store_blobs(registry.blobs, prepared)
+    with registry.db.write() as session:
+        version, created = jobs_db.record_result(session, job_id, token, prepared, status, actor)
+        body, spec = version_body(session, version), jobs_db.get(session, job_id).spec
+    if created and body["status"] == "published":
+        _mirror(registry, body["model"], body["version"], spec.get("mirror") or [])
+    return body, created
+
+
+def _mirror(registry, model: str, number: int, asked: list[str]) -> None:
+    """The spec's mirror targets and the configured ones, in the background (a hub never holds
+    up a job); outcomes land in the version's mirror records (GET .../mirrors)."""
+    from ...registry_db.mirrors import configured_targets, mirror_version
+
+    targets = list(dict.fromkeys([*asked, *configured_targets(model)]))
+    if not targets:
+        return
+
+    def run():
+        try:
+            mirror_version(registry, model, number, targets)
+        except Exception:  # noqa: BLE001 - recorded per target; log the rest
+            log.exception("mirroring %s v%s after its job failed", model, number)
+
+    threading.Thread(target=run, name=f"mirror-{model}-v{number}", daemon=True).start()

@@ -1,0 +1,66 @@
+"""ORM rows -> the JSON bodies of api/schemas.py. Times are UTC ISO 8601 with a Z."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from urllib.parse import quote
+
+from ..registry_db.models import Alias, BundleVersion, LayerIndex, MirrorRecord, Model
+
+
+def iso(dt: datetime | None) -> str | None:
+    if dt is None:
+        return None
+    return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def model_item(m: Model, stats: dict) -> dict:
+    return {"name": m.name, "hub_id": m.hub_id, "architecture": m.architecture,
+            "aliases": list(m.aliases or []), "geometry": m.geometry,
+            "geometry_verified": m.geometry_verified, "source": m.source, **stats}
+
+
+def version_summary(v: BundleVersion, aliases: list[str]) -> dict:
+    return {"version": v.number, "status": v.status, "yank_reason": v.yank_reason,
+            "digest": v.digest, "size": v.size, "granularity": v.method.get("granularity", "layer"),
+            "key_centering": bool(v.method.get("key_centering")), "clip": v.clip,
+            "validation_passed": v.validation_passed, "aliases": aliases,
+            "created_at": iso(v.created_at), "created_by": v.created_by,
+            "source_job": v.source_job}
+
+
+def file_url(model: str, number: int, name: str) -> str:
+    return f"/v1/models/{model}/versions/{number}/files/{quote(name)}"
+
+
+def version_detail(v: BundleVersion, aliases: list[str]) -> dict:
+    model = v.model
+    return {"model": model.name, "hub_id": model.hub_id, "version": v.number, "status": v.status,
+            "yank_reason": v.yank_reason, "yanked_at": iso(v.yanked_at), "digest": v.digest,
+            "size": v.size, "manifest": v.manifest, "validation": v.validation,
+            "files": [{"name": f.name, "sha256": f.sha256, "size": f.size,
+                       "url": file_url(model.name, v.number, f.name)} for f in v.files],
+            "aliases": aliases, "created_at": iso(v.created_at), "created_by": v.created_by,
+            "source_job": v.source_job}
+
+
+def alias_info(a: Alias) -> dict:
+    return {"alias": a.name, "version": a.version.number, "updated_at": iso(a.updated_at),
+            "updated_by": a.updated_by}
+
+
+def alias_event(e, from_number: int | None, to_number: int | None) -> dict:
+    return {"alias": e.alias, "from_version": from_number, "to_version": to_number,
+            "at": iso(e.at), "by": e.by, "reason": e.reason}
+
+
+def mirror(r: MirrorRecord) -> dict:
+    return {"target": r.target, "repo": r.repo, "path": r.path, "revision": r.revision,
+            "url": r.url, "status": r.status, "error": r.error,
+            "created_at": iso(r.created_at), "updated_at": iso(r.updated_at)}
+
+
+def head_index(r: LayerIndex) -> dict:
+    return {"layer": r.layer, "side": r.side, "kv_head": r.kv_head, "tensor": r.tensor_key,
+            "byte_range": [r.byte_start, r.byte_end], "clip": r.clip, "eig_min": r.eig_min,
+            "eig_max": r.eig_max, "eig_mean": r.eig_mean}

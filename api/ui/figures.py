@@ -1,0 +1,89 @@
+"""The version page's pictures, from the same data the JSON API serves.
+
+- eigenvalue spectra and clip thresholds: the `{side}.{layer}.eigenvalues` and `.clip` tensors,
+  cut out of the stored rotations.safetensors by the layers endpoint's own reader
+  (api/routes/layers.py), the bytes GET .../layers/{layer} returns;
+- per-layer attention error: the manifest's validation report (as GET .../versions/{ref}).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import Request
+from markupsafe import Markup
+
+from ..routes.layers import _read, _tensor_file
+from . import charts
+
+SIDES = {"k": "K (keys)", "v": "V (values)"}
+VARIANTS = ("bundle", "oscar-shipped", "hadamard", "naive")
+
+
+def _cell_h(rows: int) -> float:
+    return float(min(14, max(3, 240 // max(rows, 1))))
+
+
+def padded(rows: list[np.ndarray]) -> np.ndarray:
+    """Ragged 1-D rows -> [len(rows), longest] with NaN gaps (layers may differ in head_dim)."""
+    out = np.full((len(rows), max((len(r) for r in rows), default=0)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def log_spectrum(eig: np.ndarray) -> np.ndarray:
+    """[d] or [h, d] eigenvalues -> [d] log10, sorted largest first, mean over KV heads."""
+    e = np.sort(np.atleast_2d(eig.astype(np.float64)), axis=-1)[:, ::-1]
+    floor = max(float(e.max()) * 1e-12, 1e-30)  # fitted covariances can be rank-deficient
+    return np.log10(np.maximum(e, floor)).mean(axis=0)
+
+
+def side_tensors(request: Request, version, layers: list[int], kind: str) -> dict[str, list]:
+    """side -> one `{side}.{layer}.{kind}` array per layer (sides that lack any are left out)."""
+    path, spans = _tensor_file(request, version)
+    out = {}
+    for side in SIDES:
+        keys = [f"{side}.{layer}.{kind}" for layer in layers]
+        if keys and all(k in spans for k in keys):
+            out[side] = [_read(path, spans[k]) for k in keys]
+    return out
+
+
+def spectra(request: Request, version, layers: list[int]) -> dict[str, Markup]:
+    """side -> heatmap of log eigenvalues, layers x rank (absent when the bundle has none)."""
+    out = {}
+    for side, eigs in side_tensors(request, version, layers, "eigenvalues").items():
+        grid = padded([log_spectrum(e) for e in eigs])
+        out[side] = charts.heatmap(
+            grid, [str(i) for i in layers], f"{SIDES[side]}: eigenvalue spectrum per layer",
+            "eigenvalue rank (largest first)", log=True,
+            cell=(max(1.0, 256 // grid.shape[1]), _cell_h(len(layers))))
+    return out
+
+
+def clip_grids(request: Request, version, layers: list[int]) -> dict[str, Markup]:
+    """side -> layers x KV heads grid of clip ratios, one colour scale for K and V."""
+    grids = {side: padded(clips) for side, clips in
+             side_tensors(request, version, layers, "clip").items()}
+    if not grids:
+        return {}
+    lo = min(float(np.nanmin(g)) for g in grids.values())
+    hi = max(float(np.nanmax(g)) for g in grids.values())
+    return {side: charts.heatmap(g, [str(i) for i in layers], f"{SIDES[side]}: clip ratio per "
+                                 "layer and KV head", "KV head", lo, hi,
+                                 cell=(max(4.0, 96 // g.shape[1]), _cell_h(len(layers))))
+            for side, g in grids.items()}
+
+
+def attention_error(validation: dict | None, layers: list[int]) -> Markup | None:
+    """Grouped bars of per-layer attention-output error, bundle beside the baselines."""
+    variants = {v["name"]: v.get("per_layer_attn_rel_error") or []
+                for v in (validation or {}).get("variants", [])}
+    series = {n: variants[n] for n in VARIANTS if variants.get(n)}
+    series.update({n: s for n, s in variants.items() if n not in series and s})
+    if not series:
+        return None
+    n = max(len(s) for s in series.values())
+    labels = [str(i) for i in layers] if len(layers) == n else [str(i) for i in range(n)]
+    return charts.grouped_bars(series, labels, "Attention output error per layer, relative to "
+                               "BF16 (lower is better)", "||o - o_bf16|| / ||o_bf16||")

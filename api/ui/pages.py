@@ -1,0 +1,97 @@
+"""Browsing pages: home (search and filters), model, version (with charts)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from sqlalchemy.orm import Session
+
+from ...registry_db import queries, ui_queries
+from .. import serialize
+from ..deps import reading
+from . import figures, views
+from .render import PageRoute, page
+
+router = APIRouter(route_class=PageRoute, include_in_schema=False,
+                   default_response_class=HTMLResponse)
+PAGE_SIZE = 50
+
+
+def endpoint(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+@router.get("/")
+def home(request: Request, q: str | None = Query(None, max_length=200),
+         architecture: str | None = Query(None, max_length=200),
+         validated: bool = Query(False), cursor: str | None = Query(None, max_length=500)):
+    with reading(request) as session:
+        found = ui_queries.search_models(session, q or None, architecture or None, validated,
+                                         PAGE_SIZE, cursor)
+        ids = [m.id for m in found.items]
+        stats = queries.model_stats(session, ids)
+        heads = ui_queries.headline_versions(session, ids)
+        rows = [{**serialize.model_item(m, stats[m.id]),
+                 "headline": views.headline(heads.get(m.id))} for m in found.items]
+        architectures = ui_queries.architectures(session)
+    return page(request, "home.html", {
+        "models": rows, "q": q or "", "architecture": architecture or "", "validated": validated,
+        "architectures": architectures, "more": next_page(request, found.next_cursor),
+        "filtered": bool(q or architecture or validated), "api": "/v1/models"})
+
+
+def next_page(request: Request, cursor: str | None):
+    return request.url.include_query_params(cursor=cursor) if cursor else None
+
+
+@router.get("/models/{name:path}/versions/{ref}")
+def version_page(request: Request, name: str, ref: str):
+    with reading(request) as session:
+        model = queries.resolve_model(session, name)
+        version = queries.resolve_version(session, model, ref)
+        if name != model.name or ref != str(version.number):
+            return RedirectResponse(f"/models/{quote(model.name)}/versions/{version.number}", 307)
+        context = version_context(request, session, model, version)
+    return page(request, "version.html", context)
+
+
+def version_context(request: Request, session: Session, model, version) -> dict:
+    aliases = queries.aliases_of(session, [version.id])[version.id]
+    layers = queries.indexed_layers(session, version)
+    return {
+        "model": serialize.model_item(model, queries.model_stats(session, [model.id])[model.id]),
+        "v": views.version_view(version, aliases, endpoint(request)),
+        "mirrors": [serialize.mirror(r) for r in queries.mirrors(session, version)],
+        "attention": figures.attention_error(version.validation, layers),
+        "spectra": figures.spectra(request, version, layers),
+        "clips": figures.clip_grids(request, version, layers), "layers": layers,
+        "api": f"/v1/models/{model.name}/versions/{version.number}"}
+
+
+@router.get("/models/{name:path}")
+def model_page(request: Request, name: str, cursor: str | None = Query(None, max_length=500)):
+    with reading(request) as session:
+        model = queries.resolve_model(session, name)
+        if name != model.name:
+            return RedirectResponse(f"/models/{quote(model.name)}", 307)
+        context = model_context(request, session, model, cursor)
+    return page(request, "model.html", context)
+
+
+def model_context(request: Request, session: Session, model, cursor: str | None) -> dict:
+    stats = queries.model_stats(session, [model.id])[model.id]
+    versions = queries.list_versions(session, model, None, PAGE_SIZE, cursor)
+    aliases = queries.aliases_of(session, [v.id for v in versions.items])
+    number = stats["recommended_version"] or stats["latest_version"]
+    head = queries.resolve_version(session, model, number) if number else None
+    head_aliases = queries.aliases_of(session, [head.id])[head.id] if head else []
+    return {
+        "model": serialize.model_item(model, stats),
+        "versions": [serialize.version_summary(v, aliases[v.id]) for v in versions.items],
+        "more": next_page(request, versions.next_cursor),
+        "head": views.version_view(head, head_aliases, endpoint(request)) if head else None,
+        "history": [serialize.alias_event(*e) for e in
+                    queries.alias_history(session, model, limit=10).items],
+        "api": f"/v1/models/{model.name}"}

@@ -1,0 +1,64 @@
+// oscar-zoo web UI: progressive enhancement only; every page works without this file.
+"use strict";
+
+// "/" focuses the search box (unless typing in a field already).
+document.addEventListener("keydown", (e) => {
+  const box = document.getElementById("q");
+  if (e.key === "/" && box && !/^(INPUT|SELECT|TEXTAREA)$/.test(document.activeElement.tagName)) {
+    e.preventDefault();
+    box.focus();
+  }
+});
+
+// Copy buttons next to commands.
+document.querySelectorAll("button[data-copy]").forEach((btn) => {
+  btn.hidden = false;
+  btn.addEventListener("click", async () => {
+    const text = document.getElementById(btn.dataset.copy).innerText;
+    try { await navigator.clipboard.writeText(text); btn.textContent = "Copied"; }
+    catch (err) { btn.textContent = "Select and copy"; }
+    setTimeout(() => { btn.textContent = "Copy"; }, 1500);
+  });
+});
+
+// Job page: follow GET /v1/jobs/{id}/events until the job ends.
+const TERMINAL = ["succeeded", "failed", "cancelled"];
+const root = document.getElementById("job");
+if (root && root.dataset.events && !("terminal" in root.dataset) && window.EventSource) {
+  const source = new EventSource(root.dataset.events);
+  const field = (name) => root.querySelector(`[data-field="${name}"]`);
+  source.addEventListener("job", (e) => {
+    const job = JSON.parse(e.data);
+    showJob(job, field);
+    if (TERMINAL.includes(job.status)) source.close();
+  });
+  field("refresh").textContent = "Live: this page follows the job.";
+}
+
+function showJob(job, field) {
+  const p = job.progress || {};
+  const status = field("status");
+  status.textContent = job.status;
+  status.className = "badge status-" + job.status;
+  field("phase").textContent = job.phase || p.phase || "";
+  const bar = field("bar");
+  bar.max = p.total || 1;
+  bar.value = p.done || 0;
+  field("count").textContent = p.total ? `${p.done || 0} / ${p.total}` : "";
+  field("layer").textContent = p.layer == null ? "" : `layer ${p.layer}`;
+  field("attempts").textContent = job.max_attempts ? `${job.attempts} of ${job.max_attempts}` : `${job.attempts}`;
+  field("updated").textContent = job.updated_at ? when(job.updated_at) : "";
+  field("error").textContent = job.error || "–";
+  field("worker").textContent = (job.lease && job.lease.holder) || "–";
+  field("started").textContent = job.started_at ? when(job.started_at) : "–";
+  if (job.result_version) {
+    const a = document.createElement("a");
+    a.href = `/models/${encodeURIComponent(job.model)}/versions/${job.result_version}`;
+    a.textContent = `${job.model} v${job.result_version}`;
+    field("result").replaceChildren(a);
+  }
+  if (TERMINAL.includes(job.status)) field("refresh").textContent = "This job has ended.";
+}
+
+// 2026-11-22T10:03:04.000Z -> 2026-11-22 10:03 UTC (as the server renders it)
+function when(iso) { return iso.slice(0, 10) + " " + iso.slice(11, 16) + " UTC"; }

@@ -1,0 +1,62 @@
+"""What the pages show, built from the JSON API's own queries and serializers (api/serialize.py,
+registry_db/queries.py), so a page and `GET /v1/...` always agree."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ...registry_db.models import BundleVersion
+from ...zoo.interop.convert import oscar_names
+from ...zoo.manifest import Manifest
+from ...zoo.recipes import sglang_recipe
+from .. import serialize
+
+OUT = "rotations"
+VARIANT_NOTES = {
+    "bundle": "this bundle",
+    "oscar-shipped": "OSCAR as shipped (global clips, no key centering)",
+    "hadamard": "Hadamard only (data-free)",
+    "naive": "naive INT2 (no rotation)",
+}
+ORDER = tuple(VARIANT_NOTES)
+
+
+def headline(v: BundleVersion | None) -> dict | None:
+    """The at-a-glance summary of a model's recommended (else latest) version."""
+    if v is None:
+        return None
+    by = {r["name"]: r for r in (v.validation or {}).get("variants", [])}
+    return {**serialize.version_summary(v, []),
+            "delta_nll": by.get("bundle", {}).get("delta_nll"),
+            "naive_delta_nll": by.get("naive", {}).get("delta_nll")}
+
+
+def validation_rows(validation: dict | None) -> list[dict]:
+    """BF16 as the reference row, then the bundle and each baseline in a fixed order."""
+    if not validation:
+        return []
+    variants = sorted(validation.get("variants", []),
+                      key=lambda r: ORDER.index(r["name"]) if r["name"] in ORDER else len(ORDER))
+    rows = [{"name": "bf16", "note": "BF16 KV cache (reference)", "delta_nll": 0.0, "kl": 0.0,
+             "attn_rel_error": 0.0, "reference": True}]
+    for r in variants:
+        rows.append({**r, "note": VARIANT_NOTES.get(r["name"], r["name"]), "reference": False})
+    return rows
+
+
+def usage(detail: dict, endpoint: str) -> dict:
+    """Copy-paste lines: point the client here, pull, and launch SGLang (zoo/recipes.py)."""
+    name, number = detail["model"], detail["version"]
+    manifest = Manifest.model_validate(detail["manifest"])
+    k_name, v_name = oscar_names(SimpleNamespace(manifest=manifest))
+    recipe = sglang_recipe(manifest, f"{OUT}/{k_name}", f"{OUT}/{v_name}")
+    return {"endpoint": f"export OSCAR_ZOO_ENDPOINT={endpoint}",
+            "pull": f"oscar-zoo pull {name}@{number} --format sglang --out {OUT}/",
+            "sglang": recipe.shell(), "notes": recipe.notes}
+
+
+def version_view(v: BundleVersion, aliases: list[str], endpoint: str) -> dict:
+    detail = serialize.version_detail(v, aliases)
+    return {**detail, "summary": serialize.version_summary(v, aliases),
+            "validation_rows": validation_rows(detail["validation"]),
+            "usage": usage(detail, endpoint)}

@@ -1,0 +1,120 @@
+"""Calibration cost beside one plain forward pass over the same tokens.
+
+    .venv/bin/python -P bench/calibrate.py [--model smollm2-135m|path.gguf] [--tokens 8192] [--seq-len 2048]
+
+Prints tokens/s of a plain forward (transformers' SDPA, no hooks), of pass 1 and pass 2, the
+fit and the clip search; calibration (pass 1 + pass 2 + fit) as a multiple of one plain forward
+(target <= 2.5x); peak memory; and the bytes written (the bundle only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--no-clip-search", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="Print the top device ops of pass 1.")
+    args = ap.parse_args(argv)
+
+    from oscar_zoo.calibrate import capture
+    from oscar_zoo.calibrate.data import load_text, token_windows
+    from oscar_zoo.calibrate.loading import load_model, resolve_source
+    from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate, forward, hardware
+    from oscar_zoo.zoo import bundle as B
+
+    t0 = time.perf_counter()
+    model, tok = load_model(resolve_source(args.model))
+    load_s = time.perf_counter() - t0
+    cuda = torch.cuda.is_available()
+    cfg = CalibrationConfig(model=args.model, tokens=args.tokens, seq_len=args.seq_len,
+                            batch_size=args.batch_size, clip_search=not args.no_clip_search)
+    windows = token_windows(tok, load_text(cfg.data), cfg.seq_len, cfg.tokens, cfg.seed)
+    tokens = len(windows) * cfg.seq_len
+
+    def plain():
+        model.set_attn_implementation("sdpa")       # no observer, no capture attention at all
+        try:
+            for s in range(0, len(windows), cfg.batch_size):
+                forward(model, windows[s:s + cfg.batch_size])
+            if cuda:
+                torch.cuda.synchronize()
+        finally:
+            capture.install(model)
+
+    plain()                                         # warm-up (kernels, allocator)
+    t = time.perf_counter()
+    plain()
+    plain_s = time.perf_counter() - t
+    # Warm-up of our own path too: float64 BLAS handles, Triton JIT (one kernel per clip count
+    # on GPUs, cached on disk afterwards). Timed and reported, not hidden.
+    t = time.perf_counter()
+    warm = CalibrationConfig(model=args.model, tokens=cfg.seq_len, seq_len=cfg.seq_len,
+                             clip_windows=1, clip_search=cfg.clip_search)
+    calibrate(warm, loaded=(model, tok))
+    warm_s = time.perf_counter() - t
+    if args.profile:
+        _profile(lambda: calibrate(warm, loaded=(model, tok)))
+    rss_before = peak_rss_mib()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base_alloc = torch.cuda.memory_allocated()
+    result = calibrate(cfg, loaded=(model, tok))
+    if cuda:
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        B.write(result.bundle, Path(d) / "bundle")
+        written = sum(p.stat().st_size for p in (Path(d) / "bundle").iterdir())
+
+    tm = result.timings
+    calib_s = tm["pass1"] + tm.get("pass2", 0.0) + tm["fitting"]
+    rows = [("plain forward (SDPA)", plain_s), ("pass 1 (query/key moments)", tm["pass1"]),
+            ("pass 2 (score-weighted V)", tm.get("pass2", 0.0)), ("fit (eigh, H, P)", tm["fitting"]),
+            ("calibration = pass 1 + pass 2 + fit", calib_s), ("clip search (held-out windows)", tm["clip_search"])]
+    print(f"# Calibration cost: {args.model}, {tokens:,} tokens ({len(windows)} x {cfg.seq_len}), "
+          f"batch {cfg.batch_size}")
+    print(f"device: {hardware()}; torch {torch.__version__}; model load {load_s:.1f} s; first "
+          f"calibration call (warm-up: BLAS handles, Triton JIT) {warm_s:.1f} s, not counted below\n")
+    print("| step | seconds | tokens/s | x plain forward |\n|---|---|---|---|")
+    for name, secs in rows:
+        tps = f"{tokens / secs:,.0f}" if secs and "fit" not in name and "clip" not in name else "-"
+        print(f"| {name} | {secs:.3f} | {tps} | {secs / plain_s:.2f} |")
+    ratio = calib_s / plain_s
+    print(f"\ncalibration / plain forward = {ratio:.2f}x (target <= 2.5x): "
+          f"{'met' if ratio <= 2.5 else 'MISSED'}")
+    if cuda:
+        peak = (torch.cuda.max_memory_allocated() - base_alloc) / 2**20
+        print(f"peak GPU memory above the loaded model: {peak:,.0f} MiB")
+    print(f"peak RSS: {peak_rss_mib():,.0f} MiB (after model load and plain forwards: {rss_before:,.0f} MiB)")
+    print(f"bytes written: {written:,} (the bundle: rotations.safetensors, bundle.json, README.md)")
+    return 0
+
+
+def _profile(fn) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        fn()
+    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""INT2 kernels on the GPU: decode attention beside BF16 SDPA, quantize beside a device copy.
+
+    python bench/kernels.py [--quick] [--sweep]
+
+Qwen3-8B attention geometry (32 query heads, 8 KV heads, head_dim 128), one decode query per
+sequence, batch 1/8/32 at context 8K/32K/128K. Our cache: BF16 sink 64 + recent 256, INT2
+history with fp16 scale/zero (2.25 bits/element) in pages of 256 tokens, per-head rotations.
+Inputs are random (codes uniform over 0..255 bytes, positive scales); speed does not depend on
+the values. Times are medians of CUDA-graph replays (our decode is three launches: the q
+rotation, stage 1, stage 2); small working sets are replicated until they exceed L2 several
+times, so no case is timed out of cache. Bandwidth counts the bytes each method must read:
+SDPA the BF16 K and V; ours the INT2 bytes, scales, BF16 windows (q and outputs are ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from oscar_zoo.kernels import Int2KVCache, decode, quantize_kv
+from oscar_zoo.kernels import quantize as quantize_mod
+
+HQ, HKV, D = 32, 8, 128
+SINK, RECENT, PAGE = 64, 256, 256
+CASES = [(b, n) for n in (8192, 32768, 131072) for b in (1, 8, 32)]
+
+
+def graph_time(fn, copies: int, reps: int = 30) -> float:
+    """Median ms of one call, from CUDA-graph replays of `copies` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times) / copies
+
+
+def synthetic_cache(bsz: int, n: int, gen: torch.Generator) -> Int2KVCache:
+    dev = "cuda"
+    n_q = max(n - SINK - RECENT, 0)
+    ppseq = -(-n_q // PAGE)
+    pages = max(ppseq * bsz, 1)
+    table = (torch.arange(ppseq)[None, :] * bsz + torch.arange(bsz)[:, None]).int().to(dev)
+    rb = lambda *s: torch.randint(0, 256, s, dtype=torch.uint8, device=dev)  # noqa: E731
+
+    def sz():
+        s = torch.empty(pages, HKV, PAGE, 2, device=dev)
+        s[..., 0].uniform_(0.02, 0.2)
+        s[..., 1].uniform_(0.0, 3.0)
+        return s.half()
+    hp = lambda: torch.randn(bsz, HKV, SINK + RECENT, D, device=dev, dtype=torch.bfloat16)  # noqa: E731
+    rot = lambda: torch.linalg.qr(torch.randn(HKV, D, D, device=dev))[0].contiguous()  # noqa: E731
+    return Int2KVCache(torch.full((bsz,), n, dtype=torch.int32, device=dev), hp(), hp(),
+                       rb(pages, HKV, PAGE, D // 4), sz(), rb(pages, HKV, PAGE, D // 4), sz(), table, rot(), rot(),
+                       SINK, RECENT, D, PAGE, n_q)
+
+
+def int2_bytes(bsz: int, n: int) -> int:
+    n_q = max(n - SINK - RECENT, 0)
+    return bsz * HKV * (2 * n_q * (D // 4 + 4) + 2 * min(n, SINK + RECENT) * D * 2)
+
+
+def copies_for(nbytes: int) -> int:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, math.ceil(4 * l2 / nbytes))
+
+
+def time_int2(bsz, n, gen, cfg=None) -> float:
+    if cfg:
+        decode.BLOCK_N, decode.NUM_WARPS, decode.NUM_STAGES, decode.SPLIT_PROGRAMS_PER_SM, decode.MAXNREG = cfg
+    c = copies_for(int2_bytes(bsz, n))
+    caches = [synthetic_cache(bsz, n, gen) for _ in range(c)]
+    q = torch.randn(bsz, HQ, D, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty_like(q) for _ in range(c)]
+
+    def fn():
+        for cache, out in zip(caches, outs):
+            decode.decode_attention(q, cache, out=out)
+    t = graph_time(fn, c)
+    del caches
+    return t
+
+
+def time_sdpa(bsz, n) -> float:
+    nbytes = bsz * HKV * n * D * 2 * 2
+    c = copies_for(nbytes)
+    kv = [(torch.randn(bsz, HKV, n, D, device="cuda", dtype=torch.bfloat16),
+           torch.randn(bsz, HKV, n, D, device="cuda", dtype=torch.bfloat16)) for _ in range(c)]
+    q = torch.randn(bsz, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+
+    def fn():
+        for k, v in kv:
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    t = graph_time(fn, c)
+    del kv
+    return t
+
+
+def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, float, int, int]:
+    x = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
+    r = torch.linalg.qr(torch.randn(HKV, D, D, device="cuda"))[0].contiguous()
+    mean = torch.randn(HKV, D, device="cuda")
+    clip = torch.full((HKV,), clip)
+    tq = graph_time(lambda: quantize_kv(x, r, clip, None, torch.float16, mean=mean), 1)
+    y = torch.empty_like(x)
+    tc = graph_time(lambda: y.copy_(x), 1)
+    q_bytes = x.numel() * 2 + tokens * HKV * (D // 4 + 4)
+    return tq, tc, q_bytes, 2 * x.numel() * 2
+
+
+QCONFIGS = [(64, 4, None)]   # BLOCK_T, warps, register cap
+S2CONFIGS = [(8, 32, 3), (8, 64, 3), (8, 32, 4), (8, 16, 4)]   # stage 2: warps, splits per step, stages
+
+
+def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
+    """Mean CUDA time per call of each kernel that one decode step launches (no graph)."""
+    cache = synthetic_cache(bsz, n, gen)
+    q = torch.randn(bsz, HQ, D, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        decode.decode_attention(q, cache)
+    torch.cuda.synchronize()
+    reps = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            decode.decode_attention(q, cache)
+        torch.cuda.synchronize()
+    rows = [(e.key[:60], e.device_time_total / reps) for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+CONFIGS = [  # BLOCK_N, warps, stages, split programs per SM, register cap (first: the module defaults)
+    (32, 1, 2, 32, 128), (32, 1, 2, 16, 128), (32, 1, 2, 24, 128), (64, 1, 2, 16, None), (64, 1, 2, 8, None),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="only batch 32 / 128K and batch 1 / 128K")
+    ap.add_argument("--sweep", action="store_true", help="try the kernel configurations first")
+    ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
+    ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.one:
+        cache = synthetic_cache(args.one, 131072, gen)
+        q = torch.randn(args.one, HQ, D, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):
+            decode.decode_attention(q, cache)
+        torch.cuda.synchronize()
+        return 0
+    props = torch.cuda.get_device_properties(0)
+    print(f"device: {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB; "
+          f"torch {torch.__version__}", flush=True)
+    best = {1: CONFIGS[0], 32: CONFIGS[0]}
+    if args.parts:
+        for bsz in (1, 32):
+            print(f"\nkernels of one decode step, batch {bsz} / 128K (us, mean of 20):")
+            for name, us in decode_parts(bsz, 131072, gen):
+                print(f"  {us:8.1f}  {name}")
+    if args.sweep:
+        print("\nsweep (ms): BLOCK_N, warps, stages, programs/SM, maxnreg")
+        for bsz in (32, 1):
+            res = []
+            for cfg in CONFIGS:
+                t0 = time.time()
+                t = time_int2(bsz, 131072, gen, cfg)
+                res.append((t, cfg))
+                print(f"  batch {bsz:2d} 128K {cfg}: {t:.4f} ms  ({time.time() - t0:.0f} s)", flush=True)
+            best[bsz] = min(res)[1]
+        print("\nstage 2 sweep, batch 1 / 128K (ms): warps, splits per step, stages")
+        res2 = []
+        for s2 in S2CONFIGS:
+            decode.STAGE2_WARPS, decode.STAGE2_BLOCK_S, decode.STAGE2_STAGES = s2
+            t = time_int2(1, 131072, gen, best[1])
+            res2.append((t, s2))
+            print(f"  {s2}: {t:.4f} ms", flush=True)
+        decode.STAGE2_WARPS, decode.STAGE2_BLOCK_S, decode.STAGE2_STAGES = min(res2)[1]
+    cases = [(32, 131072), (1, 131072)] if args.quick else CASES
+    rows = []
+    for bsz, n in cases:
+        cfg = best[1 if bsz == 1 else 32]
+        ti = time_int2(bsz, n, gen, cfg)
+        ts = time_sdpa(bsz, n)
+        bi, bs = int2_bytes(bsz, n), bsz * HKV * n * D * 4
+        rows.append((bsz, n, ts, bs / ts / 1e9, ti, bi / ti / 1e9, ts / ti, bs / bi, cfg))
+        print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms", flush=True)
+    if args.sweep:
+        print("\nquantize sweep (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg")
+        qres = []
+        for qc in QCONFIGS:
+            quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG = qc
+            t96, t85 = bench_quantize()[0], bench_quantize(clip=0.85)[0]
+            qres.append((t96, qc))
+            print(f"  {qc}: {t96:.4f}  {t85:.4f}", flush=True)
+        quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG = min(qres)[1]
+    tq, tc, qb, cb = bench_quantize()
+    tq85 = bench_quantize(clip=0.85)[0]
+    print("\n| batch | context | BF16 SDPA ms | SDPA TB/s | INT2 decode ms | INT2 TB/s | speedup | byte ratio "
+          "(floor) | config (BLOCK_N, warps, stages, programs/SM, maxnreg) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for bsz, n, ts, bws, ti, bwi, sp, br, cfg in rows:
+        print(f"| {bsz} | {n // 1024}K | {ts:.3f} | {bws:.2f} | {ti:.3f} | {bwi:.2f} | {sp:.2f}x | {br:.2f}x | {cfg} |")
+    print(f"\nquantize_kv (bf16 in, per-head rotation, centering, clip 0.96, fp16 scale/zero), "
+          f"262144 tokens x 8 heads: {tq:.3f} ms, {qb / tq / 1e9:.2f} TB/s (read + write); device copy of x: "
+          f"{tc:.3f} ms, {cb / tc / 1e9:.2f} TB/s; quantize / copy bandwidth = {qb / tq / (cb / tc):.0%}; "
+          f"at clip 0.85: {tq85:.3f} ms, {qb / tq85 / (cb / tc):.0%} of copy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

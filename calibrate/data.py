@@ -1,0 +1,118 @@
+"""Calibration and evaluation text: where it comes from and how it is cut into token windows.
+
+Sources (`--data`):
+    builtin:pydoc           CPython's pydoc topics (465k characters of English reference prose);
+                            ships with every Python, so it works offline. Its first half is the
+                            calibration split, its second half the held-out split.
+    path/to/file.txt        plain text (several files: repeat --data)
+    path/to/file.jsonl      one JSON object per line, text in the "text" field (--text-field)
+    hf:ORG/NAME[:CONFIG][@SPLIT]  a Hugging Face dataset (needs `datasets`, and the network
+                            unless it is cached)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from oscar_zoo.zoo.errors import InvalidInput
+
+BUILTIN = "builtin:pydoc"
+
+
+@dataclass(frozen=True)
+class TextSource:
+    name: str          # how the manifest records it
+    text: str
+    sha256: str
+
+
+def load_text(specs: list[str] | str | None, split: str = "calibration",
+              text_field: str = "text") -> TextSource:
+    """One text from one or more sources. `split` picks a half of the built-in corpus."""
+    specs = [specs] if isinstance(specs, str) else list(specs or [BUILTIN])
+    parts = [_one(spec, split, text_field) for spec in specs]
+    text = "\n\n".join(p for p in parts if p)
+    if not text.strip():
+        raise InvalidInput(f"calibration data {specs} is empty")
+    name = ",".join(specs) + (f"#{split}" if BUILTIN in specs else "")
+    return TextSource(name, text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def _one(spec: str, split: str, text_field: str) -> str:
+    if spec == BUILTIN:
+        return _pydoc(split)
+    if spec.startswith("hf:"):
+        return _hf_dataset(spec[3:], text_field)
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise InvalidInput(f"calibration data {spec!r}: no such file. Use a .txt or .jsonl path, "
+                           f"{BUILTIN}, or hf:ORG/NAME")
+    if path.suffix == ".jsonl":
+        return _jsonl(path, text_field)
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _pydoc(split: str) -> str:
+    import pydoc_data.topics as topics
+
+    text = "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+    half = len(text) // 2
+    if split == "calibration":
+        return text[:half]
+    if split == "heldout":
+        return text[half:]
+    raise InvalidInput(f"unknown split {split!r} (calibration or heldout)")
+
+
+def _jsonl(path: Path, field: str) -> str:
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InvalidInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise InvalidInput(f"{path}:{n}: no string field {field!r} (set --text-field)")
+        out.append(row[field])
+    return "\n\n".join(out)
+
+
+def _hf_dataset(ref: str, field: str) -> str:
+    try:
+        import datasets
+    except ImportError:
+        raise InvalidInput("hf: datasets need the `datasets` package: pip install datasets") from None
+    ref, _, split = ref.partition("@")
+    name, _, config = ref.partition(":")
+    ds = datasets.load_dataset(name, config or None, split=split or "train")
+    if field not in ds.column_names:
+        raise InvalidInput(f"dataset {name} has no column {field!r}; columns: {ds.column_names}")
+    return "\n\n".join(t for t in ds[field] if t)
+
+
+def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed: int = 0,
+                  bos: bool | None = None) -> list[list[int]]:
+    """ceil(budget / seq_len) non-overlapping windows of seq_len tokens, chosen with `seed`.
+
+    A BOS token is prepended when the tokenizer adds one by itself (Gemma) so every window
+    starts the way the model saw text in training.
+    """
+    ids = tokenizer(source.text, add_special_tokens=False)["input_ids"]
+    if bos is None:
+        bos = bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
+    body = seq_len - int(bos)
+    n = -(-budget // seq_len)
+    slots = len(ids) // body
+    if slots < n:
+        raise InvalidInput(f"{source.name} has {len(ids):,} tokens: room for {slots} windows of "
+                           f"{seq_len}, {n} needed for {budget:,} tokens. Lower --tokens or "
+                           "--seq-len, or add data.")
+    chosen = sorted(random.Random(seed).sample(range(slots), n))
+    prefix = [tokenizer.bos_token_id] if bos else []
+    return [prefix + ids[s * body:(s + 1) * body] for s in chosen]

@@ -1,0 +1,110 @@
+"""The embedded default executor: worker processes beside `oscar-zoo serve`.
+
+One worker per GPU (GPUs split evenly when OSCAR_ZOO_WORKERS asks for fewer workers: 8 GPUs
+and 1 worker = one worker that runs 8-GPU jobs), or one on the CPU when there is none. Each is
+`oscar-zoo worker` against the server's own URL, in its own session (so Ctrl-C on the server
+does not reach it directly), and restarted when it dies. If the server itself is killed, a
+worker finishes its current job against the restarted server, then exits (--exit-with-parent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from oscar_zoo.zoo import settings
+
+from .worker import visible_gpus
+
+log = logging.getLogger("oscar_zoo.executor")
+RESTART_BACKOFF_S = 5.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Slot:
+    gpus: list[str]            # ids for CUDA_VISIBLE_DEVICES; [] = CPU
+    proc: subprocess.Popen | None = None
+    worker_id: str = ""
+    started: float = 0.0
+
+
+def plan(gpus: list[str], workers: int | None) -> list[list[str]]:
+    """GPU ids per worker."""
+    if not gpus:
+        return [[] for _ in range(workers or 1)]
+    n = max(1, min(workers or len(gpus), len(gpus)))
+    per = len(gpus) // n
+    return [gpus[i * per:(i + 1) * per] for i in range(n)]
+
+
+class LocalExecutor:
+    def __init__(self, url: str, token: str, workers: int | None = None):
+        self.url, self.token = url, token
+        self.slots = [Slot(g) for g in plan(visible_gpus(), workers or settings.get("workers"))]
+        self.stopping = threading.Event()
+        self.monitor: threading.Thread | None = None
+
+    def start(self) -> None:
+        for i, slot in enumerate(self.slots):
+            self._spawn(i, slot)
+        self.monitor = threading.Thread(target=self._watch, daemon=True, name="local-executor")
+        self.monitor.start()
+        log.info("local executor: %d worker(s) on %s", len(self.slots),
+                 ", ".join(",".join(s.gpus) or "cpu" for s in self.slots))
+
+    def _spawn(self, i: int, slot: Slot) -> None:
+        slot.worker_id = (f"local:{socket.gethostname()}:serve{os.getpid()}:w{i}:"
+                          f"{secrets.token_hex(3)}")
+        env = {**os.environ, "OSCAR_ZOO_TOKEN": self.token,
+               "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
+        cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
+               self.url, "--gpus", str(len(slot.gpus)), "--worker-id", slot.worker_id,
+               "--exit-with-parent"]
+        slot.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        slot.started = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(1.0):
+            for i, slot in enumerate(self.slots):
+                if slot.proc is None or slot.proc.poll() is None:
+                    continue
+                if time.monotonic() - slot.started < RESTART_BACKOFF_S:
+                    continue   # dying at once, again and again: do not spin
+                log.warning("local executor: worker %s exited (%s); starting another",
+                            slot.worker_id, slot.proc.returncode)
+                if not self.stopping.is_set():
+                    self._spawn(i, slot)
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.slots if s.proc is not None]
+
+    def stop(self) -> list[str]:
+        """Stop every worker (each gives its job back after its GPU work is gone); returns the
+        worker ids, whose remaining jobs the server requeues."""
+        self.stopping.set()
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for slot in self.slots:
+            if slot.proc is None:
+                continue
+            try:
+                slot.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("local executor: worker %s did not stop; killing it", slot.worker_id)
+                os.killpg(slot.proc.pid, signal.SIGKILL)
+                slot.proc.wait()
+        if self.monitor is not None:
+            self.monitor.join(5)
+        return [s.worker_id for s in self.slots if s.worker_id]

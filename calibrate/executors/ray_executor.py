@@ -1,0 +1,199 @@
+"""The `ray` executor: calibration jobs as Ray tasks on an existing Ray cluster.
+
+Ray places the work; the registry stays the system of record (anchors A7, synthesis 6: Ray is
+an executor, not the queue). A dispatcher (`oscar-zoo worker --executor ray --ray-address
+ADDR`, which `serve` starts when OSCAR_ZOO_EXECUTOR=ray) claims jobs over HTTP like any worker
+and submits each as a task asking for the job's GPUs (`num_gpus=spec.gpus`: 1 for an 8B model,
+8 for GLM-4.7-FP8; none on a cluster without GPUs) and its custom `ray_resources`.
+
+- While a task waits for resources, the dispatcher heartbeats its lease.
+- The task attaches to the lease and runs the same Attempt as a local worker (runner child in
+  its own process group, heartbeats, progress, publish), reporting to the registry itself.
+- A task whose worker process or node dies is retried by Ray (`max_retries`); the retry
+  attaches again, which counts an attempt, and the registry's job-level guard (one version per
+  job) keeps a retry from publishing twice.
+- Cancel: the task's own Attempt stops its runner; if the task is still running two grace
+  periods later, the dispatcher force-cancels it (`ray.cancel(force=True)`) and reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from oscar_zoo.zoo import settings
+from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, RemoteError
+from oscar_zoo.zoo.jobs_client import JobsClient
+
+from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id
+
+log = logging.getLogger("oscar_zoo.ray")
+
+
+def run_task(url: str, token: str, job_id: str, lease: str) -> str:
+    """The Ray task: attach to the lease and run the attempt. Returns its outcome."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    worker = f"ray-task:{socket.gethostname()}:{os.getpid()}:{ctx.get_node_id()[:12]}"
+    with JobsClient(url, token) as client:
+        try:
+            job = client.attach(job_id, lease, worker)
+        except LeaseLost as e:
+            return f"lost: {e}"
+        info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources()}
+        return Attempt(client, job, {"token": lease, "seconds": job["lease"]["seconds"]}, worker,
+                       threading.Event(), info).run()
+
+
+@dataclass
+class Flight:
+    job_id: str
+    lease: str
+    lease_s: float
+    next_beat: float
+    cancel_since: float | None = None
+
+
+def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
+             worker: str | None = None) -> None:
+    """Claim jobs and run them as Ray tasks until `stop` is set."""
+    import ray
+
+    if not address:
+        raise ConfigError("the ray executor needs a cluster: --ray-address or OSCAR_ZOO_RAY_ADDRESS "
+                          "(e.g. 127.0.0.1:6379)")
+    ray.init(address=address, namespace="oscar-zoo", log_to_driver=False,
+             logging_level=logging.WARNING)
+    worker = worker if (worker or "").startswith("dispatch:") else new_worker_id("dispatch")
+    task = ray.remote(run_task)
+    flights: dict = {}
+    grace = float(settings.get("job_cancel_grace_seconds"))
+    while not stop.is_set():
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        cap = settings.get("workers") or max(gpus, 1)
+        if len(flights) < cap:
+            # Idle: a long poll (a job starts at once, an idle dispatcher asks rarely).
+            _claim_one(client, worker, task, flights, gpus, wait=0 if flights else CLAIM_WAIT_S)
+        for ref, f in list(flights.items()):
+            if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace):
+                ray.cancel(ref, force=True)
+        if flights:
+            ready, _ = ray.wait(list(flights), num_returns=len(flights), timeout=0)
+            for ref in ready:
+                _landed(client, ref, flights.pop(ref))
+            stop.wait(POLL_S)
+
+
+def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) -> None:
+    try:
+        claimed = client.claim(worker, None, ray=True, wait=wait)
+    except (OfflineError, RemoteError) as e:
+        log.warning("ray dispatcher: cannot claim (%s)", e)
+        time.sleep(POLL_S)
+        return
+    if claimed is None:
+        return
+    job, lease = claimed["job"], claimed["lease"]
+    spec = job["spec"]
+    gpus = job["gpus"] if cluster_gpus else 0      # a CPU-only cluster runs everything on CPU
+    ref = task.options(num_cpus=1, num_gpus=gpus, resources=spec.get("ray_resources") or None,
+                       max_retries=job["max_attempts"], retry_exceptions=False,
+                       name=f"oscar-zoo-job-{job['id'][:8]}").remote(
+        client.endpoint, client.registry.token, job["id"], lease["token"])
+    lease_s = float(lease["seconds"])
+    flights[ref] = Flight(job["id"], lease["token"], lease_s, time.monotonic() + lease_s / 3)
+    waiting = {"waiting_for": f"Ray: {gpus} GPU(s)" + "".join(
+        f", {k}={v:g}" for k, v in (spec.get("ray_resources") or {}).items())}
+    try:
+        client.progress(job["id"], lease["token"], "queued", waiting)
+    except (LeaseLost, OfflineError, RemoteError):
+        pass
+    log.info("ray dispatcher: job %s submitted (%d GPU)", job["id"], gpus)
+
+
+def _beat(client, ref, f: Flight, flights, grace: float) -> bool:
+    """Heartbeat the lease of a task in flight; False when the task should be force-cancelled."""
+    f.next_beat = time.monotonic() + f.lease_s / 3
+    try:
+        state = client.heartbeat(f.job_id, f.lease)
+    except LeaseLost:
+        flights.pop(ref, None)            # requeued or ended elsewhere: the task has no business
+        return False
+    except (OfflineError, RemoteError):
+        return True
+    if state.get("cancel_requested"):
+        f.cancel_since = f.cancel_since or time.monotonic()
+        if time.monotonic() - f.cancel_since > 2 * grace:
+            flights.pop(ref, None)
+            _report(client, f, "cancelled: the Ray task did not stop; force-cancelled", cancelled=True)
+            return False
+    return True
+
+
+def _landed(client, ref, f: Flight) -> None:
+    import ray
+
+    try:
+        outcome = ray.get(ref)
+        log.info("ray dispatcher: job %s task ended: %s", f.job_id, outcome)
+    except Exception as e:  # noqa: BLE001 - Ray gave up (retries spent, node lost, ...)
+        _report(client, f, f"the Ray task failed: {type(e).__name__}: {str(e)[:2000]}",
+                retryable=False)
+
+
+def _report(client, f: Flight, error: str, retryable: bool = False, cancelled: bool = False) -> None:
+    try:
+        client.fail(f.job_id, f.lease, error, retryable=retryable, cancelled=cancelled)
+    except (LeaseLost, OfflineError, RemoteError):
+        pass   # the task reported first, or the sweeper will
+
+
+class RayExecutor:
+    """For `serve`: one dispatcher process (restarted if it dies), like LocalExecutor's workers."""
+
+    def __init__(self, url: str, token: str, address: str | None):
+        if not address:
+            raise ConfigError("OSCAR_ZOO_EXECUTOR=ray needs OSCAR_ZOO_RAY_ADDRESS "
+                              "(or `oscar-zoo serve --ray-address HOST:PORT`)")
+        self.url, self.token, self.address = url, token, address
+        self.proc: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.monitor: threading.Thread | None = None
+
+    def _spawn(self) -> None:
+        cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
+               self.url, "--executor", "ray", "--ray-address", self.address]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, "OSCAR_ZOO_TOKEN": self.token},
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def start(self) -> None:
+        self._spawn()
+        self.monitor = threading.Thread(target=self._watch, daemon=True, name="ray-executor")
+        self.monitor.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(5.0):
+            if self.proc.poll() is not None and not self.stopping.is_set():
+                log.warning("ray executor: dispatcher exited (%s); starting another", self.proc.returncode)
+                self._spawn()
+
+    def stop(self) -> list[str]:
+        """Ray ends the tasks a driver owns when it exits, so jobs in flight lose their runner;
+        their leases run out and the sweeper requeues them (each such attempt counts)."""
+        self.stopping.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return []

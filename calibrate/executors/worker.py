@@ -1,0 +1,395 @@
+"""A calibration worker: claims jobs from a registry over HTTP and runs each one.
+
+One Attempt per claimed job:
+- the runner (calibrate/runner.py) runs in a child process, in its own process group, that dies
+  with this process (PR_SET_PDEATHSIG), so a kill of the worker never leaves GPU work behind;
+  it writes JSON events on its stdout (progress, then done | error | cancelled);
+- a heartbeat thread, independent of the GPU work, extends the lease every lease/3 seconds and
+  learns about a cancel; progress is forwarded at most twice a second (its answer carries the
+  cancel flag too);
+- cancel: SIGTERM to the child's group (the runner stops at its next layer), SIGKILL after the
+  grace period, wait until the group is gone and its GPU memory is released, then report;
+- a lost lease (409, or no heartbeat got through before it ran out): kill the child, report
+  nothing (another attempt owns the job now);
+- done: upload the bundle (published, or draft when it failed validation), complete; the
+  registry moves the spec's aliases and starts mirroring when it records the version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from oscar_zoo.zoo import settings
+from oscar_zoo.zoo.errors import LeaseLost, OfflineError, RemoteError
+from oscar_zoo.zoo.jobs_client import JobsClient
+
+log = logging.getLogger("oscar_zoo.worker")
+POLL_S = 1.0
+CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle worker asks rarely
+PROGRESS_EVERY_S = 0.5
+SHUTDOWN_GRACE_S = 5.0
+EXIT_CANCELLED = 3
+
+
+def new_worker_id(kind: str = "worker") -> str:
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event,
+               exit_with_parent: bool = False, once: bool = False) -> None:
+    """Claim and run jobs until `stop` is set (or, with exit_with_parent, the parent is gone)."""
+    parent = os.getppid()
+    failures = 0
+    while not stop.is_set():
+        if exit_with_parent and os.getppid() != parent:
+            log.warning("worker %s: parent process exited; stopping", worker)
+            return
+        try:
+            claimed = client.claim(worker, gpus, wait=CLAIM_WAIT_S)
+            failures = 0
+        except (OfflineError, RemoteError) as e:
+            failures += 1
+            if failures == 3:       # not the blip of a registry restarting
+                log.warning("worker %s: cannot claim (%s); retrying", worker, e)
+            stop.wait(POLL_S * 3)
+            continue
+        if claimed is None:
+            continue
+        log.info("worker %s: running job %s", worker, claimed["job"]["id"])
+        try:
+            outcome = Attempt(client, claimed["job"], claimed["lease"], worker, stop).run()
+            log.info("worker %s: job %s %s", worker, claimed["job"]["id"], outcome)
+        except Exception:  # noqa: BLE001 - the lease runs out and the job is retried elsewhere
+            log.exception("worker %s: job %s broke the worker's own code", worker, claimed["job"]["id"])
+        if once:
+            return
+
+
+def _libc_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None   # not Linux: the runner also watches its parent pid
+
+
+_PRCTL = _libc_prctl()   # resolved before any fork: the child only makes the call
+
+
+def _die_with_parent() -> None:  # preexec_fn: runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
+class Attempt:
+    """One attempt at one job; `run()` returns its outcome (succeeded, failed, requeued,
+    cancelled, released, lost)."""
+
+    def __init__(self, client: JobsClient, job: dict, lease: dict, worker: str,
+                 stop: threading.Event, info: dict | None = None):
+        self.client, self.job, self.worker, self.stop = client, job, worker, stop
+        self.id, self.spec = job["id"], job["spec"]
+        self.token, self.lease_s = lease["token"], float(lease["seconds"])
+        self.expires = time.monotonic() + self.lease_s      # our own view of the lease
+        self.cancel, self.lost, self.ended = threading.Event(), threading.Event(), threading.Event()
+        self.info = {"id": worker, "host": socket.gethostname(), "pid": os.getpid(), **(info or {})}
+        self.child: subprocess.Popen | None = None
+        self.phase, self.phase_t0, self.timings = "loading", time.monotonic(), {}
+        self.latest: dict | None = None
+        self.final: dict | None = None
+        self.sent: dict | None = None
+        self.sent_at = 0.0
+        self.t0 = time.monotonic()
+
+    # --- the whole attempt ---------------------------------------------------------------------
+
+    def run(self) -> str:
+        beat = threading.Thread(target=self._heartbeats, daemon=True, name=f"heartbeat-{self.id[:8]}")
+        beat.start()
+        work = Path(tempfile.mkdtemp(prefix=f"oscar-zoo-job-{self.id[:8]}-"))
+        try:
+            if self.job.get("result_version") is not None:   # an earlier attempt published
+                return self._finish(None, done={"timings": {}})
+            return self._run_child(work)
+        except LeaseLost as e:
+            log.warning("job %s: %s", self.id, e)
+            return "lost"
+        finally:
+            self.ended.set()
+            if self.child is not None and self.child.poll() is None:
+                self._kill_group(signal.SIGKILL)
+                self.child.wait()
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _run_child(self, work: Path) -> str:
+        (work / "job.json").write_text(json.dumps({"id": self.id, "spec": self.spec}))
+        with open(work / "runner.log", "wb") as logf:
+            self.child = subprocess.Popen(
+                [sys.executable, "-P", "-m", "oscar_zoo.calibrate.runner", str(work / "job.json"),
+                 str(work / "out")],
+                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        self.info["runner_pid"] = self.child.pid
+        reader = threading.Thread(target=self._read_events, daemon=True, name=f"events-{self.id[:8]}")
+        reader.start()
+        if self._supervise() == "lost":
+            return "lost"
+        reader.join(5)
+        self._wait_released()            # before any report that lets the lease go
+        final = self.final or {}
+        if self.cancel.is_set() or final.get("event") == "cancelled":
+            self._call(lambda: self.client.fail(self.id, self.token, "cancelled", cancelled=True))
+            return "cancelled"
+        if final.get("event") == "done":
+            return self._finish(work, final)
+        if self.stop.is_set():
+            self._call(lambda: self.client.release(self.id, self.token), patience=2.0)
+            return "released"
+        return self._report_error(final, work / "runner.log")
+
+    def _supervise(self) -> str | None:
+        """Wait for the child, acting on cancel, shutdown and a lost lease meanwhile."""
+        grace = float(settings.get("job_cancel_grace_seconds"))
+        term_at = None
+        while self.child.poll() is None:
+            if self.lost.is_set():
+                self._kill_group(signal.SIGKILL)
+                self.child.wait()
+                return "lost"
+            if term_at is None and (self.cancel.is_set() or self.stop.is_set()):
+                term_at = time.monotonic()
+                self._kill_group(signal.SIGTERM)
+            if term_at is not None:
+                limit = grace if self.cancel.is_set() else SHUTDOWN_GRACE_S
+                if time.monotonic() - term_at > limit:
+                    self._kill_group(signal.SIGKILL)
+            self._forward_progress()
+            time.sleep(0.1)
+        return None
+
+    # --- child process -------------------------------------------------------------------------
+
+    def _read_events(self) -> None:
+        for line in self.child.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "progress":
+                self._on_phase(event.get("phase") or self.phase)
+                self.latest = event
+            else:
+                self.final = event
+
+    def _on_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            now = time.monotonic()
+            self.timings[self.phase] = round(self.timings.get(self.phase, 0.0) + now - self.phase_t0, 3)
+            self.phase, self.phase_t0 = phase, now
+
+    def _kill_group(self, sig: int) -> None:
+        if self.child is None:
+            return
+        try:
+            os.killpg(self.child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait_released(self, timeout: float = 60.0) -> None:
+        """Until every process of the child's group is gone and no GPU lists its pid: the
+        memory is free before the lease is given back (anchors A7, Ray #23638)."""
+        if self.child is None:
+            return
+        self.child.wait()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.child.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                if self.child.pid not in gpu_pids():
+                    return
+            time.sleep(0.1)
+        log.error("job %s: runner group %d still present after %.0f s", self.id, self.child.pid, timeout)
+
+    # --- talking to the registry ---------------------------------------------------------------
+
+    def _call(self, fn: Callable, patience: float | None = None):
+        """fn() with retries while the registry is unreachable, until our lease would have run
+        out (or `patience` seconds). LeaseLost propagates; giving up sets `lost`."""
+        deadline = time.monotonic() + patience if patience is not None else None
+        while True:
+            try:
+                return fn()
+            except (OfflineError, RemoteError) as e:
+                if time.monotonic() > (deadline or self.expires):
+                    self.lost.set()
+                    log.error("job %s: registry unreachable (%s); giving the attempt up", self.id, e)
+                    return None
+                time.sleep(1.0)
+
+    def _heartbeats(self) -> None:
+        interval = max(self.lease_s / 3, 0.2)
+        wait = interval
+        while not self.ended.wait(wait):
+            try:
+                state = self.client.heartbeat(self.id, self.token)
+            except LeaseLost:
+                self.lost.set()
+                return
+            except (OfflineError, RemoteError) as e:
+                if time.monotonic() > self.expires:
+                    log.error("job %s: no heartbeat got through before the lease ran out (%s)", self.id, e)
+                    self.lost.set()
+                    return
+                wait = 1.0
+                continue
+            self.expires = time.monotonic() + float(state.get("lease_seconds") or self.lease_s)
+            if state.get("cancel_requested"):
+                self.cancel.set()
+            wait = interval
+
+    def _progress_body(self) -> tuple[str, dict]:
+        ev = dict(self.latest or {"phase": self.phase, "done": 0, "total": 0})
+        ev.pop("event", None)
+        phase = ev.pop("phase", self.phase)
+        return phase, {**ev, "worker": self.info}
+
+    def _forward_progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.sent_at < PROGRESS_EVERY_S:
+            return
+        phase, body = self._progress_body()
+        if body == self.sent and not force:
+            return
+        timings = {**self.timings, phase: round(self.timings.get(phase, 0.0) + now - self.phase_t0, 3)}
+        try:
+            state = self.client.progress(self.id, self.token, phase, body, timings)
+        except LeaseLost:
+            self.lost.set()
+            return
+        except (OfflineError, RemoteError):
+            return  # the heartbeat thread decides when the lease is lost
+        self.sent, self.sent_at = body, now
+        if state.get("cancel_requested"):
+            self.cancel.set()
+
+    # --- results -------------------------------------------------------------------------------
+
+    def _finish(self, work: Path | None, done: dict) -> str:
+        """Publish (draft if validation failed), then complete."""
+        t = time.monotonic()
+        self.latest = {"phase": "publishing", "done": 0, "total": 1}
+        self._on_phase("publishing")
+        self._forward_progress(force=True)
+        version = None
+        if work is not None:
+            status = self._status(done)
+            version, _ = self._call(lambda: self.client.upload_result(
+                self.id, self.token, done["bundle_dir"], status)) or (None, None)
+            if version is None:
+                return "lost"
+        else:
+            version = self.client.registry.version(self.job["model"], self.job["result_version"])
+        timings = {**done.get("timings", {}), "publishing": round(time.monotonic() - t, 3)}
+        timings["total"] = round(time.monotonic() - self.t0, 3)
+        tokens = done.get("tokens_per_pass")
+        stats = {"done": 1, "total": 1, "tokens_per_pass": tokens, "worker": self.info,
+                 "validation_passed": done.get("validation_passed")}
+        for p in ("pass1", "pass2"):
+            if tokens and timings.get(p):
+                stats[f"{p}_tokens_per_s"] = round(tokens / timings[p], 1)
+        error = None
+        if version["status"] == "draft" and self.spec.get("publish", True):
+            error = (f"validation failed ({done.get('criterion')}); the bundle is kept as draft "
+                     f"version {version['version']} of {version['model']} with its report")
+        out = self._call(lambda: self.client.complete(self.id, self.token, timings, stats, error))
+        return ("failed" if error else "succeeded") if out else "lost"
+
+    def _status(self, done: dict) -> str:
+        validation = self.spec.get("validation") or {}
+        failed = done.get("validation_passed") is False and validation.get("require_pass", True)
+        return "published" if self.spec.get("publish", True) and not failed else "draft"
+
+    def _report_error(self, final: dict, log_path: Path) -> str:
+        code = self.child.returncode if self.child else None
+        if final.get("event") == "error":
+            message = final.get("error") or "calibration failed"
+            if final.get("traceback"):
+                message += "\n\n" + final["traceback"]
+            retryable = bool(final.get("retryable", True))
+        else:
+            why = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                   else f"exit code {code}")
+            message = f"the calibration process ended without a result ({why})\n\n{_tail(log_path)}"
+            retryable = True
+        job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
+        return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(line[:300] for line in text[-lines:])
+
+
+def gpu_pids() -> set[int]:
+    """PIDs holding GPU memory (nvidia-smi); empty without NVIDIA GPUs."""
+    if shutil.which("nvidia-smi") is None:
+        return set()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {int(x) for x in out.split() if x.strip().isdigit()}
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this host may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in out.splitlines() if x.strip().isdigit()]
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum, _frame):
+        log.warning("worker: %s received; stopping after giving back the current job",
+                    signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def main_loop(registry: str, token: str | None, gpus: int | None, worker: str | None,
+              exit_with_parent: bool, once: bool) -> None:
+    """`oscar-zoo worker`: a standalone worker against a registry URL."""
+    stop = threading.Event()
+    install_stop_signals(stop)
+    gpus = len(visible_gpus()) if gpus is None else gpus
+    with JobsClient(registry, token) as client:
+        run_worker(client, worker or new_worker_id(), gpus, stop, exit_with_parent, once)

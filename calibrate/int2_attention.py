@@ -1,0 +1,130 @@
+"""Attention as a serving engine computes it over OSCAR's mixed cache, exact per query.
+
+Query i sees key j from the BF16 tier when j < sink or i - j < recent, otherwise from the INT2
+tier: (k - mean) @ R_k, clipped and quantized, then dequantized; V likewise with R_v, never
+centered. Logits of both tiers are computed in the original basis, which is the same math as
+the engine's rotated one: (q R)((k - mean) R)^T + q.mean = q k^T, since R is orthogonal; the
+q.mean term is constant per query, so adding it back to both tiers changes nothing for softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# quantizer(x [T, H, d], rotation, clip [H], group_size, mean [H, d] | None) -> x_hat [T, H, d]
+# in the rotated basis (quantize + dequantize through the INT2 kernels).
+Quantizer = Callable[..., torch.Tensor]
+
+
+@dataclass
+class CacheSpec:
+    """One layer's INT2 cache settings (a bundle's, or a baseline's)."""
+
+    rot_k: torch.Tensor            # [d,d] or [H,d,d]
+    rot_v: torch.Tensor
+    clip_k: torch.Tensor           # [H]
+    clip_v: torch.Tensor           # [H]
+    mean: torch.Tensor | None      # [H, d] key mean, original basis
+    group_size: int
+
+
+def int2_backend(device: torch.device | str) -> str:
+    """triton or vectorized, from the int2_backend setting (auto: triton on CUDA only)."""
+    from oscar_zoo.zoo import settings
+    from oscar_zoo.zoo.errors import ConfigError
+
+    choice = settings.get("int2_backend")
+    if choice not in ("auto", "triton", "vectorized"):
+        raise ConfigError(f"OSCAR_ZOO_INT2_BACKEND={choice!r}: choose auto, triton or vectorized")
+    if choice == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "vectorized"
+    return choice
+
+
+def kernel_quantizer(scale_dtype: torch.dtype = torch.float32, device=None) -> Quantizer:
+    """The INT2 round trip of the kernels (or their bit-exact torch twin on CPUs) for tensors on
+    `device` (default: CUDA when present)."""
+    from oscar_zoo import kernels
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    fn = kernels.fake_quantize_kv if int2_backend(device) == "triton" else kernels.fake_quantize_kv_vectorized
+
+    def q(x, rotation, clip, group_size, mean):
+        return fn(x, rotation, clip, group_size, mean=mean, scale_dtype=scale_dtype)
+
+    q.backend = int2_backend(device)
+    return q
+
+
+def dequantized(x: torch.Tensor, rotation: torch.Tensor, clip: torch.Tensor, group_size: int,
+                mean: torch.Tensor | None, quantizer: Quantizer) -> torch.Tensor:
+    """x [B, H, T, d] -> what the INT2 tier returns, in the original basis: [B, H, T, d]."""
+    b, h, t, d = x.shape
+    rot = rotation.to(x.device, torch.float32)
+    out = []
+    for i in range(b):
+        rows = x[i].transpose(0, 1).float()                                   # [T, H, d]
+        hat = quantizer(rows, rot, clip.to(x.device), group_size,
+                        None if mean is None else mean.to(x.device, torch.float32))
+        back = _unrotate(hat.float(), rot)                                    # [T, H, d]
+        if mean is not None:
+            back = back + mean.to(x.device, torch.float32)
+        out.append(back.transpose(0, 1))
+    return torch.stack(out).to(x.dtype)
+
+
+def _unrotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    # x: [T, H, d] rotated rows; rot: [d,d] or [H,d,d]. Rows were stored as x_orig @ R.
+    if rot.dim() == 2:
+        return x @ rot.T
+    return torch.einsum("thd,hed->the", x, rot)
+
+
+def tier_mask(rows: torch.Tensor, keys: int, sink: int, recent: int) -> torch.Tensor:
+    """[len(rows), keys] True where query row i reads key j from the BF16 tier."""
+    j = torch.arange(keys, device=rows.device)
+    return (j[None, :] < sink) | (rows[:, None] - j[None, :] < recent)
+
+
+def mixed_attention(q, k, v, allowed, scaling: float, k_int2, v_int2, sink: int, recent: int,
+                    rows: torch.Tensor | None = None, block: int = 512) -> torch.Tensor:
+    """Attention output [B, len(rows), Hq, d] for the query positions `rows` (default all).
+
+    q: [B, Hq, T, d]; k, v: [B, H, T, d] as the model made them; k_int2, v_int2: the same after
+    the INT2 round trip (or k, v themselves for a tier kept in full precision); allowed: bool
+    [B|1, 1, T, T] model mask (causal, sliding window).
+    """
+    b, hq, t, d = q.shape
+    g = hq // k.shape[1]
+    rows = torch.arange(t, device=q.device) if rows is None else rows.to(q.device)
+    exact = k_int2 is k and v_int2 is v                      # the all-BF16 reference
+    ex = lambda x: x.float().repeat_interleave(g, dim=1)                       # noqa: E731
+    kf, vf = ex(k), ex(v)
+    ki, vi = (kf, vf) if exact else (ex(k_int2), ex(v_int2))
+    outs = []
+    for start in range(0, len(rows), block):                 # bound the [B, Hq, rows, T] logits
+        r = rows[start:start + block]
+        n = int(r.max()) + 1 if allowed.shape[-2] == t and _causal(allowed) else t   # keys <= last row
+        qr = q[:, :, r].float()
+        logits = qr @ kf[:, :, :n].transpose(-1, -2)
+        if not exact:
+            fp = tier_mask(r, n, sink, recent)                                 # [R, n]
+            logits = torch.where(fp, logits, qr @ ki[:, :, :n].transpose(-1, -2))
+        logits = (logits * scaling).masked_fill(~allowed[:, :, r, :n], float("-inf"))
+        p = torch.softmax(logits, dim=-1)
+        if exact:
+            o = p @ vf[:, :, :n]
+        else:
+            o = p @ vi[:, :, :n] + (p * fp) @ (vf[:, :, :n] - vi[:, :, :n])    # [B, Hq, R, d]
+        outs.append(o.transpose(1, 2))
+    return torch.cat(outs, dim=1).to(q.dtype)
+
+
+def _causal(allowed: torch.Tensor) -> bool:
+    """No query may see a later key (checked once per call on the mask's upper triangle)."""
+    t = allowed.shape[-1]
+    upper = torch.ones(t, t, dtype=torch.bool, device=allowed.device).triu(1)
+    return not bool((allowed & upper).any())

@@ -1,0 +1,180 @@
+"""The declarative calibration job spec: what `POST /v1/jobs` accepts, what a worker runs, and
+what is copied verbatim into the bundle (`calibration.spec`).
+
+No torch here: the API checks a spec at submit time, the CLI builds one. `complete()` fills
+every default from the catalog, so the stored spec says exactly what ran.
+
+    {"model": "smollm2-135m", "tokens": 8192, "seq_len": 2048,
+     "validation": {"context_len": 2048, "windows": 2}, "aliases": ["recommended"]}
+
+`model` is a catalog name, a hub id (org/name, loaded by the workers from the hub), or an
+absolute path the workers can read (a model directory or a .gguf file); a path needs
+`publish_as` unless it is a catalog model's. `data` entries are `builtin:pydoc`, a .txt/.jsonl
+path, or `hf:ORG/NAME[:CONFIG][@SPLIT]` (see calibrate/data.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from oscar_zoo.zoo import catalog, settings
+from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound
+from oscar_zoo.zoo.geometry import ModelGeometry
+
+BUILTIN_DATA = "builtin:pydoc"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_ALIAS = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
+_MIRROR = re.compile(r"^(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ValidationSpec(Strict):
+    enabled: bool = True
+    data: list[str] = Field(default_factory=lambda: [BUILTIN_DATA], max_length=16)
+    context_len: int = Field(2048, ge=16, le=1 << 20)
+    windows: int = Field(6, ge=1, le=256)
+    tolerance: float = Field(0.05, ge=0)
+    require_pass: bool = Field(True, description="publish only a bundle that passes; "
+                               "otherwise it is kept as a draft with its report")
+
+
+class JobSpec(Strict):
+    model: str = Field(min_length=1, max_length=500)
+    revision: str | None = Field(None, max_length=200)
+    publish_as: str | None = Field(None, max_length=200,
+                                   description="catalog name or hub id to publish under")
+    data: list[str] = Field(default_factory=lambda: [BUILTIN_DATA], min_length=1, max_length=16)
+    text_field: str = Field("text", max_length=100)
+    tokens: int | None = Field(None, ge=1, le=1 << 30)
+    seq_len: int | None = Field(None, ge=2, le=1 << 20)
+    batch_size: int = Field(1, ge=1, le=1024)
+    seed: int = Field(0, ge=0)
+    k_objective: Literal["qqt", "ktk", "hadamard"] = "qqt"
+    v_objective: Literal["sst", "vtv", "hadamard"] = "sst"
+    composition: Literal["r_h_pbr", "r_h", "pbr", "plain"] = "r_h_pbr"
+    granularity: Literal["layer", "kv_head"] = "layer"
+    key_centering: bool = True
+    clip_search: bool = True
+    clip_per_head: bool = False
+    clip_windows: int = Field(2, ge=1, le=64)
+    clip_queries: int = Field(256, ge=1, le=65536)
+    k_clip: float = Field(0.96, ge=0, le=1)
+    v_clip: float = Field(0.92, ge=0, le=1)
+    group_size: int | None = Field(None, ge=1, le=4096)
+    scale_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    sink_tokens: int | None = Field(None, ge=0, le=1 << 20)
+    recent_tokens: int | None = Field(None, ge=0, le=1 << 20)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    publish: bool = True
+    aliases: list[str] = Field(default_factory=list, max_length=16)
+    mirror: list[str] = Field(default_factory=list, max_length=8)
+    gpus: int | None = Field(None, ge=1, le=64, description="default: the catalog's, else 1")
+    ray_resources: dict[str, float] = Field(default_factory=dict, max_length=8,
+                                            description="custom Ray resources the task needs")
+    lease_seconds: float | None = Field(None, ge=1, le=3600)
+    max_attempts: int | None = Field(None, ge=1, le=20)
+
+
+def parse_spec(body: dict) -> JobSpec:
+    """Raises InvalidInput naming the first bad fields."""
+    try:
+        return JobSpec.model_validate(body)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(spec)'}: {err['msg']}"
+                             for err in e.errors()[:5])
+        raise InvalidInput(f"invalid job spec: {problems}") from None
+
+
+def is_path(model: str) -> bool:
+    return model.startswith(("/", "~", "./", "../")) or model.endswith(".gguf")
+
+
+def identity(spec: JobSpec) -> tuple[str, str, catalog.CatalogEntry | None]:
+    """(registry name, hub id, catalog entry) the bundle is published under.
+
+    Raises ModelNotFound (with suggestions) for a bare name nobody knows, InvalidInput for a
+    path without `publish_as`.
+    """
+    named = spec.publish_as or spec.model
+    if spec.publish_as is None and is_path(spec.model):
+        entry = _entry_for_path(spec.model)
+        if entry is None:
+            raise InvalidInput(f"model {spec.model!r} is a path: say which model it is with "
+                               "publish_as (a catalog name or a hub id like org/name)")
+        return entry.name, entry.hub_id, entry
+    entry = catalog.find(named)
+    if entry is not None:
+        return entry.name, entry.hub_id, entry
+    if _HUB_ID.match(named):
+        return named.split("/")[-1].lower(), named, None
+    raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
+                        "an absolute path the workers can read.", suggestions=catalog.suggest(named))
+
+
+def _entry_for_path(model: str) -> catalog.CatalogEntry | None:
+    from .loading import BUILTIN_GGUF   # no torch at import
+
+    path = Path(model)
+    for name, (_, filename) in BUILTIN_GGUF.items():
+        if path.name == filename:
+            return catalog.find(name)
+    return catalog.find(path.name) if not path.suffix else None
+
+
+def complete(spec: JobSpec, entry: catalog.CatalogEntry | None) -> JobSpec:
+    """Every default filled in (from the catalog entry where it has one), model normalized."""
+    upd: dict = {}
+    if entry is not None and not is_path(spec.model) and spec.publish_as is None:
+        upd["model"] = entry.name
+    defaults = dict(tokens=settings.get("calib_tokens"), seq_len=settings.get("calib_seq_len"),
+                    sink_tokens=entry.sink_tokens if entry else 64,
+                    recent_tokens=entry.recent_tokens if entry else 256,
+                    gpus=entry.gpus if entry else 1,
+                    lease_seconds=float(settings.get("job_lease_seconds")),
+                    max_attempts=settings.get("job_max_attempts"))
+    for key, value in defaults.items():
+        if getattr(spec, key) is None:
+            upd[key] = value
+    if spec.group_size is None and entry is not None:
+        upd["group_size"] = min(entry.group_size, entry.geometry.head_dim)
+    return spec.model_copy(update=upd)
+
+
+def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
+    """Reject what cannot run, before it is queued. Raises InvalidInput saying what to change."""
+    window = spec.sink_tokens + spec.recent_tokens
+    if spec.clip_search and spec.seq_len <= window:
+        raise InvalidInput(f"seq_len {spec.seq_len} leaves no INT2 keys for the clip search with "
+                           f"sink {spec.sink_tokens} + recent {spec.recent_tokens}; raise seq_len "
+                           f"above {window} or lower the windows")
+    if spec.validation.enabled and spec.validation.context_len <= window:
+        raise InvalidInput(f"validation.context_len {spec.validation.context_len} must exceed "
+                           f"sink {spec.sink_tokens} + recent {spec.recent_tokens} = {window}")
+    for alias in spec.aliases:
+        if not _ALIAS.match(alias) or alias == "latest":
+            raise InvalidInput(f"alias {alias!r}: use a lower-case name such as recommended "
+                               "(`latest` moves by itself)")
+    for target in spec.mirror:
+        if not _MIRROR.match(target):
+            raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
+    if geometry is not None:
+        _check_geometry(spec, geometry)
+
+
+def _check_geometry(spec: JobSpec, geometry: ModelGeometry) -> None:
+    dims = sorted({geometry.head_dim_of(i) for i in geometry.layers()})
+    g = spec.group_size or min(128, dims[0])
+    bad = [d for d in dims if d % g]
+    if g & (g - 1) or bad:
+        raise InvalidInput(f"group_size {g} must be a power of two dividing head_dim "
+                           f"({', '.join(map(str, dims))}); try {min(128, dims[0])}")
+    if g * 4 < max(dims):
+        raise InvalidInput(f"group_size {g} is below head_dim/4 = {max(dims) // 4}, which the "
+                           "INT2 decode kernel needs; use a larger group")

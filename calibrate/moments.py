@@ -1,0 +1,124 @@
+"""Streaming second moments for the OSCAR objectives (oscar-spec 2.2, 2.3), in float64.
+
+Pass 1, per layer and KV head h (g query heads share it):
+    M_q[h] = sum over tokens t and heads of the group of q q^T     (qqt)
+    k_sum[h] = sum_t k_t       (key centering)       M_k[h] = sum_t k k^T   (ktk)
+    M_v[h] = sum_t v v^T       (vtv)
+Pass 2, with the final C_h = M_q[h] / n_q:
+    e_t = k_t^T C_h k_t        (the expected squared logit of key t)
+    S_v[h] = sum_t e_t v_t v_t^T,  e_sum[h] = sum_t e_t    (sst: S_v / e_sum)
+Memory is O(kv_heads x d^2) per layer; nothing per token is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerMoments:
+    kv_heads: int
+    head_dim: int
+    want_ktk: bool = False
+    want_vtv: bool = False
+
+    def __post_init__(self):
+        self.n_q = 0      # q rows per KV head seen (tokens x g)
+        self.n_k = 0      # tokens seen
+        self._alloc(torch.device("cpu"))
+
+    def _alloc(self, device: torch.device) -> None:
+        # Accumulators live on the layer's own device (layers may sit on different GPUs), so
+        # updates never synchronise with the host.
+        h, d = self.kv_heads, self.head_dim
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64, device=device)  # noqa: E731
+        self.m_q, self.k_sum, self.s_v, self.e_sum = z(h, d, d), z(h, d), z(h, d, d), z(h)
+        self.m_k = z(h, d, d) if self.want_ktk else None
+        self.m_v = z(h, d, d) if self.want_vtv else None
+
+    def _on(self, device: torch.device) -> None:
+        if self.m_q.device != device:
+            if self.n_k or self.n_q:
+                raise RuntimeError("a layer moved between devices during calibration")
+            self._alloc(device)
+
+    def to_cpu(self) -> "LayerMoments":
+        for name in ("m_q", "k_sum", "s_v", "e_sum", "m_k", "m_v"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.cpu())
+        return self
+
+    def update_pass1(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # q: [B, Hq, T, d]; k, v: [B, Hkv, T, d]
+        self._on(q.device)
+        b, hq, t, d = q.shape
+        g = hq // self.kv_heads
+        q64 = q.detach().to(torch.float64).reshape(b, self.kv_heads, g, t, d)
+        q64 = q64.permute(1, 0, 2, 3, 4).reshape(self.kv_heads, b * g * t, d)   # [H, rows, d]
+        self.m_q += gram(q64)
+        self.n_q += b * g * t
+        k64 = _heads_rows(k)                                                      # [H, B*T, d]
+        self.k_sum += k64.sum(1)
+        self.n_k += k64.shape[1]
+        if self.m_k is not None:
+            self.m_k += gram(k64)
+        if self.m_v is not None:
+            v64 = _heads_rows(v)
+            self.m_v += gram(v64)
+
+    def update_pass2(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        k64, v64 = _heads_rows(k), _heads_rows(v)                                 # [H, rows, d]
+        c = self.q_cov()                                           # [H, d, d]
+        e = torch.einsum("hrd,hde,hre->hr", k64, c, k64).clamp_min(0)            # [H, rows]
+        w = v64 * e.sqrt()[..., None]
+        self.s_v += gram(w)
+        self.e_sum += e.sum(1)
+
+    # --- finished statistics -----------------------------------------------------------------
+
+    def q_cov(self) -> torch.Tensor:
+        """C_h = Q_g^T Q_g / (T g), per KV head: [H, d, d]."""
+        return self.m_q / max(self.n_q, 1)
+
+    def k_mean(self) -> torch.Tensor:
+        return self.k_sum / max(self.n_k, 1)                                      # [H, d]
+
+    def k_cov(self) -> torch.Tensor:
+        return self.m_k / max(self.n_k, 1)
+
+    def v_cov(self) -> torch.Tensor:
+        return self.m_v / max(self.n_k, 1)
+
+    def sst_cov(self) -> torch.Tensor:
+        """sum_t e_t v v^T / sum_t e_t per head (= OSCAR's w normalised to mean 1)."""
+        return self.s_v / self.e_sum.clamp_min(1e-12)[:, None, None]
+
+
+CHUNK_ROWS = 2048
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """sum over rows of x x^T per head: [H, rows, d] -> [H, d, d].
+
+    One GEMM per head has a long reduction but only H output tiles, which leaves a GPU nearly
+    idle; splitting the rows into chunks gives it H x chunks independent products to run.
+    """
+    if x.shape[1] < 2 * CHUNK_ROWS or x.device.type != "cuda":
+        return x.transpose(1, 2) @ x
+    return chunked_gram(x, CHUNK_ROWS)
+
+
+def chunked_gram(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    h, rows, d = x.shape
+    c = rows // chunk
+    head, tail = x[:, :c * chunk].reshape(h * c, chunk, d), x[:, c * chunk:]
+    return (head.transpose(1, 2) @ head).view(h, c, d, d).sum(1) + tail.transpose(1, 2) @ tail
+
+
+def _heads_rows(x: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, T, d] -> [H, B*T, d] float64
+    b, h, t, d = x.shape
+    return x.detach().to(torch.float64).permute(1, 0, 2, 3).reshape(h, b * t, d)

@@ -1,0 +1,302 @@
+"""Model + text -> verified rotation bundle.
+
+    load -> pass 1 (query/key moments) -> pass 2 (score-weighted V moments) -> fit
+         -> clip search (held-out windows) -> bundle
+Streaming: per-token tensors live only inside one layer's attention call; what persists is
+O(layers x kv_heads x d^2). Nothing is written but the bundle, and that atomically.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from oscar_zoo.zoo import __version__
+from oscar_zoo.zoo.bundle import Bundle, SideTensors
+from oscar_zoo.zoo.errors import InvalidInput, UnsupportedModelError
+from oscar_zoo.zoo.manifest import (Calibration, Clip, Geometry, Manifest, Method, ModelRef,
+                                    Quantization, utc_now)
+
+from . import capture, clip_search, fit
+from .data import BUILTIN, load_text, token_windows
+from .int2_attention import kernel_quantizer
+from .loading import load_model, model_geometry, resolve_source
+from .moments import LayerMoments
+
+Progress = Callable[..., None]   # progress(phase=..., done=..., total=..., layer=..., **info)
+
+
+@dataclass
+class CalibrationConfig:
+    model: str
+    revision: str | None = None
+    data: list[str] = field(default_factory=lambda: [BUILTIN])
+    text_field: str = "text"
+    tokens: int = 30000
+    seq_len: int = 2048
+    batch_size: int = 1
+    seed: int = 0
+    k_objective: str = "qqt"          # qqt | ktk | hadamard
+    v_objective: str = "sst"          # sst | vtv | hadamard
+    composition: str = "r_h_pbr"
+    granularity: str = "layer"        # layer | kv_head
+    key_centering: bool = True
+    clip_search: bool = True
+    clip_per_head: bool = False
+    clip_windows: int = 2             # held-out windows for the clip search
+    clip_queries: int = 256           # query positions per search
+    k_clip: float = 0.96              # used when clip_search is off (OSCAR's shipped values)
+    v_clip: float = 0.92
+    group_size: int | None = None     # default: the catalog's, else min(128, head_dim)
+    scale_dtype: str = "float32"
+    sink_tokens: int = 64
+    recent_tokens: int = 256
+
+    def check(self) -> None:
+        if self.k_objective not in ("qqt", "ktk", "hadamard"):
+            raise InvalidInput(f"k objective {self.k_objective!r}: choose qqt, ktk or hadamard")
+        if self.v_objective not in ("sst", "vtv", "hadamard"):
+            raise InvalidInput(f"v objective {self.v_objective!r}: choose sst, vtv or hadamard")
+        if self.composition not in fit.COMPOSITIONS:
+            raise InvalidInput(f"composition {self.composition!r}: choose {', '.join(fit.COMPOSITIONS)}")
+        if self.granularity not in ("layer", "kv_head"):
+            raise InvalidInput("granularity is layer or kv_head")
+        if self.tokens <= 0 or self.seq_len <= 1 or self.batch_size <= 0:
+            raise InvalidInput("tokens, seq_len and batch_size must be positive")
+
+
+def _noop(**_):
+    pass
+
+
+@dataclass
+class CalibrationResult:
+    bundle: Bundle
+    timings: dict[str, float]      # seconds per phase
+    tokens_per_pass: int
+
+
+def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -> CalibrationResult:
+    """Run the whole calibration; `loaded` = (model, tokenizer) to reuse a loaded model."""
+    cfg.check()
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    src = resolve_source(cfg.model, cfg.revision)
+    progress(phase="loading", done=0, total=1)
+    model, tok = loaded if loaded is not None else load_model(src)
+    capture.install(model)
+    geometry = model_geometry(model)
+    timings["loading"] = time.perf_counter() - t0
+
+    text = load_text(cfg.data, "calibration", cfg.text_field)
+    n_clip = cfg.clip_windows if cfg.clip_search else 0
+    windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed)
+    calib, held_out = windows[:len(windows) - n_clip], windows[len(windows) - n_clip:]
+
+    moments = {}
+    _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1",
+                                           lambda m, q, k, v: _moments(moments, m, k, cfg).update_pass1(q, k, v)))
+    _check_layers(geometry, moments)
+    if cfg.v_objective == "sst":
+        _timed(timings, "pass2", lambda: _pass(model, calib, cfg, geometry, progress, "pass2",
+                                               lambda m, q, k, v: moments[m.layer_idx].update_pass2(k, v)))
+    fitted = _timed(timings, "fitting", lambda: _fit_all(moments, cfg, geometry, progress))
+    clips = _timed(timings, "clip_search", lambda: _clips(model, held_out, cfg, geometry, fitted, progress))
+    bundle = _bundle(cfg, src, model, geometry, text, calib, fitted, clips)
+    timings["total"] = time.perf_counter() - t0
+    return CalibrationResult(bundle, timings, len(calib) * cfg.seq_len)
+
+
+def _timed(timings, name, fn):
+    t = time.perf_counter()
+    out = fn()
+    timings[name] = time.perf_counter() - t
+    return out
+
+
+def _moments(moments: dict, module, k, cfg) -> LayerMoments:
+    lid = module.layer_idx
+    if lid not in moments:
+        moments[lid] = LayerMoments(k.shape[1], k.shape[-1], want_ktk=cfg.k_objective == "ktk",
+                                    want_vtv=cfg.v_objective == "vtv")
+    return moments[lid]
+
+
+def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
+    layers = geometry.layers()
+    total = len(windows) * len(layers)
+    done = 0
+
+    def observer(module, q, k, v, mask, kw):
+        nonlocal done
+        update(module, q, k, v)
+        done += len(q)
+        progress(phase=phase, done=done, total=total, layer=module.layer_idx)
+
+    with capture.observing(observer):
+        for start in range(0, len(windows), cfg.batch_size):
+            forward(model, windows[start:start + cfg.batch_size])
+
+
+def forward(model, windows: list[list[int]]):
+    ids = torch.tensor(windows, dtype=torch.long, device=model.device)
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+
+def _check_layers(geometry, moments) -> None:
+    missing = sorted(set(geometry.layers()) - set(moments))
+    if missing:
+        raise UnsupportedModelError(
+            f"layers {missing[:8]} never called transformers' attention interface, so their Q/K/V "
+            "cannot be captured; this architecture's attention is not supported")
+
+
+@dataclass
+class FittedLayer:
+    rot_k: torch.Tensor
+    eig_k: torch.Tensor
+    rot_v: torch.Tensor
+    eig_v: torch.Tensor
+    mean: torch.Tensor | None
+
+
+def _fit_all(moments, cfg, geometry, progress) -> dict[int, FittedLayer]:
+    """All layers' second moments -> rotations; layers of one shape share a batched eigh."""
+    per_head = cfg.granularity == "kv_head"
+    layers = geometry.layers()
+    stats = {lid: _side_moments(moments[lid].to_cpu(), cfg) for lid in layers}
+    fitted: dict[int, dict] = {lid: {"mean": stats[lid]["mean"]} for lid in layers}
+    for side, objective in (("k", cfg.k_objective), ("v", cfg.v_objective)):
+        for group in _same_shape(layers, moments):
+            m = moments[group[0]]
+            if objective == "hadamard":
+                rot, eig = fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads, per_head)
+                rots, eigs = [rot] * len(group), [eig] * len(group)
+            else:
+                rots, eigs = fit.fit_side(torch.stack([stats[lid][side] for lid in group]),
+                                          cfg.composition, per_head)
+            for lid, rot, eig in zip(group, rots, eigs):
+                fitted[lid][side] = (rot.float(), eig.float())
+    progress(phase="fitting", done=len(layers), total=len(layers))
+    return {lid: FittedLayer(*f["k"], *f["v"], None if f["mean"] is None else f["mean"].float())
+            for lid, f in fitted.items()}
+
+
+def _side_moments(m: LayerMoments, cfg) -> dict:
+    """The second moment each objective diagonalises, per KV head: {k, v: [H, d, d], mean}."""
+    mean = m.k_mean() if cfg.key_centering else None
+    out = {"mean": mean, "k": None, "v": None}
+    if cfg.k_objective in ("qqt", "ktk"):
+        cov = m.q_cov() if cfg.k_objective == "qqt" else m.k_cov()
+        if cfg.k_objective == "ktk" and mean is not None:
+            cov = cov - mean[:, :, None] * mean[:, None, :]       # the stored keys are centered
+        out["k"] = cov
+    if cfg.v_objective in ("sst", "vtv"):
+        out["v"] = m.sst_cov() if cfg.v_objective == "sst" else m.v_cov()
+    return out
+
+
+def _same_shape(layers, moments) -> list[list[int]]:
+    groups: dict[tuple[int, int], list[int]] = {}
+    for lid in layers:
+        groups.setdefault((moments[lid].kv_heads, moments[lid].head_dim), []).append(lid)
+    return list(groups.values())
+
+
+def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_search.LayerClips]:
+    if not cfg.clip_search:
+        return {lid: clip_search.LayerClips(torch.full((geometry.kv_heads_of(lid),), cfg.k_clip),
+                                            torch.full((geometry.kv_heads_of(lid),), cfg.v_clip))
+                for lid in geometry.layers()}
+    rows = clip_search.query_rows(cfg.seq_len, cfg.sink_tokens, cfg.recent_tokens,
+                                  cfg.clip_queries, cfg.seed)
+    quantizer = kernel_quantizer(_dtype(cfg.scale_dtype), model.device)
+    out: dict[int, clip_search.LayerClips] = {}
+    layers = geometry.layers()
+
+    def observer(module, q, k, v, mask, kw):
+        lid = module.layer_idx
+        f = fitted[lid]
+        allowed = capture.bool_mask(mask, q.shape[2], k.shape[2], q.device)
+        out[lid] = clip_search.search_layer(
+            module, q, k, v, allowed, kw.get("scaling") or q.shape[-1] ** -0.5,
+            f.rot_k.to(q.device), f.rot_v.to(q.device), f.mean, group_size(cfg, geometry, lid),
+            cfg.sink_tokens, cfg.recent_tokens, rows, quantizer, cfg.clip_per_head)
+        progress(phase="clip_search", done=len(out), total=len(layers), layer=lid,
+                 k_clip=float(out[lid].k.mean()), v_clip=float(out[lid].v.mean()))
+
+    with capture.observing(observer):
+        forward(model, held_out)
+    return out
+
+
+def group_size(cfg, geometry, layer: int) -> int:
+    d = geometry.head_dim_of(layer)
+    g = cfg.group_size or min(128, d)
+    if d % g or g & (g - 1):
+        raise InvalidInput(f"group size {g} must be a power of two dividing head_dim {d}")
+    return g
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+# --- the bundle ------------------------------------------------------------------------------
+
+def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
+    k_vals = torch.cat([c.k for c in clips.values()]).numpy()
+    v_vals = torch.cat([c.v for c in clips.values()]).numpy()
+    if cfg.clip_search:
+        k_global = clip_search.global_pair([c.k_curve for c in clips.values()])
+        v_global = clip_search.global_pair([c.v_curve for c in clips.values()])
+        gran = "kv_head" if cfg.clip_per_head else "layer"
+    else:
+        k_global, v_global, gran = cfg.k_clip, cfg.v_clip, "global"
+    manifest = Manifest(
+        model=ModelRef(name=src.name, hub_id=src.hub_id, revision=cfg.revision,
+                       architecture=(getattr(model.config, "architectures", None) or [None])[0]),
+        geometry=Geometry.of(geometry),
+        method=Method(k_objective=cfg.k_objective, v_objective=cfg.v_objective,
+                      composition="none" if cfg.k_objective == cfg.v_objective == "hadamard"
+                      else cfg.composition,
+                      granularity=cfg.granularity, key_centering=cfg.key_centering),
+        quantization=Quantization(group_size=group_size(cfg, geometry, geometry.layers()[0]),
+                                  scale_dtype=cfg.scale_dtype, sink_tokens=cfg.sink_tokens,
+                                  recent_tokens=cfg.recent_tokens),
+        clip=Clip(granularity=gran, searched=cfg.clip_search, k_global=k_global, v_global=v_global,
+                  k_min=float(k_vals.min()), k_median=float(np.median(k_vals)), k_max=float(k_vals.max()),
+                  v_min=float(v_vals.min()), v_median=float(np.median(v_vals)), v_max=float(v_vals.max())),
+        calibration=Calibration(
+            dataset=text.name, dataset_sha256=text.sha256, tokens=len(calib) * cfg.seq_len,
+            prompts=len(calib), seq_len=cfg.seq_len, seed=cfg.seed, code_version=__version__,
+            torch_version=torch.__version__, transformers_version=_transformers_version(),
+            hardware=hardware(), created_at=utc_now(), spec=asdict(cfg)),
+    )
+    bundle = Bundle(manifest)
+    np32 = lambda t: None if t is None else t.detach().cpu().float().numpy()  # noqa: E731
+    for lid, f in fitted.items():
+        bundle.k[lid] = SideTensors(np32(f.rot_k), np32(clips[lid].k), np32(f.eig_k), np32(f.mean))
+        bundle.v[lid] = SideTensors(np32(f.rot_v), np32(clips[lid].v), np32(f.eig_v))
+    return bundle
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def hardware() -> str:
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"{n} x {torch.cuda.get_device_name(0)}"
+    import os
+
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"

@@ -1,0 +1,194 @@
+"""Validate a bundle on held-out text with the KV cache simulated in INT2 (oscar-spec 3).
+
+Every layer's K and V go through the INT2 kernels in the storage format serving uses (rotate,
+center keys, clip, quantize, pack, dequantize); attention is then computed exactly per query
+over the sink / INT2 history / recent tiers. In the same run, three baselines get the same
+treatment: "oscar-shipped" (the bundle's rotations, OSCAR's global clip, no centering),
+"hadamard" (QuaRot-style, data-free) and "naive" (no rotation).
+
+Reported per variant: extra next-token loss (nats/token) and KL against the unquantized model,
+each on two disjoint evaluation sets (a noise estimate), and the attention-output relative error
+per layer (teacher-forced: every variant sees the unquantized model's inputs at every layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from oscar_zoo.zoo import __version__
+from oscar_zoo.zoo.bundle import Bundle
+from oscar_zoo.zoo.catalog import find
+from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
+
+from . import capture, fit
+from .data import BUILTIN, load_text
+from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
+from .pipeline import hardware
+
+SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
+
+
+@dataclass
+class ValidationConfig:
+    data: list[str] = field(default_factory=lambda: [BUILTIN])
+    text_field: str = "text"
+    context_len: int = 2048
+    windows: int = 6                  # split alternately into evaluation sets A and B
+    tolerance: float = 0.05           # nats/token the bundle may lose to the Hadamard baseline
+    naive_fraction: float = 0.5       # ... and it must stay below this fraction of naive INT2's
+    baselines: tuple[str, ...] = ("oscar-shipped", "hadamard", "naive")
+
+
+def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: int):
+    """n evenly spaced windows of held-out text (the second half of the built-in corpus)."""
+    src = load_text(data, "heldout", text_field)
+    ids = tokenizer(src.text, add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) else []
+    body = seq_len - len(bos)
+    if len(ids) < n * body:
+        raise ValueError(f"{src.name} has {len(ids):,} tokens, {n} x {seq_len} needed")
+    stride = (len(ids) - body) // max(n - 1, 1)
+    return src, [bos + ids[i * stride:i * stride + body] for i in range(n)]
+
+
+def variant_specs(bundle: Bundle, names: tuple[str, ...]) -> dict[str, dict[int, CacheSpec]]:
+    """Per variant, per layer, the INT2 cache settings."""
+    m = bundle.manifest
+    g = m.quantization.group_size
+    entry = find(m.model.name) or find(m.model.hub_id)
+    shipped = (entry.k_clip, entry.v_clip) if entry else (0.96, 0.92)
+    out: dict[str, dict[int, CacheSpec]] = {"bundle": {}}
+    for name in names:
+        out[name] = {}
+    for lid in bundle.layers:
+        k, v = bundle.k[lid], bundle.v[lid]
+        t = lambda a: torch.from_numpy(a).float()  # noqa: E731
+        rk, rv, heads = t(k.rotation), t(v.rotation), k.clip.shape[0]
+        d = rk.shape[-1]
+        out["bundle"][lid] = CacheSpec(rk, rv, t(k.clip), t(v.clip),
+                                       None if k.mean is None else t(k.mean), g)
+        full = lambda x: torch.full((heads,), x)  # noqa: E731
+        if "oscar-shipped" in names:
+            out["oscar-shipped"][lid] = CacheSpec(rk, rv, full(shipped[0]), full(shipped[1]), None, g)
+        if "hadamard" in names:
+            h = fit.hadamard(d).float()
+            out["hadamard"][lid] = CacheSpec(h, h, full(0.0), full(0.0), None, g)
+        if "naive" in names:
+            eye = torch.eye(d)
+            out["naive"][lid] = CacheSpec(eye, eye, full(0.0), full(0.0), None, g)
+    return out
+
+
+class _LayerErrors:
+    """Sums of ||o_variant - o_ref||^2 and ||o_ref||^2 per (variant, layer)."""
+
+    def __init__(self):
+        self.err: dict[tuple[str, int], float] = {}
+        self.ref: dict[tuple[str, int], float] = {}
+
+    def add(self, name, lid, o, o_ref):
+        key = (name, lid)
+        self.err[key] = self.err.get(key, 0.0) + float(((o.float() - o_ref.float()) ** 2).sum())
+        self.ref[key] = self.ref.get(key, 0.0) + float((o_ref.float() ** 2).sum())
+
+    def per_layer(self, name, layers) -> list[float]:
+        return [(self.err[(name, lid)] / max(self.ref[(name, lid)], 1e-30)) ** 0.5 for lid in layers]
+
+
+def _int2(spec: CacheSpec, k, v, quantizer: Quantizer):
+    return (dequantized(k, spec.rot_k.to(k.device), spec.clip_k, spec.group_size, spec.mean, quantizer),
+            dequantized(v, spec.rot_v.to(v.device), spec.clip_v, spec.group_size, None, quantizer))
+
+
+def _attention_args(q, k, mask, kw):
+    return capture.bool_mask(mask, q.shape[2], k.shape[2], q.device), kw.get("scaling") or q.shape[-1] ** -0.5
+
+
+def _measure_observer(specs, errors: _LayerErrors, sink, recent, quantizer):
+    def observer(module, q, k, v, mask, kw):
+        allowed, scaling = _attention_args(q, k, mask, kw)
+        rows = torch.arange(min(sink + recent, q.shape[2]), q.shape[2], device=q.device)
+        if len(rows) == 0:
+            return None
+        ref = mixed_attention(q, k, v, allowed, scaling, k, v, sink, recent, rows)
+        for name, per_layer in specs.items():
+            k_i, v_i = _int2(per_layer[module.layer_idx], k, v, quantizer)
+            errors.add(name, module.layer_idx, mixed_attention(q, k, v, allowed, scaling, k_i, v_i,
+                                                               sink, recent, rows), ref)
+        return None
+    return observer
+
+
+def _replace_observer(per_layer, sink, recent, quantizer):
+    def observer(module, q, k, v, mask, kw):
+        allowed, scaling = _attention_args(q, k, mask, kw)
+        k_i, v_i = _int2(per_layer[module.layer_idx], k, v, quantizer)
+        return mixed_attention(q, k, v, allowed, scaling, k_i, v_i, sink, recent)
+    return observer
+
+
+def _logprobs(model, window) -> torch.Tensor:
+    ids = torch.tensor([window], device=model.device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1)                                   # [T-1, V]
+
+
+def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer: Quantizer,
+             progress=lambda **kw: None) -> Validation:
+    m = bundle.manifest
+    sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
+    src, windows = eval_windows(tokenizer, cfg.data, cfg.text_field, cfg.context_len, cfg.windows)
+    specs = variant_specs(bundle, cfg.baselines)
+    capture.install(model)
+    errors = _LayerErrors()
+    nll = {name: [0.0, 0.0] for name in ["bf16", *specs]}
+    kl = {name: [0.0, 0.0] for name in specs}
+    tokens = [0, 0]
+    steps = len(windows) * (1 + len(specs))
+    for w, window in enumerate(windows):
+        s = w % 2
+        targets = torch.tensor(window[1:], device=model.device)
+        with capture.observing(_measure_observer(specs, errors, sink, recent, quantizer)):
+            ref = _logprobs(model, window)
+        nll["bf16"][s] += float(-ref.gather(1, targets[:, None]).sum())
+        tokens[s] += len(targets)
+        progress(phase="validating", done=w * (1 + len(specs)) + 1, total=steps, variant="bf16")
+        for i, (name, per_layer) in enumerate(specs.items()):
+            with capture.observing(_replace_observer(per_layer, sink, recent, quantizer)):
+                lp = _logprobs(model, window)
+            nll[name][s] += float(-lp.gather(1, targets[:, None]).sum())
+            kl[name][s] += float((ref.exp() * (ref - lp)).sum())
+            progress(phase="validating", done=w * (1 + len(specs)) + 2 + i, total=steps, variant=name)
+    return _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer)
+
+
+def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer) -> Validation:
+    m = bundle.manifest
+    per_set = lambda xs: [x / max(t, 1) for x, t in zip(xs, tokens)]  # noqa: E731
+    total = lambda xs: sum(xs) / max(sum(tokens), 1)                  # noqa: E731
+    bf16_sets = per_set(nll["bf16"])
+    results = []
+    for name in specs:
+        layers = errors.per_layer(name, bundle.layers)
+        results.append(VariantResult(
+            name=name, delta_nll=total(nll[name]) - total(nll["bf16"]), kl=total(kl[name]),
+            attn_rel_error=sum(layers) / len(layers), per_layer_attn_rel_error=layers,
+            delta_nll_by_set=[a - b for a, b in zip(per_set(nll[name]), bf16_sets)]))
+    by = {r.name: r for r in results}
+    ok = by["bundle"].delta_nll <= (by["hadamard"].delta_nll + cfg.tolerance if "hadamard" in by else float("inf"))
+    ok = ok and by["bundle"].delta_nll <= (cfg.naive_fraction * by["naive"].delta_nll if "naive" in by else float("inf"))
+    bq = 2 + 2 * SCALE_BITS[m.quantization.scale_dtype] / m.quantization.group_size
+    w = min(sink + recent, cfg.context_len)
+    return Validation(
+        passed=ok,
+        criterion=f"extra loss <= Hadamard's + {cfg.tolerance:g} nats and <= {cfg.naive_fraction:g} x naive INT2's",
+        tolerance=cfg.tolerance, dataset=src.name, context_len=cfg.context_len,
+        eval_windows=len(windows), eval_tokens=sum(tokens), sink_tokens=sink, recent_tokens=recent,
+        group_size=m.quantization.group_size, scale_dtype=m.quantization.scale_dtype,
+        bf16_nll=total(nll["bf16"]), bits_int2_tier=bq,
+        bits_at_context=bq * (1 - w / cfg.context_len) + 16 * w / cfg.context_len,
+        variants=results, created_at=utc_now(), code_version=__version__, hardware=hardware(),
+        int2_backend=getattr(quantizer, "backend", None))

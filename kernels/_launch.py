@@ -1,0 +1,112 @@
+"""Choosing, per call, between compiled Triton and Triton's CPU interpreter.
+
+Triton decides interpreter-or-compiler when `@triton.jit` runs (it reads TRITON_INTERPRET then),
+and a compiled kernel needs a GPU driver even for CPU tensors. Setting the variable at import
+would be global and order-dependent (whoever imports triton first wins), and would stop a GPU
+machine from validating on CPU tensors. So each kernel here is built both ways and the call
+picks by device:
+
+- CUDA tensors run compiled, unless TRITON_INTERPRET=1 is set (then interpreted, for debugging);
+- CPU tensors always run in the interpreter (`validate` and the CPU test suite rely on this);
+- anything else is refused with a clear message.
+
+The interpreter restores its own `triton.language` patches after every launch (Triton >= 3.6),
+so both kinds can run in one process. One more thing is needed: Triton's standard library
+(`tl.max`, `tl.sum`, ...) is itself made of `@jit` functions, built compiled or interpreted when
+`triton.language` is first imported. While an interpreted launch runs, `_stdlib_interpreted`
+swaps the compiled ones for interpreted twins and puts them back after, so the interpreter works
+whatever TRITON_INTERPRET was at import time and whoever imported triton first. This is not
+thread-safe (neither is Triton's interpreter). Kernels must not call our own `@jit` helpers: a
+helper would exist in one kind only. Block shapes differ by kind (big blocks in the interpreter, where each
+program is a Python loop iteration over numpy arrays).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+from oscar_zoo.zoo.errors import InvalidInput
+
+
+class DualKernel:
+    """A Triton kernel available compiled (CUDA) and interpreted (CPU)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._compiled = JITFunction(fn)
+        self._interpreted = InterpretedFunction(fn)
+
+    def on(self, device: torch.device):
+        """The launcher for tensors on `device` (index it with the grid)."""
+        return _Interpreted(self._interpreted) if interpreted(device) else self._compiled
+
+
+class _Interpreted:
+    def __init__(self, fn: InterpretedFunction):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            with _stdlib_interpreted():
+                return self.fn[grid](*args, **kwargs)
+        return launch
+
+
+_TWINS: dict[int, InterpretedFunction] = {}
+
+try:  # imported lazily by Triton during a launch; it must see the real standard library
+    import triton.experimental.gluon  # noqa: F401
+except ImportError:  # pragma: no cover - older Triton
+    pass
+
+
+@contextlib.contextmanager
+def _stdlib_interpreted():
+    swapped = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("triton.language") or mod is None:
+            continue
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, JITFunction):
+                twin = _TWINS.setdefault(id(val), InterpretedFunction(val.fn))
+                swapped.append((mod, attr, val))
+                setattr(mod, attr, twin)
+    try:
+        yield
+    finally:
+        for mod, attr, val in reversed(swapped):
+            setattr(mod, attr, val)
+
+
+# Tests set this to "a" or "b": every output and workspace buffer then starts filled with a
+# sentinel (floats NaN / +inf, integers 0x55 / 0xAA) instead of whatever memory held, so an
+# element a kernel forgot to write shows up as a difference between the two runs.
+POISON: str | None = None
+_SENTINEL = {"a": (float("nan"), 0x55), "b": (float("inf"), 0xAA)}
+
+
+def new_buffer(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if POISON is not None:
+        f, i = _SENTINEL[POISON]
+        out.fill_(f if dtype.is_floating_point else i)
+    return out
+
+
+def kernel(fn) -> DualKernel:
+    return DualKernel(fn)
+
+
+def interpreted(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    raise InvalidInput(f"oscar_zoo.kernels runs on CUDA or CPU tensors, got a tensor on {device}; "
+                       "move it with .cuda() or .cpu().")

@@ -1,0 +1,106 @@
+"""The mixed BF16 + INT2 KV cache of one attention layer for a batch of sequences.
+
+Per sequence of length L (oscar-spec 3.5): the first `sink` tokens and the last `recent` tokens
+stay BF16; the INT2 history is everything between. All rows are stored in the rotated basis,
+keys centered first: k_stored = (k - mean) @ R_k, v_stored = v @ R_v.
+
+Layout (ours; SGLang's pool differs, see oscar-spec 3.3):
+- BF16 tier, per sequence: `hp_k`, `hp_v` [batch, kv_heads, sink + recent, d]; rows [0, sink)
+  hold the sink, rows [sink, sink + recent) the recent window. With L < sink + recent the
+  sink holds min(L, sink) tokens and the recent part the rest; unused rows are never read.
+- INT2 tier, paged: `k_packed`, `v_packed` [num_pages, kv_heads, page_size, d/4] uint8 and
+  `k_sz`, `v_sz` [num_pages, kv_heads, page_size, 2*groups] (scale, zero interleaved). Heads
+  are outside the page so one (page, head) is one contiguous block: the decode kernel streams
+  it with wide loads. INT2 token t of sequence b sits in page `block_table[b, t // page_size]`,
+  slot t % page_size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _args
+from .quantize import quantize_kv
+from .reference import rotate_heads
+
+
+@dataclass(frozen=True)
+class Int2KVCache:
+    seq_lens: torch.Tensor          # [batch] int32: tokens per sequence, all tiers
+    hp_k: torch.Tensor              # [batch, kv_heads, sink + recent, d] bf16
+    hp_v: torch.Tensor              # [batch, kv_heads, sink + recent, d] bf16
+    k_packed: torch.Tensor          # [num_pages, kv_heads, page_size, d/4] uint8
+    k_sz: torch.Tensor              # [num_pages, kv_heads, page_size, 2*groups]
+    v_packed: torch.Tensor
+    v_sz: torch.Tensor
+    block_table: torch.Tensor       # [batch, max_pages] int32
+    k_rotation: torch.Tensor | None  # [d, d] or [kv_heads, d, d] float32; None = identity
+    v_rotation: torch.Tensor | None
+    sink: int
+    recent: int
+    group_size: int
+    page_size: int
+    max_int2_len: int               # longest INT2 history in the batch (sizes the kernel grid)
+
+    @property
+    def int2_lens(self) -> torch.Tensor:
+        return (self.seq_lens - (self.sink + self.recent)).clamp(min=0)
+
+    @classmethod
+    def from_dense(cls, keys, values, k_rotation, v_rotation, k_clip, v_clip, group_size=None,
+                   scale_dtype=torch.float32, sink=64, recent=256, page_size=64, mean=None) -> "Int2KVCache":
+        """Build the cache from per-sequence K and V ([len_b, kv_heads, d] each, original basis).
+        INT2 rows go through `quantize_kv` (sort-semantics clip, per-head clip ratios allowed);
+        BF16 rows are rotated in float64 and rounded once. Pages are handed out interleaved across
+        sequences, so a sequence's pages are not contiguous (the block table is exercised)."""
+        if len(keys) != len(values) or not keys:
+            raise _args.InvalidInput("keys and values must be equal-length, non-empty lists of [len, kv_heads, d].")
+        _, h, d = _args.check_x(keys[0], "keys[0]")
+        ng = _args.group_count(d, group_size)
+        if page_size < 1 or page_size & (page_size - 1):
+            raise _args.InvalidInput(f"page_size must be a power of two, got {page_size}.")
+        if sink < 0 or recent < 0:
+            raise _args.InvalidInput("sink and recent must be >= 0.")
+        _args.check_rotation(k_rotation, h, d, "k_rotation")
+        _args.check_rotation(v_rotation, h, d, "v_rotation")
+        _args.check_mean(mean, h, d)
+        dev, bsz, hpw = keys[0].device, len(keys), sink + recent
+        lens = [int(k.shape[0]) for k in keys]
+        n_q = [max(n - hpw, 0) for n in lens]
+        pages_per = [-(-n // page_size) for n in n_q]
+        max_pages = max(max(pages_per), 1)
+        # page j of sequence b is page j * batch + b (interleaved); unused entries point at page 0
+        table = torch.arange(max_pages)[None, :] * bsz + torch.arange(bsz)[:, None]
+        table = torch.where(torch.arange(max_pages)[None, :] < torch.tensor(pages_per)[:, None], table, 0)
+        num_pages = max_pages * bsz
+        hp = {s: torch.zeros(bsz, h, hpw, d, dtype=torch.bfloat16, device=dev) for s in "kv"}
+        tier = {"k": (k_rotation, k_clip, mean), "v": (v_rotation, v_clip, None)}
+        packed = {s: torch.zeros(num_pages, h, page_size, d // 4, dtype=torch.uint8, device=dev) for s in "kv"}
+        szs = {s: torch.zeros(num_pages, h, page_size, 2 * ng, dtype=scale_dtype, device=dev) for s in "kv"}
+        for side, rows in (("k", keys), ("v", values)):
+            rot, clip, mu = tier[side]
+            mids, pg, slot = [], [], []
+            for b, x in enumerate(rows):
+                n = lens[b]
+                n_sink = min(n, sink)
+                n_rec = min(n, hpw) - n_sink
+                centered = x if mu is None else x.double() - mu.double().to(dev)
+                hp[side][b, :, :n_sink] = rotate_heads(centered[:n_sink], rot).transpose(0, 1).to(torch.bfloat16)
+                hp[side][b, :, sink:sink + n_rec] = rotate_heads(centered[n - n_rec:], rot).transpose(0, 1).to(
+                    torch.bfloat16)
+                mids.append(x[n_sink:n_sink + n_q[b]])
+                t = torch.arange(n_q[b])
+                pg.append(table[b, t // page_size])
+                slot.append(t % page_size)
+            mid = torch.cat(mids, dim=0)
+            if mid.shape[0]:
+                qp, sz = quantize_kv(mid, rot, clip, group_size, scale_dtype, mean=mu)
+                pgi, sli = torch.cat(pg).to(dev), torch.cat(slot).to(dev)
+                packed[side][pgi, :, sli] = qp
+                szs[side][pgi, :, sli] = sz
+        f32 = (lambda r: None if r is None else r.to(device=dev, dtype=torch.float32).contiguous())
+        return cls(torch.tensor(lens, dtype=torch.int32, device=dev), hp["k"], hp["v"], packed["k"], szs["k"],
+                   packed["v"], szs["v"], table.to(device=dev, dtype=torch.int32), f32(k_rotation), f32(v_rotation),
+                   sink, recent, d // ng, page_size, max(n_q))

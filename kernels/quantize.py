@@ -1,0 +1,347 @@
+"""Fused rotate (+center) + clip + INT2 quantize + pack, one pass over K or V.
+
+One program quantizes BLOCK_T tokens of one KV head. The head_dim is handled as four quarters
+of d/4 (the packing order puts dims j, j+d/4, j+d/2, j+3d/4 in byte j), so the rotation is four
+[BLOCK_T, d] x [d, d/4] products whose results are already in byte order: no shuffles.
+
+Clip threshold (sort semantics, exact): the k-th largest |x| of the row, k = d - idx, on the
+int32 bit patterns of |x|. A pass takes the next distinct value below `up` as the minimum of
+(up - 1 - a) in uint32 (one add-min per value): k passes from the top for k <= KFAST (k is 6
+for ratio 0.96 at d=128); for larger k, five bisection steps on the bit pattern first narrow the
+threshold to [lo, hi), and the passes start at hi. When the values reached hold a tie the block
+redoes it counting multiplicities. Codes are counted against three per-group thresholds (see
+reference.py), which also folds the clamp into the thresholds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _args
+from ._launch import interpreted, kernel, new_buffer
+
+
+# packed + code * 4^i in float32 (exact small integers): three compares to 1.0 / 0.0, three FMAs
+_CODES = ("{ .reg .f32 a, b, c, p; set.ge.f32.f32 a, $1, $2; set.ge.f32.f32 b, $1, $3; set.ge.f32.f32 c, $1, $4; "
+          "fma.rn.f32 p, a, %s, $5; fma.rn.f32 p, b, %s, p; fma.rn.f32 $0, c, %s, p; }")
+CODES0 = tl.constexpr(_CODES % (("0f3F800000",) * 3))   # 1.0
+CODES1 = tl.constexpr(_CODES % (("0f40800000",) * 3))   # 4.0
+CODES2 = tl.constexpr(_CODES % (("0f41800000",) * 3))   # 16.0
+CODES3 = tl.constexpr(_CODES % (("0f42800000",) * 3))   # 64.0
+
+
+@kernel
+def _quantize_kernel(
+    x_ptr, r_ptr, mr_ptr, k_ptr, out_ptr, sz_ptr,
+    T, stride_xt, stride_xh, H,
+    D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr, KMAX: tl.constexpr,
+    HAS_R: tl.constexpr, R_PER_HEAD: tl.constexpr, HAS_MEAN: tl.constexpr,
+    SZ_KIND: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr, BRACKET: tl.constexpr,
+    NBIS: tl.constexpr,
+):
+    # x: [T, H, D]; r: [D, D] or [H, D, D]; mr (mean @ R): [H, D] f32; k: [H] i32 clip counts
+    # out: [T, H, D/4] u8; sz: [T, H, 2*NG]
+    Q: tl.constexpr = D // 4
+    GS: tl.constexpr = D // NG                 # group size
+    SUB: tl.constexpr = GS if GS < Q else Q    # group part inside one quarter
+    NSUB: tl.constexpr = Q // SUB              # groups per quarter (1 when a group spans quarters)
+    QPG: tl.constexpr = GS // SUB              # quarters per group (1 when groups are <= a quarter)
+    pid_t = tl.program_id(0)
+    h = tl.program_id(1)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)                # [BT]
+    rmask = rows < T
+    rows64 = rows.to(tl.int64)
+    cq = tl.arange(0, Q)
+    x_row = x_ptr + rows64[:, None] * stride_xt + h * stride_xh   # [BT, 1]
+
+    # ---- rotate: v_i = x @ R[:, iQ:(i+1)Q] - (mean @ R)[iQ:(i+1)Q] ------------------- [BT, Q]
+    if HAS_R:
+        cd = tl.arange(0, D)
+        x = tl.load(x_row + cd[None, :], mask=rmask[:, None], other=0.0)       # [BT, D]
+        r_base = r_ptr + (h * D * D if R_PER_HEAD else 0)
+        r_rows = r_base + cd[:, None] * D + cq[None, :]                          # [D, Q]
+        r0 = tl.load(r_rows + 0 * Q)      # R comes in x's dtype (16-bit x: the tensor cores' dtype)
+        r1 = tl.load(r_rows + 1 * Q)
+        r2 = tl.load(r_rows + 2 * Q)
+        r3 = tl.load(r_rows + 3 * Q)
+        if INTERP:    # the interpreter multiplies bf16 bit patterns as integers: upcast first
+            x = x.to(tl.float32)
+            r0 = r0.to(tl.float32)
+            r1 = r1.to(tl.float32)
+            r2 = r2.to(tl.float32)
+            r3 = r3.to(tl.float32)
+        v0 = tl.dot(x, r0, input_precision=DOT_PREC)
+        v1 = tl.dot(x, r1, input_precision=DOT_PREC)
+        v2 = tl.dot(x, r2, input_precision=DOT_PREC)
+        v3 = tl.dot(x, r3, input_precision=DOT_PREC)
+    else:
+        v0 = tl.load(x_row + 0 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        v1 = tl.load(x_row + 1 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        v2 = tl.load(x_row + 2 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        v3 = tl.load(x_row + 3 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    if HAS_MEAN:
+        m_row = mr_ptr + h * D + cq
+        v0 = v0 - tl.load(m_row + 0 * Q)[None, :]
+        v1 = v1 - tl.load(m_row + 1 * Q)[None, :]
+        v2 = v2 - tl.load(m_row + 2 * Q)[None, :]
+        v3 = v3 - tl.load(m_row + 3 * Q)[None, :]
+
+    # ---- clip threshold: k-th largest |v| of the row (k = 0: no clip) ---------------------- [BT]
+    # Work on the bit patterns of |v| (int32; non-negative floats order like their bits). One
+    # "pass" finds the next distinct value below `up` as a minimum of (up - 1 - a) in uint32:
+    # values at or above `up` wrap to huge numbers, so a pass is a subtract and a min per value.
+    a0 = tl.abs(v0).to(tl.int32, bitcast=True)
+    a1 = tl.abs(v1).to(tl.int32, bitcast=True)
+    a2 = tl.abs(v2).to(tl.int32, bitcast=True)
+    a3 = tl.abs(v3).to(tl.int32, bitcast=True)
+    kk = tl.load(k_ptr + h)
+    INF_BITS: tl.constexpr = 0x7F800000
+    if BRACKET:
+        # large k: bisect on the bit pattern from [max / 8, max] (a factor 2^(3 / 2^NBIS) in value at
+        # the end) to a
+        # bracket [lo, hi) holding the threshold, count(>= hi) = chi < k; passes start at hi
+        mx = tl.maximum(tl.maximum(tl.max(a0, axis=1), tl.max(a1, axis=1)),
+                        tl.maximum(tl.max(a2, axis=1), tl.max(a3, axis=1)))
+        hi = mx + 1
+        chi = tl.zeros([BLOCK_T], tl.int32)
+        lo = tl.maximum(mx - (3 << 23), 0)
+        clo = (tl.sum((a0 >= lo[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= lo[:, None]).to(tl.int32), axis=1)
+               + tl.sum((a2 >= lo[:, None]).to(tl.int32), axis=1) + tl.sum((a3 >= lo[:, None]).to(tl.int32), axis=1))
+        lo = tl.where(clo >= kk, lo, 0)            # a row with outliers: bisect from 0 (slower, exact)
+        for _ in tl.static_range(NBIS):
+            mid = lo + ((hi - lo) >> 1)
+            c = (tl.sum((a0 >= mid[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= mid[:, None]).to(tl.int32), axis=1)
+                 + tl.sum((a2 >= mid[:, None]).to(tl.int32), axis=1)
+                 + tl.sum((a3 >= mid[:, None]).to(tl.int32), axis=1))
+            ge = c >= kk
+            lo = tl.where(ge, mid, lo)
+            hi = tl.where(ge, hi, mid)
+            chi = tl.where(ge, chi, c)
+        up = hi
+        need = kk - chi
+    else:
+        up = tl.full([BLOCK_T], INF_BITS, tl.int32)
+        need = tl.zeros([BLOCK_T], tl.int32) + kk
+    npass = tl.max(tl.where(rmask, need, 0), axis=0)
+    n0 = -a0
+    n1 = -a1
+    n2 = -a2
+    n3 = -a3
+    for it in range(npass):     # next distinct value below `up`, `need` times
+        um = up - 1
+        mu = tl.minimum(tl.minimum(tl.min((um[:, None] + n0).to(tl.uint32, bitcast=True), axis=1),
+                                   tl.min((um[:, None] + n1).to(tl.uint32, bitcast=True), axis=1)),
+                        tl.minimum(tl.min((um[:, None] + n2).to(tl.uint32, bitcast=True), axis=1),
+                                   tl.min((um[:, None] + n3).to(tl.uint32, bitcast=True), axis=1)))
+        m = tl.where(mu < 0x80000000, um - mu.to(tl.int32, bitcast=True), -1)
+        up = tl.where(it < need, m, up)
+    up = tl.where(kk > 0, up, INF_BITS)
+    cnt = (tl.sum((a0 >= up[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= up[:, None]).to(tl.int32), axis=1)
+           + tl.sum((a2 >= up[:, None]).to(tl.int32), axis=1) + tl.sum((a3 >= up[:, None]).to(tl.int32), axis=1))
+    thr = up.to(tl.float32, bitcast=True)
+    if tl.max(tl.where(rmask & (kk > 0) & ((cnt != kk) | (up < 0)), 1, 0), axis=0) > 0:
+        # a tie among the top k values (or fewer distinct values than k): the threshold is the
+        # first distinct value, from the top, with at least k values at or above it
+        f0 = tl.abs(v0)
+        f1 = tl.abs(v1)
+        f2 = tl.abs(v2)
+        f3 = tl.abs(v3)
+        upper = tl.full([BLOCK_T], float("inf"), tl.float32)
+        thr = tl.full([BLOCK_T], float("inf"), tl.float32)
+        for it in range(KMAX):
+            m = tl.max(tl.where(f0 < upper[:, None], f0, -1.0), axis=1)
+            m = tl.maximum(m, tl.max(tl.where(f1 < upper[:, None], f1, -1.0), axis=1))
+            m = tl.maximum(m, tl.max(tl.where(f2 < upper[:, None], f2, -1.0), axis=1))
+            m = tl.maximum(m, tl.max(tl.where(f3 < upper[:, None], f3, -1.0), axis=1))
+            c = (tl.sum((f0 >= m[:, None]).to(tl.int32), axis=1) + tl.sum((f1 >= m[:, None]).to(tl.int32), axis=1)
+                 + tl.sum((f2 >= m[:, None]).to(tl.int32), axis=1) + tl.sum((f3 >= m[:, None]).to(tl.int32), axis=1))
+            thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
+            upper = m
+
+    # ---- group min / max of the clamped row: clamp(max) and clamp(min) -------------- [BT, NSUB]
+    mx0 = tl.minimum(tl.max(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
+    mx1 = tl.minimum(tl.max(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
+    mx2 = tl.minimum(tl.max(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
+    mx3 = tl.minimum(tl.max(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
+    mn0 = tl.maximum(tl.min(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
+    mn1 = tl.maximum(tl.min(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
+    mn2 = tl.maximum(tl.min(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
+    mn3 = tl.maximum(tl.min(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
+    if QPG == 4:    # one group spans the row
+        mx0 = tl.maximum(tl.maximum(mx0, mx1), tl.maximum(mx2, mx3))
+        mn0 = tl.minimum(tl.minimum(mn0, mn1), tl.minimum(mn2, mn3))
+        mx1 = mx0
+        mx2 = mx0
+        mx3 = mx0
+        mn1 = mn0
+        mn2 = mn0
+        mn3 = mn0
+    if QPG == 2:    # quarters (0, 1) and (2, 3)
+        mx0 = tl.maximum(mx0, mx1)
+        mx2 = tl.maximum(mx2, mx3)
+        mn0 = tl.minimum(mn0, mn1)
+        mn2 = tl.minimum(mn2, mn3)
+        mx1 = mx0
+        mx3 = mx2
+        mn1 = mn0
+        mn3 = mn2
+
+    # ---- per quarter: scale/zero, codes; store groups that start in this quarter -------------
+    sz_row = sz_ptr + (rows64[:, None] * H + h) * (2 * NG)                      # [BT, 1]
+    gsub = tl.arange(0, NSUB)[None, :]                                           # [1, NSUB]
+    smask = rmask[:, None] & (gsub >= 0)
+    packed = tl.zeros([BLOCK_T, Q], dtype=tl.int32)
+    packed_f = tl.full([BLOCK_T, Q], 8388608.0, tl.float32)
+    for i in tl.static_range(4):
+        if i == 0:
+            v = v0
+            mx = mx0
+            mn = mn0
+        elif i == 1:
+            v = v1
+            mx = mx1
+            mn = mn1
+        elif i == 2:
+            v = v2
+            mx = mx2
+            mn = mn2
+        else:
+            v = v3
+            mx = mx3
+            mn = mn3
+        scale = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), 1e-8) / 3.0         # [BT, NSUB] f64
+        scale32 = scale.to(tl.float32)
+        if SZ_KIND == 1:      # float16: keep scale a normal number, zero finite
+            scale32 = tl.minimum(tl.maximum(scale32, 6.103515625e-05), 65504.0)
+            scale_s = scale32.to(tl.float16)
+        elif SZ_KIND == 2:    # bfloat16, rounded to nearest even by hand: Triton's interpreter truncates
+            b = scale32.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+            scale_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            scale_s = scale32
+        s64 = scale_s.to(tl.float32).to(tl.float64)
+        zero32 = (-(mn.to(tl.float64)) / s64).to(tl.float32)
+        if SZ_KIND == 1:
+            zero32 = tl.minimum(tl.maximum(zero32, -65504.0), 65504.0)
+            zero_s = zero32.to(tl.float16)
+        elif SZ_KIND == 2:
+            b = zero32.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+            zero_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            zero_s = zero32
+        z64 = zero_s.to(tl.float32).to(tl.float64)
+        # code = #{j : clamp(v) >= t_j}; a t_j outside (-thr, thr] is always / never passed
+        t1 = ((0.5 - z64) * s64).to(tl.float32)
+        t2 = ((1.5 - z64) * s64).to(tl.float32)
+        t3 = ((2.5 - z64) * s64).to(tl.float32)
+        t1 = tl.where(t1 <= -thr[:, None], float("-inf"), tl.where(t1 > thr[:, None], float("inf"), t1))
+        t2 = tl.where(t2 <= -thr[:, None], float("-inf"), tl.where(t2 > thr[:, None], float("inf"), t2))
+        t3 = tl.where(t3 <= -thr[:, None], float("-inf"), tl.where(t3 > thr[:, None], float("inf"), t3))
+        v3d = tl.reshape(v, [BLOCK_T, NSUB, SUB])
+        if INTERP:
+            code = ((v3d >= t1[:, :, None]).to(tl.int32) + (v3d >= t2[:, :, None]).to(tl.int32)
+                    + (v3d >= t3[:, :, None]).to(tl.int32))
+            packed = packed | (tl.reshape(code, [BLOCK_T, Q]) << (2 * i))
+        else:   # packed_f = 2^23 + sum_i code_i 4^i: its low mantissa byte is the packed byte
+            ins = [v3d, t1[:, :, None], t2[:, :, None], t3[:, :, None], tl.reshape(packed_f, [BLOCK_T, NSUB, SUB])]
+            if i == 0:
+                p3 = tl.inline_asm_elementwise(CODES0, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+            elif i == 1:
+                p3 = tl.inline_asm_elementwise(CODES1, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+            elif i == 2:
+                p3 = tl.inline_asm_elementwise(CODES2, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+            else:
+                p3 = tl.inline_asm_elementwise(CODES3, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+            packed_f = tl.reshape(p3, [BLOCK_T, Q])
+        if i % QPG == 0:
+            grp = (i // QPG) * NSUB + gsub                                        # [1, NSUB]
+            tl.store(sz_row + 2 * grp, scale_s, mask=smask)
+            tl.store(sz_row + 2 * grp + 1, zero_s, mask=smask)
+    out_row = out_ptr + (rows64[:, None] * H + h) * Q
+    if not INTERP:
+        packed = packed_f.to(tl.int32, bitcast=True) & 0xFF
+    tl.store(out_row + cq[None, :], packed.to(tl.uint8), mask=rmask[:, None])
+
+
+_SZ_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def clip_counts(clip, heads: int, d: int) -> torch.Tensor:
+    """How many of the largest |x| sit at or above the threshold, per head: k = d - idx with
+    idx = int(ratio * d) clamped to [0, d-1]; 0 where nothing is clipped (ratio <= 0, or
+    idx = d-1, whose threshold is max |x|). int32 [kv_heads] on the CPU."""
+    ratio = _args.clip_ratios(clip, heads)
+    idx = torch.clamp(torch.floor(ratio * d), 0, d - 1)
+    k = (d - idx).to(torch.int32)
+    return torch.where((ratio <= 0) | (k == 1), 0, k).to(torch.int32)
+
+
+_COUNTS: dict = {}
+
+
+def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The clip counts on `dev`, uploaded once per distinct value (no host-to-device copy per
+    call, so quantize_kv can be captured in a CUDA graph)."""
+    key = (str(dev), tuple(kk.tolist()))
+    if key not in _COUNTS:
+        if len(_COUNTS) > 256:
+            _COUNTS.clear()
+        _COUNTS[key] = kk.to(dev)
+    return _COUNTS[key]
+
+
+# Tuning (CUDA): rows per program, warps, register cap (None: the compiler's choice)
+BLOCK_T = 64
+NUM_WARPS = 4
+MAXNREG = None
+KFAST = 8       # clip counts above this bisect to a bracket first (ratios below ~0.94 at d=128)
+NBIS = 5
+
+
+def _block_t(device: torch.device, tokens: int) -> int:
+    if interpreted(device):     # few, large programs: numpy does the work
+        return max(16, min(triton.next_power_of_2(max(tokens, 1)), 2048))
+    return BLOCK_T
+
+
+def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size: int | None = None,
+                scale_dtype: torch.dtype = torch.float32, mean: torch.Tensor | None = None):
+    """Rotate, center, clip and INT2-quantize K or V rows. See the package docstring.
+    Returns (packed uint8 [tokens, kv_heads, d/4], scales_zeros [tokens, kv_heads, 2*groups])."""
+    t, h, d = _args.check_x(x)
+    ng = _args.group_count(d, group_size)
+    _args.check_scale_dtype(scale_dtype)
+    _args.check_rotation(rotation, h, d)
+    _args.check_mean(mean, h, d)
+    dev = x.device
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    packed = new_buffer((t, h, d // 4), torch.uint8, dev)
+    sz = new_buffer((t, h, 2 * ng), scale_dtype, dev)
+    if t == 0:
+        return packed, sz
+    kk = clip_counts(clip, h, d)
+    kk_dev = _on_device(kk, dev)
+    # 16-bit x: R rounded to x's dtype for the tensor cores (as serving rotates), fp32 x: fp32 R
+    r = rotation.to(device=dev, dtype=x.dtype).contiguous() if rotation is not None else None
+    mr = None
+    if mean is not None:    # centering after the rotation: (x - m) @ R = x @ R - m @ R, exact R
+        m64, r64 = mean.double().to(dev), None if rotation is None else rotation.double().to(dev)
+        mr = (m64 if r64 is None else (m64 @ r64 if r64.dim() == 2
+                                       else torch.einsum("hd,hde->he", m64, r64))).float().contiguous()
+    bt = _block_t(dev, t)
+    grid = (triton.cdiv(t, bt), h)
+    _quantize_kernel.on(dev)[grid](
+        x, r if r is not None else x, mr if mr is not None else x, kk_dev, packed, sz,
+        t, x.stride(0), x.stride(1), h,
+        D=d, NG=ng, BLOCK_T=bt, KMAX=int(kk.max()), HAS_R=r is not None, R_PER_HEAD=r is not None and r.dim() == 3,
+        HAS_MEAN=mr is not None, SZ_KIND=_SZ_KIND[scale_dtype],
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", INTERP=interpreted(dev),
+        BRACKET=int(kk.max()) > KFAST, NBIS=NBIS,
+        **({} if interpreted(dev) else {"num_warps": NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG else {})}),
+    )
+    return packed, sz

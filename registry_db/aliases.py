@@ -1,0 +1,74 @@
+"""Aliases: mutable names for versions (`latest`, `recommended`, user-defined), every move kept.
+
+`latest` is maintained by the registry (the highest published version); every other alias is
+moved by people. Each move appends an AliasEvent in the same transaction (MLflow keeps none:
+mlflow#2169).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, lazyload
+
+from ..zoo.errors import Conflict, InvalidInput
+from . import audit
+from .models import Alias, AliasEvent, BundleVersion, Model
+from .queries import ALIAS_NAME
+
+LATEST = "latest"
+
+
+def check_alias_name(name: str) -> str:
+    """Raises InvalidInput unless the name is a lower-case word that cannot be a version number."""
+    if not ALIAS_NAME.match(name or ""):
+        raise InvalidInput(f"alias {name!r} is not valid: use 1-64 lower-case letters, digits, "
+                           "'.', '_' or '-', starting with a letter (e.g. recommended, prod)")
+    return name
+
+
+def move_alias(session: Session, model: Model, name: str, version: BundleVersion | None,
+               by: str | None, reason: str | None = None, _system: bool = False) -> bool:
+    """Point alias `name` of `model` at `version` (None removes it); returns False if unchanged.
+
+    Raises InvalidInput for a bad name or for `latest` (unless the registry itself moves it),
+    Conflict for a version that is not published.
+    """
+    check_alias_name(name)
+    if name == LATEST and not _system:
+        raise InvalidInput("`latest` always points at the newest published version; set "
+                           "`recommended` or your own alias instead")
+    if version is not None and version.model_id != model.id:
+        raise InvalidInput(f"version {version.number} belongs to another model")
+    if version is not None and version.status != "published":
+        raise Conflict(f"version {version.number} is {version.status}; aliases point at published "
+                       "versions only")
+    row = session.scalar(select(Alias).options(lazyload("*"))
+                         .where(Alias.model_id == model.id, Alias.name == name).with_for_update())
+    old = row.version_id if row else None
+    new = version.id if version else None
+    if old == new:
+        return False
+    now = datetime.now(timezone.utc)
+    if row is None:
+        session.add(Alias(model_id=model.id, name=name, version_id=new, updated_at=now, updated_by=by))
+    elif new is None:
+        session.delete(row)
+    else:
+        row.version_id, row.updated_at, row.updated_by = new, now, by
+    session.add(AliasEvent(model_id=model.id, alias=name, from_version_id=old, to_version_id=new,
+                           at=now, by=by, reason=reason))
+    audit.record(session, by, "alias.move", f"{model.name}@{name}",
+                 version=version.number if version else None, reason=reason)
+    session.flush()
+    return True
+
+
+def refresh_latest(session: Session, model: Model, by: str | None, reason: str) -> None:
+    """Point `latest` at the highest published version (or remove it when there is none)."""
+    newest = session.scalar(select(BundleVersion)
+                            .where(BundleVersion.model_id == model.id,
+                                   BundleVersion.status == "published")
+                            .order_by(BundleVersion.number.desc()).limit(1))
+    move_alias(session, model, LATEST, newest, by, reason, _system=True)

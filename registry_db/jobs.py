@@ -1,0 +1,323 @@
+"""Calibration jobs: the registry is the system of record (anchors A7, synthesis 1-5).
+
+States: queued -> running -> succeeded | failed | cancelled; a running job whose lease expires
+goes back to queued (or to failed after max_attempts). Every function here runs inside the
+caller's `Database.write()` transaction.
+
+Leases: a claim gives the worker a random fencing token; every later call (heartbeat, progress,
+result, complete, fail) must present it, so a worker whose lease was swept and requeued can
+never report on, or publish for, the attempt that replaced it (LeaseLost, 409). Heartbeats
+extend the lease by the job's lease_seconds; `sweep` (run by the server itself, never a user's
+cron) requeues expired ones.
+
+Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
+
+Publishing: one version per job. The result is recorded in the job's row lock, guarded by
+`result_version_id` and `BundleVersion.source_job`, so a retried attempt (its bundle has a new
+timestamp, hence a new digest) returns the version the first attempt made.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError as DBIntegrityError
+from sqlalchemy.orm import Session
+
+from ..zoo.errors import Conflict, InvalidInput, JobNotFound, LeaseLost
+from . import audit
+from .aliases import move_alias
+from .models import BundleVersion, Job
+from .publish import Prepared, model_for, record_version
+from .queries import Page, check_limit, decode_cursor, encode_cursor
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+# What a running job reports, in order (clip_search sits between fitting and validating).
+RUN_PHASES = ("loading", "pass1", "pass2", "fitting", "clip_search", "validating", "publishing")
+CLAIM_BATCH = 32
+_JOB_ID = re.compile(r"^[0-9a-fA-F-]{1,36}$")
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _progress(phase: str, **extra) -> dict[str, Any]:
+    return {"phase": phase, "done": 0, "total": 0, "layer": None, **extra}
+
+
+# --- submit, read, cancel --------------------------------------------------------------------
+
+def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts: int,
+           lease_seconds: float, idempotency_key: str | None = None,
+           created_by: str | None = None) -> tuple[Job, bool]:
+    """A new queued job, or the one this idempotency key made before: (job, created).
+
+    Raises Conflict when the key was used for a different spec.
+    """
+    if idempotency_key:
+        existing = _by_key(session, idempotency_key)
+        if existing is not None:
+            return _same_spec(existing, spec), False
+    job = Job(spec=spec, model=model, gpus=gpus, status="queued", phase="queued",
+              progress=_progress("queued"), attempts=0, max_attempts=max_attempts,
+              lease_seconds=lease_seconds, cancel_requested=False, timings={},
+              idempotency_key=idempotency_key or None, created_by=created_by)
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+    except DBIntegrityError:  # the same key, submitted concurrently
+        existing = _by_key(session, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _same_spec(existing, spec), False
+    audit.record(session, created_by, "job.submit", f"job:{job.id}", model=model)
+    return job, True
+
+
+def _by_key(session: Session, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.idempotency_key == key))
+
+
+def _same_spec(job: Job, spec: dict) -> Job:
+    if job.spec != spec:
+        raise Conflict(f"idempotency key already used by job {job.id} with a different spec; "
+                       "use a new key for a new job")
+    return job
+
+
+def get(session: Session, job_id: str, lock: bool = False) -> Job:
+    """Raises JobNotFound."""
+    job = None
+    if _JOB_ID.match(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
+        job = session.get(Job, job_id, with_for_update=lock or None)
+    if job is None:
+        raise JobNotFound(f"no job {job_id!r}; list jobs with GET /v1/jobs")
+    return job
+
+
+def list_jobs(session: Session, status: str | None = None, model: str | None = None,
+              limit: int = 50, cursor: str | None = None) -> Page:
+    """Newest first (keyset on created_at, id)."""
+    limit = check_limit(limit)
+    after = decode_cursor(cursor, list)
+    stmt = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    if model:
+        stmt = stmt.where(Job.model == model)
+    if after is not None:
+        try:
+            at, last_id = datetime.fromisoformat(str(after[0])), str(after[1])
+        except (ValueError, IndexError):
+            raise InvalidInput("invalid cursor: pass the next_cursor of a previous page") from None
+        stmt = stmt.where((Job.created_at < at) | ((Job.created_at == at) & (Job.id < last_id)))
+    rows = list(session.scalars(stmt))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(rows, encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None)
+
+
+def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
+    """A queued job is cancelled at once; a running one gets the flag its worker acts on.
+
+    Raises Conflict for a job that already succeeded or failed.
+    """
+    job = get(session, job_id, lock=True)
+    if job.status in ("succeeded", "failed"):
+        raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")
+    if job.status == "queued":
+        _finish(job, "cancelled", None, now_utc())
+    elif job.status == "running":
+        job.cancel_requested = True
+    audit.record(session, by, "job.cancel", f"job:{job.id}", status=job.status)
+    return job
+
+
+# --- the worker side -------------------------------------------------------------------------
+
+def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) -> tuple[Job, str] | None:
+    """Lease the oldest queued job this worker can run: (job, lease token), or None.
+
+    gpus: the worker's GPUs (0 = CPU only, which runs 1-GPU jobs); None = any (the Ray
+    dispatcher, which hands placement to Ray). Jobs asking for custom Ray resources go to Ray.
+    """
+    stmt = (select(Job).where(Job.status == "queued", Job.cancel_requested.is_(False))
+            .order_by(Job.created_at, Job.id).limit(CLAIM_BATCH)
+            .with_for_update(skip_locked=True))
+    for job in session.scalars(stmt):
+        if (job.spec.get("ray_resources") and not ray) or (gpus is not None and job.gpus > max(gpus, 1)):
+            continue
+        now = now_utc()
+        token = secrets.token_hex(16)
+        job.status, job.phase, job.progress = "running", "loading", _progress("loading")
+        job.attempts += 1
+        job.lease_holder, job.lease_token = worker[:200], token
+        job.heartbeat_at, job.lease_expires_at = now, now + timedelta(seconds=job.lease_seconds)
+        job.started_at = job.started_at or now
+        job.timings = {}
+        return job, token
+    return None
+
+
+def leased(session: Session, job_id: str, token: str) -> Job:
+    """The job, row-locked, if `token` still holds its lease. Raises LeaseLost, JobNotFound."""
+    job = get(session, job_id, lock=True)
+    if job.status != "running" or not token or job.lease_token != token:
+        why = job.status if job.status != "running" else "leased to another attempt"
+        raise LeaseLost(f"job {job.id} is no longer yours ({why}); stop working on it")
+    return job
+
+
+def attach(session: Session, job_id: str, token: str, worker: str) -> Job:
+    """A process takes over a lease its dispatcher claimed (a Ray task). A second attach is a
+    Ray retry of a task whose process died: it counts as a new attempt, up to max_attempts;
+    past that the job is failed (check the returned job's status: the caller must commit).
+    """
+    job = leased(session, job_id, token)
+    if not (job.lease_holder or "").startswith("dispatch:"):
+        if job.attempts >= job.max_attempts:
+            _finish(job, "failed", f"gave up after {job.attempts} attempts: the last one's "
+                    f"process ({job.lease_holder}) died", now_utc())
+            return job
+        job.attempts += 1
+        job.timings = {}
+    job.lease_holder = worker[:200]
+    return job
+
+
+def heartbeat(session: Session, job_id: str, token: str) -> Job:
+    job = leased(session, job_id, token)
+    now = now_utc()
+    job.heartbeat_at, job.lease_expires_at = now, now + timedelta(seconds=job.lease_seconds)
+    return job
+
+
+def report_progress(session: Session, job_id: str, token: str, phase: str,
+                    progress: dict | None = None, timings: dict | None = None) -> Job:
+    if phase not in RUN_PHASES and phase != "queued":
+        raise InvalidInput(f"phase {phase!r}: one of {', '.join(RUN_PHASES)}")
+    job = leased(session, job_id, token)
+    job.phase = phase
+    job.progress = {**_progress(phase), **(progress or {}), "phase": phase}
+    if timings is not None:
+        job.timings = timings
+    return job
+
+
+def record_result(session: Session, job_id: str, token: str, prepared: Prepared, status: str,
+                  actor: str | None) -> tuple[BundleVersion, bool]:
+    """Record the job's bundle as a version (blobs already stored) and move the spec's aliases.
+
+    One version per job: a retry gets the version recorded before, with created=False.
+    """
+    job = leased(session, job_id, token)
+    existing = (session.get(BundleVersion, job.result_version_id) if job.result_version_id
+                else session.scalar(select(BundleVersion).where(BundleVersion.source_job == job.id)))
+    if existing is not None:
+        job.result_version_id = existing.id
+        return existing, False
+    model = model_for(session, prepared.manifest, job.model)
+    pub = record_version(session, model, prepared, actor, job.id, status)
+    job.result_version_id = pub.version.id
+    if pub.version.status == "published":
+        for alias in job.spec.get("aliases") or ():
+            move_alias(session, model, alias, pub.version, actor, f"calibration job {job.id}")
+    return pub.version, pub.created
+
+
+def complete(session: Session, job_id: str, token: str, timings: dict | None = None,
+             progress: dict | None = None, error: str | None = None) -> Job:
+    """The attempt ended with a result: succeeded, or failed for good with `error` (e.g. the
+    bundle did not pass validation and was kept as a draft). Never retried."""
+    job = leased(session, job_id, token)
+    status = "failed" if error else "succeeded"
+    if timings is not None:
+        job.timings = timings
+    job.progress = {**(job.progress or {}), **(progress or {}), "phase": status}
+    _finish(job, status, error, now_utc())
+    return job
+
+
+def fail(session: Session, job_id: str, token: str, error: str, retryable: bool = True,
+         cancelled: bool = False) -> Job:
+    """The attempt ended without a result. Cancelled -> cancelled; retryable and attempts left
+    -> queued again; else failed."""
+    job = leased(session, job_id, token)
+    now = now_utc()
+    if cancelled:
+        _finish(job, "cancelled", None, now)
+    elif retryable and job.attempts < job.max_attempts:
+        _requeue(job, f"attempt {job.attempts} failed and will be retried: {error}")
+    else:
+        tried = f" (after {job.attempts} attempts)" if job.attempts > 1 else ""
+        _finish(job, "failed", f"{error}{tried}", now)
+    return job
+
+
+def release(session: Session, job_id: str, token: str) -> Job:
+    """The worker is shutting down: requeue without spending an attempt."""
+    job = leased(session, job_id, token)
+    _requeue(job, None)
+    job.attempts = max(job.attempts - 1, 0)
+    return job
+
+
+def release_held_by(session: Session, holders: list[str]) -> list[str]:
+    """Requeue (without spending an attempt) running jobs leased to these workers: the local
+    executor calls this after its workers stopped. Returns the job ids."""
+    if not holders:
+        return []
+    rows = session.scalars(select(Job).where(Job.status == "running", Job.lease_holder.in_(holders))
+                           .with_for_update(skip_locked=True))
+    out = []
+    for job in rows:
+        _requeue(job, None)
+        job.attempts = max(job.attempts - 1, 0)
+        out.append(job.id)
+    return out
+
+
+def sweep(session: Session, now: datetime | None = None) -> list[tuple[str, str]]:
+    """Expired leases: requeue, or fail after max_attempts, or finish a cancel whose worker
+    died. Returns (job id, new status) per job touched."""
+    now = now or now_utc()
+    rows = session.scalars(select(Job).where(Job.status == "running", Job.lease_expires_at < now)
+                           .order_by(Job.lease_expires_at).limit(100)
+                           .with_for_update(skip_locked=True))
+    out = []
+    for job in rows:
+        lost = (f"attempt {job.attempts} lost: {job.lease_holder} stopped heartbeating "
+                f"(lease expired {job.lease_expires_at.isoformat(timespec='seconds')})")
+        if job.cancel_requested:
+            _finish(job, "cancelled", None, now)
+        elif job.attempts >= job.max_attempts:
+            _finish(job, "failed", f"{lost}; gave up after {job.attempts} attempts", now)
+        else:
+            _requeue(job, f"{lost}; requeued")
+        out.append((job.id, job.status))
+    return out
+
+
+def _requeue(job: Job, reason: str | None) -> None:
+    job.status, job.phase = "queued", "queued"
+    job.progress = _progress("queued", **({"requeued": reason} if reason else {}))
+    job.lease_holder = job.lease_token = job.lease_expires_at = None
+    job.timings = {}
+    if reason:
+        job.error = reason
+
+
+def _finish(job: Job, status: str, error: str | None, now: datetime) -> None:
+    job.status, job.phase = status, status
+    job.progress = {**(job.progress or {}), "phase": status}
+    job.lease_holder = job.lease_token = job.lease_expires_at = None
+    job.finished_at = now
+    job.error = error if status == "failed" else (None if status == "succeeded" else job.error)

@@ -1,0 +1,81 @@
+"""API tokens: `ozk_` + 43 url-safe characters (256 random bits), stored as sha256 only.
+
+A plain (unkeyed, unsalted) sha256 is enough here: the tokens are random and long, so unlike
+passwords there is nothing to brute-force, and a lookup by hash stays one indexed query. The
+`ozk_` prefix makes a leaked token greppable (secret scanners match on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..zoo.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from . import audit
+from .models import SCOPES, ApiToken
+
+PREFIX = "ozk_"
+_SHAPE = re.compile(r"^ozk_[A-Za-z0-9_-]{43}$")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, scopes: list[str], name: str = "",
+                 created_by: str | None = None) -> tuple[ApiToken, str]:
+    """A new token row and the token itself, which is not stored and cannot be shown again.
+
+    Raises InvalidInput for an unknown scope.
+    """
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad or not scopes:
+        raise InvalidInput(f"unknown scope(s) {bad or '(none)'}; choose from {', '.join(SCOPES)}")
+    token = PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(name=name or f"token-{token[4:10]}", prefix=token[:12], token_hash=hash_token(token),
+                   scopes=sorted(set(scopes)), created_by=created_by)
+    session.add(row)
+    session.flush()
+    audit.record(session, created_by, "token.create", f"token:{row.id}", name=row.name,
+                 scopes=row.scopes)
+    return row, token
+
+
+def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
+    """The live token row allowed to use `scope` (admin may use any).
+
+    Raises Unauthorized (no, malformed, unknown or revoked token), Forbidden (wrong scope).
+    """
+    if not token:
+        raise Unauthorized("this endpoint needs a token: send 'Authorization: Bearer ozk_...' "
+                           "(create one with `oscar-zoo tokens create --scope ...`)")
+    if not _SHAPE.match(token):
+        raise Unauthorized("malformed token: registry tokens look like ozk_ followed by 43 characters")
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("unknown or revoked token; create a new one with `oscar-zoo tokens create`")
+    if scope not in row.scopes and "admin" not in row.scopes:
+        raise Forbidden(f"token {row.name!r} has scopes {row.scopes}; this needs {scope!r}")
+    return row
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, ident: str, by: str | None = None) -> ApiToken:
+    """Revoke by id, name or prefix. Raises NotFound, or InvalidInput when a name is ambiguous."""
+    rows = [t for t in list_tokens(session)
+            if ident in (str(t.id), t.name, t.prefix) and t.revoked_at is None]
+    if not rows:
+        raise NotFound(f"no live token with id, name or prefix {ident!r}; see `oscar-zoo tokens list`")
+    if len(rows) > 1:
+        raise InvalidInput(f"{len(rows)} tokens match {ident!r}; revoke by id")
+    rows[0].revoked_at = datetime.now(timezone.utc)
+    audit.record(session, by, "token.revoke", f"token:{rows[0].id}", name=rows[0].name)
+    return rows[0]

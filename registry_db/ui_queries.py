@@ -1,0 +1,71 @@
+"""Read queries the web UI needs beyond queries.py: filter choices, each model's headline
+version, and the validated filter.
+
+Everything here composes queries.py (same resolution, same pagination cursors), so a page and
+the JSON API never disagree about what exists.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer, raiseload
+
+from . import queries
+from .models import Alias, BundleVersion, Model
+
+HEADLINE = ("recommended", "latest")   # the version a page summarises: recommended, else latest
+
+
+def architectures(session: Session) -> list[str]:
+    """Distinct architectures of known models, for the home page's filter."""
+    return list(session.scalars(select(Model.architecture).distinct()
+                                .where(Model.architecture.is_not(None)).order_by(Model.architecture)))
+
+
+def headline_versions(session: Session, model_ids: list[int]) -> dict[int, BundleVersion]:
+    """model id -> the version `recommended` points at, else `latest` (models with neither are
+    absent). Loaded for summaries: manifest, files and model are not loaded (raise if used)."""
+    if not model_ids:
+        return {}
+    # A list needs the summary columns only: not the manifest, not the file rows.
+    rows = session.execute(select(Alias.model_id, Alias.name, BundleVersion)
+                           .join(BundleVersion, Alias.version_id == BundleVersion.id)
+                           .where(Alias.model_id.in_(model_ids), Alias.name.in_(HEADLINE))
+                           .options(defer(BundleVersion.manifest, raiseload=True),
+                                    raiseload(BundleVersion.files), raiseload(BundleVersion.model)))
+    out: dict[int, BundleVersion] = {}
+    for model_id, alias, version in sorted(rows, key=lambda r: HEADLINE.index(r[1])):
+        out.setdefault(model_id, version)
+    return out
+
+
+def validated_ids(session: Session, model_ids: list[int]) -> set[int]:
+    """Models with a published version whose validation passed."""
+    if not model_ids:
+        return set()
+    return set(session.scalars(select(BundleVersion.model_id).distinct().where(
+        BundleVersion.model_id.in_(model_ids), BundleVersion.status == "published",
+        BundleVersion.validation_passed.is_(True))))
+
+
+def search_models(session: Session, q: str | None, architecture: str | None, validated: bool,
+                  limit: int = 50, cursor: str | None = None) -> queries.Page:
+    """queries.list_models, optionally keeping only validated models.
+
+    Pages of list_models are filtered and refilled until `limit` models are found, so the
+    cursor stays list_models' own (the last name shown). Raises InvalidInput for a bad cursor.
+    """
+    if not validated:
+        return queries.list_models(session, q, architecture, False, limit, cursor)
+    found: list[Model] = []
+    while True:
+        page = queries.list_models(session, q, architecture, True, queries.MAX_LIMIT, cursor)
+        keep = validated_ids(session, [m.id for m in page.items])
+        for m in page.items:
+            if m.id in keep:
+                found.append(m)
+                if len(found) == limit + 1:
+                    return queries.Page(found[:limit], queries.encode_cursor(found[limit - 1].name))
+        if page.next_cursor is None:
+            return queries.Page(found, None)
+        cursor = page.next_cursor

@@ -1,0 +1,148 @@
+"""Publishing over HTTP: new versions, idempotent re-publish, drafts, yank, aliases, auth."""
+
+from __future__ import annotations
+
+from oscar_zoo.zoo.bundle import read
+from tests.utils.bundles import make_bundle
+from tests.utils.registry_server import upload_bundle
+
+
+def test_publish_creates_version_then_same_content_returns_it(publisher, tmp_path, snapshot):
+    server, http = publisher
+    bundle = make_bundle(tmp_path / "b", seed=1)
+    r = upload_bundle(http, tmp_path / "b")
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["version"] == 1 and body["status"] == "published"
+    assert body["digest"] == bundle.digest
+    assert body["created_by"] == "token:pub"
+    assert body["created_at"].endswith("Z")
+    assert r.headers["location"] == "/v1/models/smollm2-135m/versions/1"
+    assert {f["name"] for f in body["files"]} == {"bundle.json", "rotations.safetensors", "README.md"}
+    assert body["aliases"] == ["latest"]
+
+    before = snapshot(server)
+    again = upload_bundle(http, tmp_path / "b")
+    assert again.status_code == 200
+    assert again.json()["version"] == 1
+    assert snapshot(server) == before  # no row, no blob, nothing staged
+
+    make_bundle(tmp_path / "c", seed=2)
+    second = upload_bundle(http, tmp_path / "c")
+    assert second.status_code == 201 and second.json()["version"] == 2
+    assert http.get("/v1/models/smollm2/versions/latest").json()["version"] == 2
+
+
+def test_served_bundle_json_is_canonical_and_hashes_to_digest(publisher, tmp_path):
+    server, http = publisher
+    bundle = make_bundle(tmp_path / "b")
+    digest = upload_bundle(http, tmp_path / "b").json()["digest"]
+    raw = http.get("/v1/models/smollm2-135m/versions/1/files/bundle.json").content
+    import hashlib
+
+    assert hashlib.sha256(raw).hexdigest() == digest == bundle.digest
+
+
+def test_draft_is_not_latest_until_promoted(publisher, tmp_path):
+    server, http = publisher
+    make_bundle(tmp_path / "b")
+    r = upload_bundle(http, tmp_path / "b", status="draft", source_job="job-123")
+    assert r.status_code == 201
+    assert r.json()["status"] == "draft" and r.json()["source_job"] == "job-123"
+    assert http.get("/v1/models/smollm2-135m/versions/latest").status_code == 404
+    listed = http.get("/v1/models", params={"q": "smollm2", "published": "true"}).json()
+    assert listed["items"] == []
+    promoted = http.post("/v1/models/smollm2-135m/versions/1/publish")
+    assert promoted.status_code == 200 and promoted.json()["status"] == "published"
+    assert http.get("/v1/models/smollm2-135m/versions/latest").json()["version"] == 1
+    assert http.post("/v1/models/smollm2-135m/versions/1/publish").status_code == 409
+
+
+def test_yank_moves_latest_back_and_keeps_the_version(publisher, tmp_path):
+    server, http = publisher
+    for seed in (1, 2):
+        make_bundle(tmp_path / str(seed), seed=seed)
+        assert upload_bundle(http, tmp_path / str(seed)).status_code == 201
+    r = http.post("/v1/models/smollm2-135m/versions/2/yank", json={"reason": "bad clip search"})
+    assert r.status_code == 200
+    assert r.json()["status"] == "yanked" and r.json()["yank_reason"] == "bad clip search"
+    assert http.get("/v1/models/smollm2-135m/versions/latest").json()["version"] == 1
+    # Still there by number, for reproducibility; never deleted.
+    assert http.get("/v1/models/smollm2-135m/versions/2").json()["status"] == "yanked"
+    assert http.get("/v1/models/smollm2-135m/versions/2/files/README.md").status_code == 200
+    assert http.post("/v1/models/smollm2-135m/versions/2/yank",
+                     json={"reason": "again"}).status_code == 409
+    assert http.post("/v1/models/smollm2-135m/versions/1/yank", json={"reason": ""}).status_code == 422
+    # Publishing the yanked content again is refused, not resurrected.
+    again = upload_bundle(http, tmp_path / "2")
+    assert again.status_code == 409 and "yanked" in again.json()["detail"]
+    history = http.get("/v1/models/smollm2-135m/aliases/latest").json()["history"]
+    assert [(h["from_version"], h["to_version"]) for h in history] == [(2, 1), (1, 2), (None, 1)]
+
+
+def test_aliases_move_with_history(publisher, tmp_path):
+    server, http = publisher
+    for seed in (1, 2):
+        make_bundle(tmp_path / str(seed), seed=seed)
+        upload_bundle(http, tmp_path / str(seed))
+    assert http.put("/v1/models/smollm2-135m/aliases/recommended", json={"version": 1}).status_code == 200
+    r = http.put("/v1/models/smollm2-135m/aliases/recommended",
+                 json={"version": 2, "reason": "better loss"})
+    assert r.status_code == 200
+    assert http.get("/v1/models/smollm2/versions/recommended").json()["version"] == 2
+    body = http.get("/v1/models/smollm2-135m/aliases").json()
+    assert {a["alias"]: a["version"] for a in body["items"]} == {"latest": 2, "recommended": 2}
+    moves = [(h["alias"], h["from_version"], h["to_version"], h["reason"]) for h in body["history"]]
+    assert moves[:2] == [("recommended", 1, 2, "better loss"), ("recommended", None, 1, None)]
+    model = http.get("/v1/models/smollm2-135m").json()
+    assert model["recommended_version"] == 2 and model["version_aliases"]["recommended"] == 2
+    # latest is the registry's; unknown versions and bad names are 4xx.
+    assert http.put("/v1/models/smollm2-135m/aliases/latest", json={"version": 1}).status_code == 422
+    assert http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 9}).status_code == 404
+    assert http.put("/v1/models/smollm2-135m/aliases/9lives", json={"version": 1}).status_code == 422
+    assert http.put("/v1/models/smollm2-135m/aliases/Prod!", json={"version": 1}).status_code == 422
+    http.post("/v1/models/smollm2-135m/versions/1/yank", json={"reason": "x"})
+    assert http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 1}).status_code == 409
+
+
+def test_auth_missing_bad_revoked_and_wrong_scope(registry_server, tmp_path, snapshot):
+    make_bundle(tmp_path / "b")
+    before = snapshot(registry_server)
+    with registry_server.client() as anon:
+        r = upload_bundle(anon, tmp_path / "b")
+        assert r.status_code == 401
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert "oscar-zoo tokens create" in r.json()["detail"]
+        assert anon.post("/v1/models/smollm2-135m/versions/1/yank",
+                         json={"reason": "x"}).status_code == 401
+    with registry_server.client("ozk_" + "x" * 43) as bad:
+        assert upload_bundle(bad, tmp_path / "b").status_code == 401
+    with registry_server.client("not-a-token") as bad:
+        assert "malformed" in upload_bundle(bad, tmp_path / "b").json()["detail"]
+    jobs_token = registry_server.token("jobs:submit", name="jobs-only")
+    with registry_server.client(jobs_token) as jobs:
+        r = upload_bundle(jobs, tmp_path / "b")
+        assert r.status_code == 403 and "bundles:publish" in r.json()["detail"]
+    after = snapshot(registry_server)
+    assert after["blobs"] == before["blobs"] and after["staging"] == []
+    assert after["rows"]["bundle_versions"] == 0
+
+    from oscar_zoo.registry_db.tokens import revoke_token
+
+    token = registry_server.token("admin", name="soon-revoked")
+    with registry_server.registry.db.write() as session:
+        revoke_token(session, "soon-revoked")
+    with registry_server.client(token) as revoked:
+        assert upload_bundle(revoked, tmp_path / "b").status_code == 401
+
+
+def test_python_publish_api_matches_http(registry_server, tmp_path):
+    """registry.publish (the job runner's entry) records the same version the API would."""
+    bundle = make_bundle(tmp_path / "b", per_head=True, centered=True)
+    pub = registry_server.publish_dir(tmp_path / "b", created_by="job-runner", source_job="j1")
+    assert pub.created and pub.version.number == 1
+    with registry_server.client() as http:
+        body = http.get("/v1/models/smollm2-135m/versions/1").json()
+    assert body["digest"] == bundle.digest and body["source_job"] == "j1"
+    assert body["manifest"] == read(tmp_path / "b").manifest.model_dump(mode="json")

@@ -1,0 +1,71 @@
+"""Bundles with a validation report, for the UI's tests and bench/ui.py.
+
+    make_validated_bundle(tmp / "b", model="smollm2-135m", seed=3)
+    make_validated_bundle(tmp / "b", name="bench-007", hub_id="bench/m-007", seed=1)
+
+The per-layer attention errors are random but ordered as real runs are (bundle < OSCAR as shipped
+< Hadamard < naive), so charts and tables look like the real thing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from oscar_zoo.zoo import __version__
+from oscar_zoo.zoo.bundle import Bundle, write
+from oscar_zoo.zoo.manifest import Clip, ModelRef, Validation, VariantResult
+
+from tests.utils.bundles import make_manifest, make_tensors
+
+SCALE = {"bundle": 1.0, "oscar-shipped": 1.6, "hadamard": 2.2, "naive": 9.0}
+
+
+def validation(n_layers: int, seed: int, passed: bool = True) -> Validation:
+    rng = np.random.default_rng(seed + 1000)
+    base = rng.uniform(0.02, 0.06, n_layers)
+    variants = []
+    for name, scale in SCALE.items():
+        per_layer = (base * scale * rng.uniform(0.9, 1.1, n_layers)).round(5).tolist()
+        variants.append(VariantResult(
+            name=name, delta_nll=round(0.004 * scale * (1 + seed % 5 / 10), 5),
+            kl=round(0.003 * scale, 5), attn_rel_error=round(float(np.mean(per_layer)), 5),
+            per_layer_attn_rel_error=per_layer, delta_nll_by_set=[]))
+    return Validation(
+        passed=passed, criterion="extra loss <= Hadamard's + 0.01 nats and <= 0.5 x naive INT2's",
+        tolerance=0.01, dataset="wikitext-2 test", context_len=4096, eval_windows=8,
+        eval_tokens=32768, sink_tokens=64, recent_tokens=256, group_size=128,
+        scale_dtype="float32", bf16_nll=2.3456, bits_int2_tier=2.5, bits_at_context=3.28,
+        variants=variants, created_at="2026-11-22T00:00:00Z", code_version=__version__,
+        hardware="test")
+
+
+def make_validated_bundle(out_dir: str | Path, model: str = "smollm2-135m", seed: int = 0,
+                          per_head: bool = False, centered: bool = False, passed: bool = True,
+                          name: str | None = None, hub_id: str | None = None,
+                          architecture: str | None = None) -> Bundle:
+    """A valid bundle with a validation report; name/hub_id make it a new (uploaded) model with
+    `model`'s geometry."""
+    manifest = make_manifest(model, per_head, seed, centered)
+    if name:
+        manifest = manifest.model_copy(update={"model": ModelRef(
+            name=name, hub_id=hub_id or f"bench/{name}", architecture=architecture)})
+    n_layers = len(manifest.geometry.to_geometry().layers())
+    manifest = manifest.model_copy(update={"validation": validation(n_layers, seed, passed)})
+    k, v = make_tensors(manifest, seed)
+    manifest = manifest.model_copy(update={"clip": searched_clips(k, v, seed)})
+    return write(Bundle(manifest, k, v), out_dir)
+
+
+def searched_clips(k: dict, v: dict, seed: int) -> Clip:
+    """Give every (layer, KV head) its own clip ratio, as the clip search does, and summarise."""
+    rng = np.random.default_rng(seed + 2000)
+    summary = {}
+    for side, tensors, centre in (("k", k, 0.95), ("v", v, 0.90)):
+        for t in tensors.values():
+            t.clip[:] = np.clip(centre + rng.normal(0, 0.02, t.clip.shape), 0.8, 1.0)
+        values = np.concatenate([t.clip for t in tensors.values()]).astype(float)
+        summary.update({f"{side}_global": round(float(np.median(values)), 2),
+                        f"{side}_min": float(values.min()), f"{side}_median": float(np.median(values)),
+                        f"{side}_max": float(values.max())})
+    return Clip(granularity="kv_head", searched=True, **summary)

@@ -1,0 +1,163 @@
+"""End to end: Debian's chromium (headless, through Playwright) against a real registry server
+with seeded data. One server and one browser for the module.
+
+Screenshots of every page go to $OSCAR_ZOO_SCREENSHOTS, else tests-output/screenshots/ at the
+repo root (git-ignored), so a person can look at them after a run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.api.ui.conftest import add_job, seed, update_job
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parents[3]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="chromium is not installed (make venv installs it: "
+                                       "apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, seed_bundles):
+    from tests.utils.registry_server import run_registry
+
+    root = tmp_path_factory.mktemp("ui-e2e")
+    with run_registry(f"sqlite:///{root / 'registry.sqlite'}", root / "data") as server:
+        yield seed(server, seed_bundles)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    # Playwright gives every launch a fresh temporary --user-data-dir of its own.
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots() -> Path:
+    out = Path(os.environ.get("OSCAR_ZOO_SCREENSHOTS") or REPO / "tests-output" / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+def page(browser, site):
+    context = browser.new_context(base_url=site.server.url, viewport={"width": 1200, "height": 800})
+    yield context.new_page()
+    context.close()
+
+
+def test_search_finds_a_model(page, shots):
+    from playwright.sync_api import expect
+
+    page.goto("/")
+    page.screenshot(path=shots / "home.png", full_page=True)
+    page.keyboard.press("/")                          # the search shortcut
+    expect(page.locator("#q")).to_be_focused()
+    page.keyboard.type("smol")
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/\?q=smol"))
+    expect(page).to_have_title("Search · oscar-zoo")
+    links = page.locator("table.models tbody th a")
+    expect(links).to_have_count(1)
+    expect(links.first).to_have_text("smollm2-135m")
+    page.screenshot(path=shots / "search.png", full_page=True)
+    page.locator("#q").fill("")
+    page.locator("#validated").check()
+    page.locator("form.search button").click()
+    expect(page.locator("table.models tbody th a")).to_have_text(["qwen3.5-4b", "smollm2-135m"])
+
+
+def test_model_page_shows_versions_and_validation(page, shots):
+    from playwright.sync_api import expect
+
+    page.goto("/?q=smol")
+    page.get_by_role("link", name="smollm2-135m").click()
+    expect(page).to_have_title("smollm2-135m · oscar-zoo")
+    versions = page.locator("#versions ~ table tbody tr")
+    expect(versions).to_have_count(3)
+    expect(versions.nth(1)).to_contain_text("recommended")
+    table = page.locator("table.numbers")
+    for row in ("BF16 KV cache (reference)", "this bundle", "OSCAR as shipped", "Hadamard only",
+                "naive INT2"):
+        expect(table).to_contain_text(row)
+    expect(page.locator("#pull-cmd")).to_contain_text("oscar-zoo pull smollm2-135m@2")
+    expect(page.locator("#sglang-cmd")).to_contain_text("--kv-cache-dtype int2")
+    expect(page.locator("button[data-copy]").first).to_be_visible()   # JS enhanced the page
+    page.screenshot(path=shots / "model.png", full_page=True)
+
+
+def test_version_page_renders_its_charts(page, shots):
+    from playwright.sync_api import expect
+
+    page.goto("/models/smollm2-135m")
+    page.get_by_role("link", name="v3", exact=True).click()
+    expect(page).to_have_title("smollm2-135m v3 · oscar-zoo")
+    charts = page.locator("svg.chart")
+    expect(charts).to_have_count(5)           # attention error, K/V spectra, K/V clip grids
+    for i in range(5):
+        box = charts.nth(i).bounding_box()
+        assert box["width"] > 150 and box["height"] > 100, box
+    drawn = page.evaluate("""() => [...document.querySelectorAll('svg.chart path')]
+        .filter(p => { const b = p.getBBox(); return b.width > 0 && b.height > 0; }).length""")
+    assert drawn >= 5 * 4
+    expect(page.get_by_role("img", name="K (keys): eigenvalue spectrum per layer")).to_be_visible()
+    page.screenshot(path=shots / "version.png", full_page=True)
+
+
+def test_job_page_updates_while_the_job_runs(page, site, shots):
+    from oscar_zoo.registry_db import queries
+    from playwright.sync_api import expect
+
+    server = site.server
+    job = add_job(server, progress={"phase": "pass1", "done": 0, "total": 30, "layer": 0})
+    page.goto(f"/jobs/{job}")
+    expect(page.locator('[data-field="status"]')).to_have_text("running")
+    expect(page.locator('[data-field="refresh"]')).to_contain_text("Live")
+    update_job(server, job, progress={"phase": "pass1", "done": 12, "total": 30, "layer": 11})
+    expect(page.locator('[data-field="count"]')).to_have_text("12 / 30")
+    expect(page.locator('[data-field="layer"]')).to_have_text("layer 11")
+    page.screenshot(path=shots / "job-running.png", full_page=True)
+    update_job(server, job, phase="fitting",
+               progress={"phase": "fitting", "done": 30, "total": 30, "layer": 29})
+    expect(page.locator('[data-field="phase"]')).to_have_text("fitting")
+    with server.registry.db.read() as session:
+        v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2)
+    update_job(server, job, status="succeeded", phase="done", result_version_id=v2.id)
+    expect(page.locator('[data-field="status"]')).to_have_text("succeeded")
+    expect(page.locator('[data-field="result"] a')).to_have_text("smollm2-135m v2")
+    page.screenshot(path=shots / "job-done.png", full_page=True)
+    page.goto("/jobs")
+    expect(page.locator("tbody tr").first).to_contain_text("succeeded")
+    page.screenshot(path=shots / "jobs.png", full_page=True)
+
+
+def test_pages_work_without_javascript(browser, site):
+    from playwright.sync_api import expect
+
+    context = browser.new_context(base_url=site.server.url, java_script_enabled=False)
+    page = context.new_page()
+    page.goto("/")
+    page.locator("#q").fill("qwen3.5")
+    page.locator("#q").press("Enter")                 # a plain GET form
+    expect(page.locator("table.models tbody th a")).to_have_text(["qwen3.5-35b-a3b", "qwen3.5-4b"])
+    page.goto("/models/qwen3.5-4b")
+    expect(page.locator("button[data-copy]").first).to_be_hidden()
+    job = add_job(site.server, status="queued", progress={})
+    page.goto(f"/jobs/{job}")
+    expect(page.get_by_role("link", name="Refresh")).to_be_visible()
+    expect(page.locator('[data-field="status"]')).to_have_text("queued")
+    context.close()

@@ -1,0 +1,200 @@
+"""The web UI's pages over real HTTP (SQLite and PostgreSQL): same data as the JSON API, charts
+that encode the bundle's own tensors, HTML errors, job pages and the job event stream.
+
+Charts are checked by decoding the SVG back into a grid and comparing it with values computed
+here, independently, from the bundle files (safetensors + bundle.json)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import threading
+import time
+import xml.etree.ElementTree as ET
+
+import numpy as np
+from oscar_zoo.api.ui.charts import PALETTE
+from oscar_zoo.zoo.recipes import sglang_recipe
+from safetensors.numpy import load_file
+
+from tests.api.ui.conftest import add_job, update_job
+
+SVG = re.compile(r"<svg .*?</svg>", re.S)
+RUN = re.compile(r"M(\d+) (\d+)h(\d+)v1h-\d+z")
+LEVELS = 16
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def model_names(page: str) -> list[str]:
+    return re.findall(r'<th scope="row"><a href="/models/([^"/]+)">', page)
+
+
+def charts(page: str) -> dict[str, ET.Element]:
+    """aria-label -> parsed <svg> (parsing proves each chart is well-formed XML)."""
+    out = {}
+    for raw in SVG.findall(page):
+        root = ET.fromstring(raw)
+        out[root.get("aria-label")] = root
+    return out
+
+
+def decode_grid(svg: ET.Element, shape: tuple[int, int]) -> np.ndarray:
+    """The colour level of every cell of a heatmap (-1 where nothing is drawn)."""
+    grid = np.full(shape, -1)
+    for g in svg.iter(f"{NS}g"):
+        for p in g.iter(f"{NS}path"):
+            for x, y, n in RUN.findall(p.get("d")):
+                grid[int(y), int(x):int(x) + int(n)] = PALETTE.index(p.get("fill"))
+    return grid
+
+
+def levels(values: np.ndarray) -> np.ndarray:
+    """Independent quantization: 16 equal bins between the min and the max."""
+    lo, hi = np.nanmin(values), np.nanmax(values)
+    return np.minimum(np.floor((values - lo) / (hi - lo) * LEVELS), LEVELS - 1).astype(int)
+
+
+def test_home_search_and_filters(seeded):
+    with seeded.server.client() as http:
+        for query in ("", "?q=smol", "?q=qwen3*", "?architecture=LlamaForCausalLM"):
+            page = http.get("/" + query)
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            api = http.get("/v1/models" + query.replace("?", "?limit=50&") if query else "/v1/models?limit=50")
+            assert model_names(page.text) == [m["name"] for m in api.json()["items"]]
+        assert model_names(http.get("/?q=smol").text) == ["smollm2-135m"]
+        assert model_names(http.get("/?validated=true").text) == ["qwen3.5-4b", "smollm2-135m"]
+        assert model_names(http.get("/?validated=true&q=glm").text) == []
+        home = http.get("/").text
+        assert '<title>Models · oscar-zoo</title>' in home and 'role="search"' in home
+        row = home[home.index('href="/models/smollm2-135m"'):]
+        assert 'href="/models/smollm2-135m/versions/2">v2</a>' in row[:800]      # recommended
+        assert "recommended" in row[:900] and "passed" in row[:1200]
+
+
+def test_model_page_matches_api(seeded):
+    with seeded.server.client() as http:
+        page = http.get("/models/smollm2-135m").text
+        versions = http.get("/v1/models/smollm2-135m/versions").json()["items"]
+        shown = re.findall(r'href="/models/smollm2-135m/versions/(\d+)">v\d+</a></th>\s*<td><span '
+                           r'class="badge status-(\w+)"', page)
+        assert shown == [(str(v["version"]), v["status"]) for v in versions]
+        detail = http.get("/v1/models/smollm2-135m/versions/recommended").json()
+        assert detail["version"] == 2 and "Use version 2" in page
+        for variant in detail["validation"]["variants"]:
+            assert f"{variant['delta_nll']:+.4f}" in page and f"{variant['kl']:.4f}" in page
+        assert "oscar-zoo pull smollm2-135m@2 --format sglang --out rotations/" in page
+        recipe = sglang_recipe(detail["manifest"], "rotations/k_rotation_qqt_r_h_pbr.pt",
+                               "rotations/v_rotation_sst_r_h_pbr.pt")
+        assert html.escape(recipe.shell(), quote=False) in page
+        assert "best of the three" in page                        # alias history
+        moved = http.get("/models/HuggingFaceTB/SmolLM2-135M-Instruct", follow_redirects=False)
+        assert moved.status_code == 307 and moved.headers["location"] == "/models/smollm2-135m"
+
+
+def test_version_page_charts_encode_the_tensors(seeded):
+    with seeded.server.client() as http:
+        r = http.get("/models/smollm2-135m/versions/3")
+        assert r.status_code == 200 and float(r.headers["server-timing"].split("dur=")[1]) > 0
+        found = charts(r.text)
+    tensors = load_file(str(seeded.bundles[("smollm2-135m", 3)] / "rotations.safetensors"))
+    manifest = json.loads((seeded.bundles[("smollm2-135m", 3)] / "bundle.json").read_text())
+    layers = list(range(30))
+    # K spectrum: per-head eigenvalues, sorted largest first, log10, mean over heads.
+    eig = np.stack([tensors[f"k.{i}.eigenvalues"].astype(np.float64) for i in layers])  # [L, h, d]
+    spectrum = np.log10(-np.sort(-eig, axis=-1)).mean(axis=1)                           # [L, d]
+    grid = decode_grid(found["K (keys): eigenvalue spectrum per layer"], spectrum.shape)
+    np.testing.assert_array_equal(grid, levels(spectrum))
+    # Clip grid: one colour scale over K and V.
+    clips = np.stack([np.stack([tensors[f"{s}.{i}.clip"] for i in layers]) for s in "kv"])
+    want = levels(clips.astype(np.float64))                                           # [2, L, h]
+    for side, name in enumerate(("K (keys)", "V (values)")):
+        got = decode_grid(found[f"{name}: clip ratio per layer and KV head"], (30, 3))
+        np.testing.assert_array_equal(got, want[side])
+    # Attention-error bars: heights proportional to the validation report's numbers.
+    bars = found["Attention output error per layer, relative to BF16 (lower is better)"]
+    heights = {}
+    for path in bars.iter(f"{NS}path"):
+        heights[path.get("fill")] = [-float(h) for h in re.findall(r"v(-[\d.]+)h", path.get("d"))]
+    by_name = {v["name"]: v["per_layer_attn_rel_error"] for v in manifest["validation"]["variants"]}
+    got = np.array(list(heights.values()))                                  # [variants, L] px
+    want = np.array([by_name[n] for n in ("bundle", "oscar-shipped", "hadamard", "naive")])
+    scale = (got * want).sum() / (want * want).sum()                        # px per unit error
+    np.testing.assert_allclose(got, want * scale, atol=0.1)                 # drawn to 0.1 px
+
+
+def test_hybrid_model_charts_use_global_layer_ids(seeded):
+    with seeded.server.client() as http:
+        page = http.get("/models/qwen3.5-4b/versions/1").text
+    spectrum = charts(page)["V (values): eigenvalue spectrum per layer"]
+    ticks = [t.text for t in spectrum.iter(f"{NS}text")]
+    assert "3" in ticks and "31" in ticks and "0" in ticks  # layer ids 3..31 and rank 0
+
+
+def test_errors_render_as_html(seeded):
+    with seeded.server.client() as http:
+        r = http.get("/models/smolm2-135m")
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+        assert 'href="/models/smollm2-135m"' in r.text and "<title>Model not found" in r.text
+        r = http.get("/models/smollm2-135m/versions/99")
+        assert r.status_code == 404 and "recommended" in r.text
+        r = http.get("/?cursor=not-a-cursor")
+        assert r.status_code == 422 and "cursor" in r.text
+        assert http.get("/jobs?status=bogus").status_code == 422
+        assert http.get("/jobs/does-not-exist").status_code == 404
+
+
+def test_pages_are_light_and_offline(seeded):
+    with seeded.server.client() as http:
+        for path, most in (("/", 40_000), ("/models/smollm2-135m", 40_000),
+                           ("/models/smollm2-135m/versions/3", 150_000), ("/jobs", 20_000)):
+            page = http.get(path).text
+            assert len(page.encode()) < most, (path, len(page))
+            assets = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', page)
+            assert assets and all(a.startswith("/static/") for a in assets), assets
+        for asset in ("/static/style.css", "/static/app.js"):
+            r = http.get(asset)
+            assert r.status_code == 200 and len(r.content) < 8_000
+
+
+def test_job_pages(seeded):
+    server = seeded.server
+    running = add_job(server, progress={"phase": "pass1", "done": 12, "total": 30, "layer": 11})
+    done = add_job(server, status="succeeded", phase="publishing", result_version_id=None)
+    shown = lambda page: re.findall(r'href="/jobs/([0-9a-f-]{36})"><code>.*?status-(\w+)', page, re.S)
+    with server.client() as http:
+        for query in ("", "?status=succeeded", "?model=smollm2", "?model=qwen3-8b"):
+            api = http.get("/v1/jobs" + query).json()["items"]
+            assert shown(http.get("/jobs" + query).text) == [(j["id"], j["status"]) for j in api]
+        assert len(shown(http.get("/jobs?model=smollm2").text)) == 2     # an alias of the model
+        assert shown(http.get("/jobs?status=succeeded").text) == [(done, "succeeded")]
+        page = http.get(f"/jobs/{running}").text
+        assert 'value="12"' in page and "layer 11" in page and "test-worker" in page
+        assert f'data-events="/v1/jobs/{running}/events"' in page
+        assert f'href="/jobs/{running}">Refresh</a>' in page
+
+
+def test_job_event_stream_follows_the_row(seeded):
+    server = seeded.server
+    job = add_job(server)
+    events: list[dict] = []
+
+    def writer():
+        time.sleep(0.3)
+        for done in (10, 20):
+            update_job(server, job, progress={"phase": "pass1", "done": done, "total": 30, "layer": done})
+            time.sleep(0.8)
+        update_job(server, job, status="succeeded", phase="done")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with server.client() as http, http.stream("GET", f"/v1/jobs/{job}/events") as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    thread.join()
+    assert [e["progress"]["done"] for e in events[:3]] == [0, 10, 20]
+    assert events[-1]["status"] == "succeeded" and all(e["id"] == job for e in events)
+    with server.client() as http:
+        assert http.get("/v1/jobs/nope/events").status_code == 404

@@ -1,0 +1,65 @@
+"""Independent float64 numpy implementations of OSCAR's calibration formulas (oscar-spec 2.2-2.7),
+written from the spec text, sharing no code with calibrate/."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def qqt(q: np.ndarray, kv_heads: int) -> np.ndarray:
+    """q: [T, Hq, d] -> per-KV-head C_h = Qg^T Qg / (T g): [H, d, d]."""
+    t, hq, d = q.shape
+    g = hq // kv_heads
+    out = []
+    for h in range(kv_heads):
+        qg = q[:, h * g:(h + 1) * g, :].reshape(-1, d).astype(np.float64)
+        out.append(qg.T @ qg / (t * g))
+    return np.stack(out)
+
+
+def sst(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per head: w_t = k_t^T C_h k_t, normalised to mean 1, S = (v sqrt(w))^T (v sqrt(w)) / T."""
+    t, kv_heads, d = k.shape
+    c = qqt(q, kv_heads)
+    out = []
+    for h in range(kv_heads):
+        kh, vh = k[:, h].astype(np.float64), v[:, h].astype(np.float64)
+        w = np.array([kh[i] @ c[h] @ kh[i] for i in range(t)])
+        w = w / max(w.sum(), 1e-12) * t
+        vw = vh * np.sqrt(w)[:, None]
+        out.append(vw.T @ vw / t)
+    return np.stack(out)
+
+
+def second_moment(x: np.ndarray) -> np.ndarray:
+    """x: [T, H, d] -> sum_t x x^T / T per head."""
+    x = x.astype(np.float64)
+    return np.einsum("thd,the->hde", x, x) / x.shape[0]
+
+
+def hadamard(d: int) -> np.ndarray:
+    h = np.array([[1.0]])
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(d)
+
+
+def bitrev_perm(eig: np.ndarray) -> np.ndarray:
+    d = len(eig)
+    bits = int(np.log2(d))
+    order = np.argsort(-eig, kind="stable")
+    perm = np.zeros(d, dtype=int)
+    for i in range(d):
+        rev = 0
+        for b in range(bits):
+            if i >> b & 1:
+                rev |= 1 << (bits - 1 - b)
+        perm[rev] = order[i]
+    return np.eye(d)[:, perm]
+
+
+def oscar_rotation(cov: np.ndarray):
+    """(U, eigenvalues ascending, R = U H P) of one symmetric [d, d] matrix."""
+    sym = (cov + cov.T) / 2
+    eig, u = np.linalg.eigh(sym)
+    return u, eig, u @ hadamard(len(eig)) @ bitrev_perm(eig)

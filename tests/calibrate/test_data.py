@@ -1,0 +1,63 @@
+"""Calibration text sources and token windows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oscar_zoo.calibrate.data import BUILTIN, load_text, token_windows
+from oscar_zoo.zoo.errors import InvalidInput
+
+
+class CharTokenizer:
+    """One token per character: enough to test windowing without a model."""
+
+    bos_token_id = 0
+    add_bos_token = False
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 1000 + 1 for c in text]}
+
+
+def test_builtin_corpus_splits_are_disjoint_halves():
+    calib, held = load_text(BUILTIN, "calibration"), load_text(BUILTIN, "heldout")
+    assert len(calib.text) > 200_000 and len(held.text) > 200_000
+    assert calib.text[-2000:] not in held.text
+    assert calib.sha256 != held.sha256 and calib.name.endswith("#calibration")
+
+
+def test_windows_budget_and_seed():
+    src = load_text(BUILTIN)
+    tok = CharTokenizer()
+    w = token_windows(tok, src, seq_len=100, budget=950, seed=1)
+    assert len(w) == 10 and all(len(x) == 100 for x in w)
+    assert w == token_windows(tok, src, 100, 950, seed=1)
+    assert w != token_windows(tok, src, 100, 950, seed=2)
+    starts = [src.text.find("".join(chr(c - 1) for c in x[:20])) for x in w]
+    assert len(set(starts)) == 10                       # no window repeats another
+
+
+def test_bos_is_prepended_when_the_tokenizer_adds_one():
+    tok = CharTokenizer()
+    tok.add_bos_token = True
+    w = token_windows(tok, load_text(BUILTIN), seq_len=64, budget=64)
+    assert w[0][0] == 0 and len(w[0]) == 64
+
+
+def test_jsonl_and_text_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "alpha"}) + "\n\n" + json.dumps({"text": "beta"}))
+    (tmp_path / "b.txt").write_text("gamma")
+    src = load_text([str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")])
+    assert src.text == "alpha\n\nbeta\n\ngamma"
+    (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(InvalidInput, match="bad.jsonl:1.*--text-field"):
+        load_text(str(tmp_path / "bad.jsonl"))
+
+
+def test_clear_errors_for_missing_data_and_too_small_corpora(tmp_path):
+    with pytest.raises(InvalidInput, match="no such file"):
+        load_text(str(tmp_path / "nope.txt"))
+    (tmp_path / "small.txt").write_text("x" * 500)
+    with pytest.raises(InvalidInput, match="Lower --tokens"):
+        token_windows(CharTokenizer(), load_text(str(tmp_path / "small.txt")), 100, 1000)

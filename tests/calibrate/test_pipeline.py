@@ -1,0 +1,79 @@
+"""Calibration on the real test model: capture fidelity, the streaming fit against a direct
+float64 computation on the same captured tensors, and a bundle that verifies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from oscar_zoo.calibrate import capture
+from oscar_zoo.calibrate.data import load_text, token_windows
+from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate, forward
+from oscar_zoo.zoo import bundle as B
+
+from . import reference as ref
+
+pytestmark = pytest.mark.model
+
+
+def test_capture_sees_exactly_what_the_cache_stores(smollm2):
+    model, tok = smollm2
+    ids = torch.tensor([tok("The capital of France is Paris. " * 8)["input_ids"]])
+    seen = {}
+    with capture.observing(lambda m, q, k, v, mask, kw: seen.setdefault(m.layer_idx, (q, k, v))):
+        out = model(input_ids=ids, use_cache=True)
+    assert sorted(seen) == list(range(30))
+    for lid in (0, 17, 29):
+        cache = out.past_key_values.layers[lid]
+        assert torch.equal(seen[lid][1], cache.keys) and torch.equal(seen[lid][2], cache.values)
+    assert seen[0][0].shape[1] == 9 and seen[0][1].shape[1] == 3      # 9 query heads, 3 KV heads
+    with capture.observing(lambda *a: None):
+        observed = model(input_ids=ids).logits
+    assert torch.equal(observed, model(input_ids=ids).logits)          # observing changes nothing
+
+
+def test_streaming_fit_equals_direct_float64_computation(truncated_model):
+    model, tok = truncated_model(4)
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=1024, seq_len=512, batch_size=1,
+                            clip_search=False, key_centering=True)
+    result = calibrate(cfg, loaded=(model, tok))
+    bundle = result.bundle
+    assert bundle.layers == [0, 1, 2, 3] and result.tokens_per_pass == 1024
+
+    # Capture the same windows' raw tensors and compute the formulas directly.
+    windows = token_windows(tok, load_text(cfg.data), cfg.seq_len, cfg.tokens, cfg.seed)
+    raw = {}
+    with capture.observing(lambda m, q, k, v, mask, kw: raw.setdefault(m.layer_idx, []).append((q, k, v))):
+        for w in windows:
+            forward(model, [w])
+    rows = lambda x: x.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3]).double().numpy()  # noqa: E731
+    for lid in range(4):
+        q = np.concatenate([rows(t[0]) for t in raw[lid]])
+        k = np.concatenate([rows(t[1]) for t in raw[lid]])
+        v = np.concatenate([rows(t[2]) for t in raw[lid]])
+        for side, cov in (("k", ref.qqt(q, 3).mean(0)), ("v", ref.sst(q, k, v).mean(0))):
+            u_ref, eig_ref, _ = ref.oscar_rotation(cov)
+            got = bundle.side(side)[lid]
+            np.testing.assert_allclose(got.eigenvalues, eig_ref, rtol=1e-4, atol=1e-6 * eig_ref.max())
+            # R = U H P; recover U and compare columns up to sign (eigh signs are arbitrary)
+            u = got.rotation.astype(np.float64) @ ref.bitrev_perm(eig_ref).T @ ref.hadamard(64)
+            top = np.argsort(eig_ref)[-8:]      # well-separated leading eigenvectors
+            np.testing.assert_allclose(np.abs(np.sum(u * u_ref, 0))[top], 1.0, atol=1e-3)
+        np.testing.assert_allclose(bundle.k[lid].mean, k.mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_calibrated_bundle_writes_and_verifies(truncated_model, tmp_path):
+    model, tok = truncated_model(2)
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_search=False,
+                            granularity="kv_head", k_objective="ktk", v_objective="vtv")
+    events = []
+    bundle = calibrate(cfg, progress=lambda **e: events.append(e), loaded=(model, tok)).bundle
+    B.write(bundle, tmp_path / "b")
+    m = B.verify_bundle(tmp_path / "b")
+    assert m.method.granularity == "kv_head" and m.calibration.tokens == 512
+    assert m.calibration.spec["k_objective"] == "ktk" and m.calibration.dataset_sha256
+    assert bundle.k[0].rotation.shape == (3, 64, 64)
+    phases = [e["phase"] for e in events]
+    assert "pass1" in phases and "pass2" not in phases and "fitting" in phases  # vtv needs no pass 2
+    assert max(e["done"] for e in events if e["phase"] == "pass1") == 2        # 1 window x 2 layers

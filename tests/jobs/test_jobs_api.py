@@ -1,0 +1,325 @@
+"""The jobs API and the worker protocol over real HTTP, on SQLite and PostgreSQL, driven by the
+real client (no model: bundles come from tests/utils/bundles.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from oscar_zoo.registry_db.models import BundleVersion, Job
+from oscar_zoo.zoo.errors import Conflict, Forbidden, InvalidInput, LeaseLost, ModelNotFound
+from oscar_zoo.zoo.jobs_client import JobsClient
+from tests.utils.bundles import make_bundle
+
+from .conftest import LEASE_S
+
+
+def _count(server, table) -> int:
+    with server.registry.db.read() as session:
+        return session.scalar(select(func.count()).select_from(table))
+
+
+def _wait(fn, timeout: float = 20.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+# --- submit ----------------------------------------------------------------------------------
+
+def test_submit_fills_the_spec_and_is_idempotent_by_key(jobs_api):
+    api = jobs_api
+    job, created = api.submitter.submit({"model": "smollm2", "tokens": 4096}, idempotency_key="k1")
+    assert created and job["status"] == "queued" and job["phase"] == "queued"
+    assert job["model"] == "smollm2-135m" and job["attempts"] == 0 and job["result_version"] is None
+    spec = job["spec"]
+    # every default is explicit in the stored spec (it is copied into the bundle)
+    assert spec["model"] == "smollm2-135m" and spec["tokens"] == 4096 and spec["seq_len"] == 2048
+    assert (spec["sink_tokens"], spec["recent_tokens"], spec["group_size"], spec["gpus"]) == (64, 256, 64, 1)
+    assert spec["lease_seconds"] == LEASE_S and spec["max_attempts"] == 3
+    assert api.submitter.get(job["id"]) == job
+
+    again, created = api.submitter.submit({"model": "smollm2", "tokens": 4096}, idempotency_key="k1")
+    assert not created and again["id"] == job["id"]
+    with pytest.raises(Conflict, match="different spec"):
+        api.submitter.submit({"model": "smollm2", "tokens": 8192}, idempotency_key="k1")
+    assert _count(api.server, Job) == 1
+    # the key may also travel in the body
+    body_key, created = api.submitter.submit({"model": "smollm2-135m", "idempotency_key": "k2"})
+    assert created and api.submitter.submit({"model": "smollm2-135m", "idempotency_key": "k2"})[0]["id"] == body_key["id"]
+
+
+@pytest.mark.parametrize("spec, error, match", [
+    ({"model": "smollm2-13"}, ModelNotFound, "smollm2-135m"),                  # suggestion
+    ({"model": "qwen3-8b", "group_size": 48}, InvalidInput, "power of two"),
+    ({"model": "qwen3-8b", "group_size": 16}, InvalidInput, "head_dim/4"),
+    ({"model": "smollm2-135m", "seq_len": 256}, InvalidInput, "no INT2 keys"),
+    ({"model": "smollm2-135m", "validation": {"context_len": 300}}, InvalidInput, "must exceed"),
+    ({"model": "/models/llama.gguf"}, InvalidInput, "publish_as"),
+    ({"model": "smollm2-135m", "aliases": ["latest"]}, InvalidInput, "latest"),
+    ({"model": "smollm2-135m", "mirror": ["s3:bucket"]}, InvalidInput, "hf:ORG/REPO"),
+    ({"model": "smollm2-135m", "tokenz": 5}, InvalidInput, "tokenz"),
+    ({"model": "smollm2-135m", "tokens": 0}, InvalidInput, "tokens"),
+])
+def test_bad_specs_are_refused_up_front_and_store_nothing(jobs_api, spec, error, match):
+    with pytest.raises(error, match=match):
+        jobs_api.submitter.submit(spec)
+    assert _count(jobs_api.server, Job) == 0
+
+
+def test_unknown_model_is_404_problem_with_suggestions(jobs_api):
+    r = httpx.post(f"{jobs_api.server.url}/v1/jobs", json={"model": "qwen3-8"},
+                   headers=jobs_api.submitter.registry.auth_headers)
+    assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
+    assert "qwen3-8b" in r.json()["suggestions"]
+
+
+def test_scopes(jobs_api):
+    url = jobs_api.server.url
+    with JobsClient(url, "") as anonymous, pytest.raises(Exception, match="needs a token"):
+        anonymous.submit({"model": "smollm2-135m"})
+    with pytest.raises(Forbidden, match="jobs:submit"):
+        jobs_api.worker.submit({"model": "smollm2-135m"})
+    with pytest.raises(Forbidden, match="jobs:work"):
+        jobs_api.submitter.claim("w", 0)
+
+
+# --- list ------------------------------------------------------------------------------------
+
+def test_list_filters_and_pages_newest_first(jobs_api):
+    ids = [jobs_api.submit(tokens=1000 + i)["id"] for i in range(4)]
+    ids.append(jobs_api.submitter.submit({"model": "qwen3-8b"})[0]["id"])
+    jobs_api.submitter.cancel(ids[0])
+    seen, cursor = [], None
+    while True:
+        page = jobs_api.submitter.list(limit=2, cursor=cursor)
+        assert len(page["items"]) <= 2
+        seen += [j["id"] for j in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == ids[::-1]
+    item = page["items"][0]
+    assert set(item) >= {"id", "status", "phase", "model", "progress", "attempts", "created_at",
+                         "updated_at", "result_version"}
+    assert [j["id"] for j in jobs_api.submitter.list(model="smollm2")["items"]] == ids[3::-1]
+    assert [j["id"] for j in jobs_api.submitter.list(status="cancelled")["items"]] == [ids[0]]
+    assert [j["id"] for j in jobs_api.submitter.list(model="Qwen/Qwen3-8B")["items"]] == [ids[4]]
+    with pytest.raises(InvalidInput, match="cursor"):
+        jobs_api.submitter.list(cursor="bm90IGEgY3Vyc29y")
+
+
+# --- the worker protocol ---------------------------------------------------------------------
+
+def test_claim_heartbeat_progress_complete(jobs_api):
+    api = jobs_api
+    job = api.submit(lease_seconds=30)
+    assert api.worker.claim("w1", 0) is not None
+    assert api.worker.claim("w2", 0) is None                         # nothing else queued
+    running = api.submitter.get(job["id"])
+    assert running["status"] == "running" and running["attempts"] == 1
+    assert running["lease"]["holder"] == "w1"
+    lease = _lease(api, job["id"])
+    first_expiry = running["lease"]["expires_at"]
+    time.sleep(0.05)
+    state = api.worker.heartbeat(job["id"], lease)
+    assert state["cancel_requested"] is False and state["lease_expires_at"] > first_expiry
+    api.worker.progress(job["id"], lease, "pass1", {"done": 12, "total": 30, "layer": 11})
+    got = api.submitter.get(job["id"])
+    assert got["phase"] == "pass1" and got["progress"]["layer"] == 11 and got["progress"]["done"] == 12
+    with pytest.raises(InvalidInput, match="phase"):
+        api.worker.progress(job["id"], lease, "thinking", {})
+    done = api.worker.complete(job["id"], lease, {"pass1": 1.5}, {"tokens_per_pass": 512})
+    assert done["status"] == "succeeded" and done["timings"] == {"pass1": 1.5}
+    assert done["lease"] is None and done["finished_at"]
+    with pytest.raises(LeaseLost):                                   # the lease ended with the job
+        api.worker.heartbeat(job["id"], lease)
+
+
+def _lease(api, job_id: str) -> str:
+    """The lease token, read from the database (the claim's answer is the only other place)."""
+    with api.server.registry.db.read() as session:
+        return session.get(Job, job_id).lease_token
+
+
+def test_claim_respects_gpus_and_ray_resources(jobs_api):
+    api = jobs_api
+    big = api.submitter.submit({"model": "glm-4.7-fp8"})[0]           # catalog: 8 GPUs
+    ray_only = api.submit(ray_resources={"worker_node": 1})
+    assert big["gpus"] == 8
+    assert api.worker.claim("cpu", 0) is None                        # CPU runs 1-GPU jobs only
+    assert api.worker.claim("one-gpu", 1) is None
+    assert api.worker.claim("eight", 8)["job"]["id"] == big["id"]
+    assert api.worker.claim("eight", 8) is None                      # Ray-only job left
+    assert api.worker.claim("dispatch:ray", None, ray=True)["job"]["id"] == ray_only["id"]
+
+
+def test_expired_lease_is_requeued_by_the_service_then_fenced_then_failed(jobs_api):
+    api = jobs_api
+    job = api.submit(lease_seconds=1, max_attempts=2)
+    first = api.worker.claim("doomed", 0)["lease"]["token"]
+    # no heartbeat: the server's own sweeper requeues it
+    requeued = _wait(lambda: (j := api.submitter.get(job["id"]))["status"] == "queued" and j)
+    assert "attempt 1 lost: doomed stopped heartbeating" in requeued["error"]
+    assert requeued["progress"]["requeued"]
+    second = api.worker.claim("next", 0)["lease"]["token"]
+    # the first worker wakes up: every call is fenced, whatever it says
+    for call in (lambda: api.worker.heartbeat(job["id"], first),
+                 lambda: api.worker.progress(job["id"], first, "pass2", {}),
+                 lambda: api.worker.complete(job["id"], first),
+                 lambda: api.worker.fail(job["id"], first, "boom")):
+        with pytest.raises(LeaseLost, match="no longer yours"):
+            call()
+    assert api.submitter.get(job["id"])["attempts"] == 2
+    assert second != first
+    failed = _wait(lambda: (j := api.submitter.get(job["id"]))["status"] == "failed" and j)
+    assert "gave up after 2 attempts" in failed["error"] and failed["attempts"] == 2
+
+
+def test_fail_retries_then_gives_up_and_release_keeps_the_attempt(jobs_api):
+    api = jobs_api
+    job = api.submit(lease_seconds=30, max_attempts=2)
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    api.worker.release(job["id"], lease)                             # shutdown: no attempt spent
+    assert api.submitter.get(job["id"])["attempts"] == 0
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    after = api.worker.fail(job["id"], lease, "RuntimeError: CUDA error: ECC", retryable=True)
+    assert after["status"] == "queued" and "will be retried" in after["error"]
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    final = api.worker.fail(job["id"], lease, "RuntimeError: CUDA error: ECC", retryable=True)
+    assert final["status"] == "failed" and "after 2 attempts" in final["error"]
+    other = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    assert api.worker.fail(other["id"], lease, "ValueError: bad data", retryable=False)["status"] == "failed"
+
+
+def test_cancel_queued_at_once_running_through_the_worker(jobs_api):
+    api = jobs_api
+    queued = api.submit()
+    assert api.submitter.cancel(queued["id"])["status"] == "cancelled"
+    assert api.worker.claim("w", 0) is None
+    running = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    asked = api.submitter.cancel(running["id"])
+    assert asked["status"] == "running" and asked["cancel_requested"]
+    assert api.worker.heartbeat(running["id"], lease)["cancel_requested"] is True
+    assert api.worker.progress(running["id"], lease, "pass1", {})["cancel_requested"] is True
+    done = api.worker.fail(running["id"], lease, "cancelled", cancelled=True)
+    assert done["status"] == "cancelled" and done["lease"] is None
+    finished = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    api.worker.complete(finished["id"], lease)
+    with pytest.raises(Conflict, match="already succeeded"):
+        api.submitter.cancel(finished["id"])
+
+
+def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp_path):
+    api = jobs_api
+    job = api.submit(lease_seconds=1, aliases=["recommended"])
+    first = api.worker.claim("w1", 0)["lease"]["token"]
+    make_bundle(tmp_path / "a", seed=1)
+    version, created = api.worker.upload_result(job["id"], first, tmp_path / "a", "published")
+    assert created and version["version"] == 1 and version["source_job"] == job["id"]
+    assert sorted(version["aliases"]) == ["latest", "recommended"]   # the spec's alias moved
+    again, created = api.worker.upload_result(job["id"], first, tmp_path / "a", "published")
+    assert not created and again["version"] == 1
+    # the worker dies before completing; the retry runs again and makes different bytes
+    _wait(lambda: api.submitter.get(job["id"])["status"] == "queued")
+    claimed = api.worker.claim("w2", 0)
+    assert claimed["job"]["result_version"] == 1                     # the retry can skip to the end
+    make_bundle(tmp_path / "b", seed=2)
+    retry, created = api.worker.upload_result(job["id"], claimed["lease"]["token"], tmp_path / "b",
+                                              "published")
+    assert not created and retry["version"] == 1 and retry["digest"] == version["digest"]
+    with pytest.raises(LeaseLost):
+        api.worker.upload_result(job["id"], first, tmp_path / "b", "published")
+    assert _count(api.server, BundleVersion) == 1
+    aliases = api.submitter.registry.aliases("smollm2-135m")
+    assert {a["alias"]: a["version"] for a in aliases["items"]} == {"latest": 1, "recommended": 1}
+    assert any("calibration job" in (h["reason"] or "") for h in aliases["history"])
+
+
+def test_failed_validation_keeps_a_draft_and_moves_no_alias(jobs_api, tmp_path):
+    api = jobs_api
+    job = api.submit(lease_seconds=30, aliases=["recommended"])
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    make_bundle(tmp_path / "a", seed=3)
+    version, _ = api.worker.upload_result(job["id"], lease, tmp_path / "a", "draft")
+    assert version["status"] == "draft"
+    done = api.worker.complete(job["id"], lease, error="validation failed; kept as draft version 1")
+    assert done["status"] == "failed" and done["result"]["status"] == "draft"
+    assert done["result_version"] == 1
+    assert api.submitter.registry.aliases("smollm2-135m")["items"] == []
+
+
+def test_events_stream_every_change_until_the_end(jobs_api):
+    api = jobs_api
+    job = api.submit(lease_seconds=30)
+    seen: list[dict] = []
+    reader = threading.Thread(target=lambda: seen.extend(api.submitter.events(job["id"])))
+    reader.start()
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    for done in range(1, 4):
+        api.worker.progress(job["id"], lease, "pass1", {"done": done, "total": 3, "layer": done - 1})
+        time.sleep(0.5)
+    api.worker.complete(job["id"], lease, {"pass1": 1.0})
+    reader.join(15)
+    assert not reader.is_alive()
+    statuses = [e["status"] for e in seen]
+    assert statuses[0] == "queued" and statuses[-1] == "succeeded"
+    assert [e["progress"]["done"] for e in seen if e["phase"] == "pass1"] == [1, 2, 3]
+    assert seen[-1] == api.submitter.get(job["id"])                 # the same JSON as GET
+    with httpx.stream("GET", f"{api.server.url}/v1/jobs/{job['id']}/events") as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[0] == "event: job" and lines[1].startswith("data: {")
+    assert httpx.get(f"{api.server.url}/v1/jobs/nope/events").status_code == 404
+
+
+def test_concurrent_claims_hand_each_job_to_one_worker(jobs_api):
+    api = jobs_api
+    ids = {api.submit(lease_seconds=60, seed=i)["id"] for i in range(12)}
+    got: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def worker(n: int):
+        with JobsClient(api.server.url, api.worker.registry.token) as client:
+            while (claimed := client.claim(f"w{n}", 1)) is not None:
+                with lock:
+                    got.setdefault(claimed["job"]["id"], []).append(f"w{n}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(got) == ids and all(len(w) == 1 for w in got.values()), got
+
+
+def test_a_published_result_is_mirrored_to_the_spec_targets(jobs_api, tmp_path, monkeypatch):
+    from tests.hub_emulator import HubEmulator, point_hf_client_at
+
+    api = jobs_api
+    with HubEmulator() as hub:
+        hub.tokens = {"hf_test"}
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
+        point_hf_client_at(hub.url, monkeypatch)
+        job = api.submit(lease_seconds=30, mirror=["hf:oscar-zoo/rotations"])
+        lease = api.worker.claim("w", 0)["lease"]["token"]
+        make_bundle(tmp_path / "a", seed=4)
+        api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
+        mirrors = _wait(lambda: [m for m in api.submitter.registry.mirrors("smollm2-135m", 1)
+                                 if m["status"] != "pending"], timeout=60)
+        assert [(m["target"], m["repo"], m["status"]) for m in mirrors] == [
+            ("hf", "oscar-zoo/rotations", "done")], mirrors
+        assert hub.repo("hf", "oscar-zoo/rotations").commits
+

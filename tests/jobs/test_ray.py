@@ -1,0 +1,145 @@
+"""The ray executor on a real local Ray cluster: a head node plus a second node started with
+`ray start`, each with one CPU and a custom resource of its own. The job asks for the second
+node's resource, so its task can only run there; the task's worker process is SIGKILLed in
+pass 1, Ray retries the task, and the job completes with exactly one version.
+
+Teardown ends the cluster's processes by pid: those of the process groups `ray start` made
+(found by this test's own temp dir), and their descendants (Ray's worker processes) - not
+`ray stop`, which would stop every Ray cluster on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.utils.registry_server import free_socket
+
+from .serve import (MODEL_CACHE, Serve, alive, children, fault_spec, in_phase, versions_of,
+                    wait_for)
+
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(600)]
+RAY = Path(sys.executable).with_name("ray")
+
+
+def _port() -> int:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _groups_of(temp_dir: str) -> set[int]:
+    """Process groups of the processes whose command line names our temp dir (`ray start`
+    puts each node's daemons in a group of their own), never the test's own group."""
+    groups = set()
+    for pid in _pids():
+        if pid != os.getpid() and temp_dir in _cmdline(pid):
+            try:
+                groups.add(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+    return groups - {os.getpgid(0)}
+
+
+def _tree(groups: set[int], temp_dir: str) -> set[int]:
+    """Every process in these groups or naming our temp dir, and all their descendants."""
+    found = set()
+    for pid in _pids():
+        try:
+            if os.getpgid(pid) in groups or temp_dir in _cmdline(pid):
+                found.add(pid)
+        except ProcessLookupError:
+            pass
+    todo = list(found)
+    while todo:
+        for child in children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _ray_start(args: list[str], env: dict) -> None:
+    # A session of its own: the node's daemons share its process group, never the test's.
+    out = subprocess.run([str(RAY), "start", *args, "--disable-usage-stats"], env=env,
+                         capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.fixture
+def ray_cluster():
+    # Ray's unix socket paths must stay short: a temp dir of our own under /tmp.
+    temp_dir = tempfile.mkdtemp(prefix="ozray-", dir="/tmp")
+    port = _port()
+    env = {**os.environ, "OSCAR_ZOO_CACHE": str(MODEL_CACHE), "RAY_USAGE_STATS_ENABLED": "0",
+           "TOKENIZERS_PARALLELISM": "false", "TMPDIR": temp_dir}
+    groups: set[int] = set()
+    try:
+        _ray_start(["--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=1",
+                    "--resources", json.dumps({"head": 1}), "--include-dashboard=false",
+                    f"--temp-dir={temp_dir}", f"--ray-client-server-port={_port()}",
+                    f"--dashboard-agent-listen-port={_port()}"], env)
+        groups |= _groups_of(temp_dir)
+        _ray_start([f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+                    "--resources", json.dumps({"worker_node": 1}),
+                    f"--dashboard-agent-listen-port={_port()}"], env)
+        groups |= _groups_of(temp_dir)
+        assert len(groups) == 2, f"expected one process group per node, found {groups}"
+        yield f"127.0.0.1:{port}"
+    finally:
+        groups |= _groups_of(temp_dir)
+        for _ in range(3):                      # workers may be forked while we collect
+            tree = _tree(groups, temp_dir) - {os.getpid()}
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        wait_for(lambda: not [p for p in _tree(groups, temp_dir) - {os.getpid()} if alive(p)], 15,
+                 what="the Ray cluster's processes ending")
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_job_runs_on_the_worker_node_and_survives_its_worker_process_being_killed(
+        ray_cluster, tmp_path, four_layers):
+    with Serve(tmp_path / "srv", OSCAR_ZOO_EXECUTOR="ray", OSCAR_ZOO_RAY_ADDRESS=ray_cluster) as srv:
+        with srv.client() as c:
+            job, _ = c.submit(fault_spec(four_layers, seed=11, ray_resources={"worker_node": 1}))
+        running = in_phase(srv, job["id"], ("pass1",), timeout=300)
+        first = running["progress"]["worker"]
+        assert running["lease"]["holder"].startswith("ray-task:")
+        assert first["ray_resources"].get("worker_node") == 1.0        # it runs on the 2nd node
+        os.kill(first["pid"], signal.SIGKILL)                          # the task's worker process
+        wait_for(lambda: not alive(first["runner_pid"]), 10, what="the runner dying with it")
+        with srv.client() as c:
+            done = wait_for(lambda: (j := c.get(job["id"]))["status"] in ("succeeded", "failed") and j,
+                            300, what="Ray's retry finishing the job")
+        assert done["status"] == "succeeded" and done["attempts"] == 2, done
+        second = done["progress"]["worker"]
+        assert second["ray_resources"].get("worker_node") == 1.0
+        assert second["ray_node_id"] == first["ray_node_id"]
+        versions = [v for v in versions_of(srv, "smollm2-135m-4l") if v["source_job"] == job["id"]]
+        assert len(versions) == 1

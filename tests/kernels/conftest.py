@@ -1,0 +1,45 @@
+"""Kernel tests run on the CPU through Triton's interpreter by default (CI has no GPU). On a GPU
+machine, OSCAR_ZOO_TEST_DEVICE=cuda runs the very same tests on compiled kernels."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from oscar_zoo.kernels import _launch
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device(os.environ.get("OSCAR_ZOO_TEST_DEVICE", "cpu"))
+
+
+def run_poisoned(fn):
+    """Run `fn` twice, every kernel output / workspace buffer pre-filled with two different
+    sentinels; the results must be identical (so every element was written) and are returned."""
+    outs = []
+    for mode in ("a", "b"):
+        _launch.POISON = mode
+        try:
+            res = fn()
+        finally:
+            _launch.POISON = None
+        outs.append(res if isinstance(res, tuple) else (res,))
+    for x, y in zip(*outs):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == torch.uint8 else x, y), "unwritten output elements"
+        if x.dtype.is_floating_point:
+            assert torch.isfinite(x).all(), "non-finite output"
+    return outs[0] if len(outs[0]) > 1 else outs[0][0]
+
+
+def signed_permutation(d: int, gen: torch.Generator) -> torch.Tensor:
+    """An orthogonal matrix whose products are exact in any precision."""
+    p = torch.zeros(d, d)
+    p[torch.arange(d), torch.randperm(d, generator=gen)] = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
+    return p
+
+
+def random_orthogonal(*shape: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(*shape, generator=gen, dtype=torch.float64))[0].float()

@@ -1,0 +1,114 @@
+"""decode_attention against the float64 reference over the same dequantized cache (bf16
+tolerance: q and p enter the tensor cores in bf16), with different lengths per sequence,
+sequences with no INT2 part, group counts, scale dtypes, rotations, and key centering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oscar_zoo.kernels import Int2KVCache, decode_attention
+from oscar_zoo.kernels import reference as ref
+from oscar_zoo.zoo.errors import InvalidInput
+
+from .conftest import random_orthogonal, run_poisoned
+
+SINK, RECENT, PAGE = 16, 32, 32
+
+
+def _data(lens, hkv, d, gen, key_offset=0.0):
+    mu = torch.randn(hkv, d, generator=gen) * key_offset
+    keys = [torch.randn(n, hkv, d, generator=gen) + mu for n in lens]
+    values = [torch.randn(n, hkv, d, generator=gen) for n in lens]
+    return keys, values
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
+
+
+@pytest.mark.parametrize("lens,gqa,d,gs,sdt,rot,centered", [
+    ([5, 40, 103, 300], 3, 64, None, torch.float32, "heads", True),
+    ([300, 17, 48], 4, 128, 64, torch.float16, "shared", False),
+    ([49, 250], 2, 64, 16, torch.bfloat16, None, True),
+])
+def test_matches_reference_over_the_same_cache(device, lens, gqa, d, gs, sdt, rot, centered):
+    gen = torch.Generator().manual_seed(sum(lens) + d)
+    hkv = 2
+    keys, values = _data(lens, hkv, d, gen, key_offset=2.0)
+    rk = {"heads": random_orthogonal(hkv, d, d, gen=gen), "shared": random_orthogonal(d, d, gen=gen), None: None}[rot]
+    rv = None if rot is None else random_orthogonal(d, d, gen=gen)
+    mean = torch.stack([k.mean(0) for k in keys]).mean(0) if centered else None
+    mv = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+    cache = Int2KVCache.from_dense(mv(keys), mv(values), None if rk is None else rk.to(device),
+                                   None if rv is None else rv.to(device), torch.tensor([0.96, 0.9]), 0.95, gs, sdt,
+                                   sink=SINK, recent=RECENT, page_size=PAGE,
+                                   mean=None if mean is None else mean.to(device))
+    q = torch.randn(len(lens), hkv * gqa, d, generator=gen).bfloat16()
+    out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=0.2))
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=0.2)
+    assert _rel(out.cpu(), want) < 2e-2
+
+
+def test_sequences_without_int2_part(device):
+    gen = torch.Generator().manual_seed(7)
+    keys, values = _data([1, 16, 48, 30], 2, 64, gen)
+    cache = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], None, None, 0.96,
+                                   0.96, sink=SINK, recent=RECENT, page_size=PAGE)
+    assert cache.max_int2_len == 0
+    q = torch.randn(4, 4, 64, generator=gen)
+    out = run_poisoned(lambda: decode_attention(q.to(device), cache)).cpu()
+    # nothing is quantized: exact attention over the bf16-rounded rows
+    want = ref.ref_attention(q, [k.bfloat16() for k in keys], [v.bfloat16() for v in values], 64 ** -0.5)
+    assert _rel(out, want) < 1e-2
+
+
+def test_key_centering_is_exact_and_helps_int2(device):
+    gen = torch.Generator().manual_seed(8)
+    d, hkv, lens = 64, 2, [400, 333]
+    keys, values = _data(lens, hkv, d, gen, key_offset=8.0)           # a large common key mean
+    q = torch.randn(2, 4, d, generator=gen)
+    mean = torch.cat(keys).mean(0)
+    exact = ref.ref_attention(q, keys, values, d ** -0.5)
+    # exact arithmetic: softmax drops the per-query constant q . mean
+    centered = ref.ref_attention(q, [k.double() - mean.double() for k in keys], values, d ** -0.5)
+    assert (centered - exact).abs().max() < 1e-12
+    rk = random_orthogonal(d, d, gen=gen)
+    errs = {}
+    for name, mu in (("plain", None), ("centered", mean)):
+        cache = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], rk.to(device),
+                                       None, 0.96, 0.96, sink=SINK, recent=RECENT, page_size=PAGE,
+                                       mean=None if mu is None else mu.to(device))
+        out = decode_attention(q.to(device), cache).cpu()
+        errs[name] = (out.double() - exact).norm() / exact.norm()
+        # the kernel still matches its reference over the cache it was given
+        assert _rel(out, ref.ref_decode_attention(q, _cpu(cache))) < 2e-2
+    assert errs["centered"] < 0.5 * errs["plain"], errs
+
+
+def test_out_argument_and_bad_input(device):
+    gen = torch.Generator().manual_seed(9)
+    keys, values = _data([100], 1, 64, gen)
+    cache = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], None, None, 0.9,
+                                   0.9, sink=SINK, recent=RECENT, page_size=PAGE)
+    q = torch.randn(1, 2, 64, generator=gen).to(device)
+    out = torch.full((1, 2, 64), float("nan"), device=device)
+    assert decode_attention(q, cache, out=out) is out and torch.isfinite(out).all()
+    with pytest.raises(InvalidInput, match="does not match"):
+        decode_attention(torch.randn(2, 2, 64, device=device), cache)
+    small = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], None, None, 0.9,
+                                   0.9, sink=SINK, recent=RECENT, page_size=8)
+    with pytest.raises(InvalidInput, match="page_size"):
+        decode_attention(q, small)
+    fine = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], None, None, 0.9,
+                                  0.9, group_size=8, sink=SINK, recent=RECENT, page_size=PAGE)
+    with pytest.raises(InvalidInput, match="group_size"):
+        decode_attention(q, fine)
+
+
+def _cpu(cache: Int2KVCache) -> Int2KVCache:
+    from dataclasses import fields, replace
+
+    return replace(cache, **{f.name: getattr(cache, f.name).cpu() for f in fields(cache)
+                             if isinstance(getattr(cache, f.name), torch.Tensor)})

@@ -1,0 +1,147 @@
+"""quantize_kv against the float64 reference: bit-exact packing and scales where the rotation is
+exact in float32, the spec's clip semantics (ties included), per-head clip, centering, and close
+agreement with a general rotation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oscar_zoo.kernels import dequantize_kv, fake_quantize_kv, quantize_kv
+from oscar_zoo.kernels import reference as ref
+from oscar_zoo.zoo.errors import InvalidInput
+
+from .conftest import random_orthogonal, run_poisoned, signed_permutation
+
+CASES = [  # d, group_size, scale dtype, x dtype, rotation kind, clip
+    (64, None, torch.float32, torch.float32, "perm_heads", [0.96, 0.9, 0.0]),
+    (128, 32, torch.float16, torch.bfloat16, "perm", 0.92),
+    (128, 16, torch.bfloat16, torch.float32, None, [1.0, 0.5, 0.96]),
+    (64, 32, torch.float32, torch.float16, "perm", [0.97, 0.8, -1.0]),
+    (128, 64, torch.float32, torch.bfloat16, "perm_heads", [0.96, 0.85, 0.62]),
+]
+
+
+def _rotation(kind, h, d, gen):
+    if kind is None:
+        return None
+    if kind == "perm":
+        return signed_permutation(d, gen)
+    return torch.stack([signed_permutation(d, gen) for _ in range(h)])
+
+
+@pytest.mark.parametrize("d,gs,sdt,xdt,rot,clip", CASES)
+@pytest.mark.parametrize("centered", [False, True])
+def test_bit_exact_with_exact_rotation(device, d, gs, sdt, xdt, rot, clip, centered):
+    gen = torch.Generator().manual_seed(d + (gs or 0) + centered)
+    t, h = 203, 3                                                   # not a multiple of any block
+    x = (torch.randn(t, h, d, generator=gen) * 2 + torch.randn(h, d, generator=gen) * 3).to(xdt)
+    r = _rotation(rot, h, d, gen)
+    mean = torch.randn(h, d, generator=gen) * 3 if centered else None
+    args = (x.to(device), None if r is None else r.to(device), clip, gs, sdt)
+    packed, sz = run_poisoned(lambda: quantize_kv(*args, mean=None if mean is None else mean.to(device)))
+    rp, rsz = ref.ref_quantize_kv(x, r, clip, gs, sdt, mean=mean)
+    assert packed.shape == (t, h, d // 4) and packed.dtype == torch.uint8
+    assert sz.shape == (t, h, 2 * (d // (gs or d))) and sz.dtype == sdt
+    assert torch.equal(packed.cpu(), rp)
+    assert torch.equal(sz.cpu(), rsz)
+
+
+def test_codes_match_the_literal_formula_except_at_rounding_ties(device):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(500, 2, 64, generator=gen)
+    packed, sz = quantize_kv(x.to(device), None, [0.9, 0.96], 32)
+    codes = ref.unpack_codes(packed.cpu())
+    lit = ref.literal_codes(x, [0.9, 0.96], sz.cpu())
+    # where the two differ, x/scale + zero + 1/2 must sit on an integer within rounding
+    s = sz.cpu()[..., 0::2].double().repeat_interleave(32, -1)
+    z = sz.cpu()[..., 1::2].double().repeat_interleave(32, -1)
+    thr = ref.ref_clip_threshold(x, [0.9, 0.96])[..., None]
+    y = torch.maximum(torch.minimum(x.double(), thr), -thr) / s + z + 0.5
+    diff = codes != lit
+    assert diff.float().mean() < 1e-3
+    assert ((y[diff] - y[diff].round()).abs() < 1e-5).all()
+
+
+def test_clip_threshold_is_the_sort_quantile_with_ties(device):
+    # integer data: many exact ties among the largest |x|, the case the kernel handles apart
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(-4, 5, (300, 2, 64), generator=gen).float()
+    x[5, 0] = 4.0                                                    # a row of one repeated value
+    x[6, 1] = 0.0                                                    # a constant row
+    for clip in (0.96, [0.9, 0.5]):
+        packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None))
+        rp, rsz = ref.ref_quantize_kv(x, None, clip, None)
+        assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+    # and the threshold really is sort(|x|)[int(ratio * d)]: the clamp's max is it
+    thr = ref.ref_clip_threshold(x, 0.9)
+    assert torch.equal(thr, x.abs().sort(-1).values[..., int(0.9 * 64)].double())
+
+
+def test_clip_threshold_on_outlier_rows(device):
+    # rows whose k-th largest |x| sits far below their maximum (the bisection's bracket starts
+    # at max / 256, so these rows take the slower path), beside ordinary rows, low and high ratios
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(150, 3, 128, generator=gen)
+    x[::7, :, :3] *= 1e5                                             # 3 huge values per row
+    x[3, 1] = torch.randn(128, generator=gen) * 1e-30                # tiny, distinct values
+    for clip in ([0.62, 0.85, 0.96], 0.99):
+        packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, 32))
+        rp, rsz = ref.ref_quantize_kv(x, None, clip, 32)
+        assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+
+
+def test_general_rotation_close_to_reference(device):
+    gen = torch.Generator().manual_seed(3)
+    t, h, d = 257, 2, 128
+    x = torch.randn(t, h, d, generator=gen) + 4 * torch.randn(h, d, generator=gen)
+    r = random_orthogonal(h, d, d, gen=gen)
+    mean = x.mean(0)
+    packed, sz = quantize_kv(x.to(device), r.to(device), 0.96, None, mean=mean.to(device))
+    rp, rsz = ref.ref_quantize_kv(x, r, 0.96, None, mean=mean)
+    # float32 matrix products in another order: scales agree closely, codes bar rare ties
+    torch.testing.assert_close(sz.cpu(), rsz, rtol=1e-5, atol=1e-5)
+    assert (ref.unpack_codes(packed.cpu()) != ref.unpack_codes(rp)).float().mean() < 1e-3
+    # 16-bit input uses a bf16 rotation on the tensor cores: the reconstruction stays as good
+    xb = x.bfloat16()
+    got = fake_quantize_kv(xb.to(device), r.to(device), 0.96, mean=mean.to(device)).cpu().double()
+    want = ref.ref_fake_quantize_kv(xb, r, 0.96, mean=mean)
+    rot = ref.ref_rotate(xb, r, mean)
+    err_got, err_want = (got - rot).norm(), (want - rot).norm()
+    assert err_got < 1.05 * err_want
+    assert (got - want).norm() / want.norm() < 0.1
+
+
+def test_centering_is_applied_in_the_rotated_basis(device):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(100, 2, 64, generator=gen) + 10
+    r = random_orthogonal(64, 64, gen=gen)
+    mean = x.mean(0)
+    got = fake_quantize_kv(x.to(device), r.to(device), 0.0, mean=mean.to(device)).cpu().double()
+    target = ref.ref_rotate(x, r, mean)
+    plain = fake_quantize_kv(x.to(device), r.to(device), 0.0).cpu().double()
+    assert (got - target).norm() < 0.5 * (plain - ref.ref_rotate(x, r)).norm()
+
+
+def test_roundtrip_error_is_within_half_a_step(device):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 2, 64, generator=gen)
+    packed, sz = quantize_kv(x.to(device), None, 0.0, 16)
+    xh = dequantize_kv(packed, sz, 16).cpu().double()
+    step = sz.cpu()[..., 0::2].double().repeat_interleave(16, -1)
+    assert ((xh - x.double()).abs() <= 0.5 * step * (1 + 1e-6) + 1e-7).all()
+
+
+def test_empty_and_bad_input(device):
+    p, s = quantize_kv(torch.zeros(0, 2, 64, device=device), None, 0.9)
+    assert p.shape == (0, 2, 16) and s.shape == (0, 2, 2)
+    with pytest.raises(InvalidInput, match="head_dim"):
+        quantize_kv(torch.zeros(4, 2, 48, device=device), None, 0.9)
+    with pytest.raises(InvalidInput, match="group_size"):
+        quantize_kv(torch.zeros(4, 2, 64, device=device), None, 0.9, group_size=24)
+    with pytest.raises(InvalidInput, match="rotation"):
+        quantize_kv(torch.zeros(4, 2, 64, device=device), torch.eye(32, device=device), 0.9)
+    with pytest.raises(InvalidInput, match="clip"):
+        quantize_kv(torch.zeros(4, 2, 64, device=device), None, [0.9, 0.9, 0.9])
+    with pytest.raises(InvalidInput, match="mean"):
+        quantize_kv(torch.zeros(4, 2, 64, device=device), None, 0.9, mean=torch.zeros(3, 64, device=device))

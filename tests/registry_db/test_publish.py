@@ -1,0 +1,98 @@
+"""Publishing from Python (the job runner's path): index rows, new models, rejections."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from oscar_zoo.registry_db.models import BundleVersion, LayerIndex, Model
+from oscar_zoo.registry_db.publish import publish_bundle
+from oscar_zoo.registry_db.registry import open_registry
+from oscar_zoo.zoo.bundle import Bundle, read, write
+from oscar_zoo.zoo.errors import BundleFormatError, IntegrityError, InvalidInput
+from oscar_zoo.zoo.geometry import ModelGeometry
+from oscar_zoo.zoo.manifest import Geometry, ModelRef
+from tests.utils.bundles import make_bundle, make_manifest, make_tensors
+
+
+@pytest.fixture
+def registry(registry_db_url, tmp_path):
+    reg = open_registry(registry_db_url, tmp_path / "data")
+    yield reg
+    reg.close()
+
+
+def test_index_rows_point_at_the_right_bytes(registry, tmp_path):
+    make_bundle(tmp_path / "b", model="qwen3.5-4b", per_head=True, centered=True)
+    bundle = read(tmp_path / "b")
+    with registry.db.write() as s:
+        pub = publish_bundle(s, registry.blobs, tmp_path / "b", created_by="runner")
+    assert pub.created and pub.version.number == 1
+    with registry.db.read() as s:
+        rows = list(s.scalars(select(LayerIndex).where(LayerIndex.version_id == pub.version.id)))
+    geo = bundle.manifest.geometry
+    assert len(rows) == len(geo.attention_layers) * geo.num_kv_heads * 2   # hybrid: 8 layers
+    assert {r.layer for r in rows} == set(range(3, 32, 4))
+    tensors_sha = next(f.sha256 for f in bundle.manifest.files if f.name == "rotations.safetensors")
+    for r in rows[::5]:
+        raw = registry.blobs.read_range(tensors_sha, r.byte_start, r.byte_end)
+        want = bundle.side(r.side)[r.layer]
+        np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(256, 256),
+                                      want.rotation[r.kv_head])
+        assert r.clip == pytest.approx(float(want.clip[r.kv_head]))
+        assert r.eig_max == pytest.approx(float(want.eigenvalues[r.kv_head].max()))
+
+
+def test_new_model_from_upload_then_geometry_is_enforced(registry, tmp_path):
+    manifest = make_manifest("smollm2-135m").model_copy(update={
+        "model": ModelRef(name="tiny-llama", hub_id="someone/Tiny-Llama", architecture="Llama"),
+        "geometry": Geometry.of(ModelGeometry(4, 4, 2, 32))})
+    write(Bundle(manifest, *make_tensors(manifest)), tmp_path / "a")
+    pub = registry.publish(tmp_path / "a", model_name="someone--tiny-llama")
+    assert pub.created and pub.version.model.source == "upload"
+
+    other = manifest.model_copy(update={"geometry": Geometry.of(ModelGeometry(4, 4, 2, 16))})
+    write(Bundle(other, *make_tensors(other)), tmp_path / "b")
+    blobs_before = sorted(registry.blobs.all())
+    with pytest.raises(BundleFormatError, match="head_dim 16 \\(model has 32\\)"):
+        registry.publish(tmp_path / "b")
+    assert sorted(registry.blobs.all()) == blobs_before
+
+    wrong_hub = manifest.model_copy(update={"model": ModelRef(name="tiny-llama", hub_id="a/b")})
+    write(Bundle(wrong_hub, *make_tensors(wrong_hub)), tmp_path / "d")
+    with pytest.raises(InvalidInput, match="knows tiny-llama as someone/Tiny-Llama"):
+        registry.publish(tmp_path / "d")
+
+    bad = manifest.model_copy(update={"model": ModelRef(name="../evil", hub_id="x")})
+    write(Bundle(bad, *make_tensors(bad)), tmp_path / "c")
+    with pytest.raises(InvalidInput, match="plain name"):
+        registry.publish(tmp_path / "c")
+    with registry.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == 1
+        assert s.scalar(select(Model).where(Model.name == "tiny-llama")).hub_id == "someone/Tiny-Llama"
+
+
+def test_rejected_bundle_leaves_no_blob_and_no_row(registry, tmp_path):
+    make_bundle(tmp_path / "b")
+    card = tmp_path / "b" / "README.md"
+    card.write_bytes(card.read_bytes().replace(b"OSCAR", b"OSCAr", 1))  # same size, other bytes
+    with pytest.raises(IntegrityError, match="sha256"):
+        registry.publish(tmp_path / "b")
+    assert list(registry.blobs.all()) == []
+    with registry.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == 0
+
+
+def test_garbage_collection_keeps_every_published_file(registry, tmp_path):
+    import os
+    import time
+
+    make_bundle(tmp_path / "b")
+    registry.publish(tmp_path / "b")
+    orphan = registry.blobs.put_bytes(b"left by a publish that crashed before its commit")
+    past = time.time() - 7200
+    for sha in registry.blobs.all():
+        os.utime(registry.blobs.path(sha), (past, past))
+    assert registry.collect_garbage() == [orphan]
+    assert len(list(registry.blobs.all())) == 3  # bundle.json, rotations, README

@@ -1,0 +1,55 @@
+"""API tokens: shown once, stored as a hash, scoped, revocable."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from oscar_zoo.registry_db.models import ApiToken, AuditEvent
+from oscar_zoo.registry_db.registry import open_registry
+from oscar_zoo.registry_db.tokens import (authenticate, create_token, hash_token, list_tokens,
+                                          revoke_token)
+from oscar_zoo.zoo.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+
+
+@pytest.fixture
+def db(registry_db_url, tmp_path):
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    yield registry.db
+    registry.close()
+
+
+def test_token_lifecycle(db):
+    with db.write() as s:
+        row, token = create_token(s, ["bundles:publish"], "ci")
+    assert token.startswith("ozk_") and len(token) == 47
+    with db.read() as s:
+        stored = s.scalar(select(ApiToken))
+        assert stored.token_hash == hash_token(token) and token not in repr(stored.__dict__)
+        assert authenticate(s, token, "bundles:publish").name == "ci"
+        with pytest.raises(Forbidden, match="jobs:submit"):
+            authenticate(s, token, "jobs:submit")
+        with pytest.raises(Unauthorized):
+            authenticate(s, None, "bundles:publish")
+        with pytest.raises(Unauthorized):
+            authenticate(s, token[:-1] + ("A" if token[-1] != "A" else "B"), "bundles:publish")
+        audit = list(s.scalars(select(AuditEvent)))
+        assert [a.action for a in audit] == ["token.create"]
+        assert token not in str(audit[0].detail)
+    with db.write() as s:
+        revoke_token(s, "ci")
+    with db.read() as s:
+        with pytest.raises(Unauthorized, match="revoked"):
+            authenticate(s, token, "bundles:publish")
+        assert list_tokens(s)[0].revoked_at is not None
+
+
+def test_admin_implies_every_scope_and_bad_scopes(db):
+    with db.write() as s:
+        _, token = create_token(s, ["admin"])
+        for scope in ("bundles:publish", "jobs:submit", "admin"):
+            authenticate(s, token, scope)
+        with pytest.raises(InvalidInput, match="unknown scope"):
+            create_token(s, ["root"])
+        with pytest.raises(NotFound):
+            revoke_token(s, "nobody")

@@ -1,0 +1,132 @@
+"""The canonical bundle: round trip, verification of every property, atomic writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from oscar_zoo.zoo import bundle as B
+from oscar_zoo.zoo.errors import BundleFormatError, IntegrityError
+from oscar_zoo.zoo.manifest import CARD, MANIFEST, TENSORS
+from tests.utils.bundles import make_manifest, make_tensors, random_orthogonal
+
+
+def random_bundle(model="smollm2-135m", per_head=False, centered=True, seed=0) -> B.Bundle:
+    """An in-memory valid bundle (not written), from the shared test helper."""
+    manifest = make_manifest(model, per_head, seed, centered)
+    return B.Bundle(manifest, *make_tensors(manifest, seed))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("centered", [False, True])
+def test_round_trip(tmp_path, per_head, centered):
+    original = random_bundle(per_head=per_head, centered=centered)
+    B.write(original, tmp_path / "b")
+    back = B.read(tmp_path / "b")
+    assert back.layers == original.layers
+    for side in ("k", "v"):
+        for layer in original.layers:
+            a, b = original.side(side)[layer], back.side(side)[layer]
+            np.testing.assert_array_equal(a.rotation, b.rotation)
+            np.testing.assert_array_equal(a.clip, b.clip)
+            np.testing.assert_array_equal(a.eigenvalues, b.eigenvalues)
+            assert (a.mean is None) == (b.mean is None)
+            if a.mean is not None:
+                np.testing.assert_array_equal(a.mean, b.mean)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [CARD, MANIFEST, TENSORS]
+
+
+def test_hybrid_model_uses_global_layer_ids(tmp_path):
+    b = B.write(random_bundle("qwen3.5-35b-a3b", centered=False), tmp_path / "b")
+    assert b.layers == list(range(3, 40, 4))
+    names = set(B._load_tensors(tmp_path / "b" / TENSORS))
+    assert "k.3.rotation" in names and "k.0.rotation" not in names
+
+
+def test_digest_is_stable_and_content_addressed(tmp_path):
+    one = B.write(random_bundle(seed=1), tmp_path / "a")
+    two = B.write(random_bundle(seed=1), tmp_path / "b")
+    three = B.write(random_bundle(seed=2), tmp_path / "c")
+    assert one.digest == two.digest          # same content (the helper pins created_at)
+    assert one.manifest.files == two.manifest.files
+    assert one.digest != three.digest
+    assert B.Bundle(B.read_manifest(tmp_path / "a")).digest == one.digest   # stable through disk
+
+
+def test_manifest_rejects_unknown_fields(tmp_path):
+    B.write(random_bundle(), tmp_path / "b")
+    data = json.loads((tmp_path / "b" / MANIFEST).read_text())
+    data["method"]["kompositon"] = "typo"
+    (tmp_path / "b" / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(BundleFormatError, match="kompositon"):
+        B.verify_bundle(tmp_path / "b")
+
+
+def test_tampered_tensor_file_fails_hash_check(tmp_path):
+    B.write(random_bundle(), tmp_path / "b")
+    path = tmp_path / "b" / TENSORS
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="sha256"):
+        B.verify_bundle(tmp_path / "b")
+
+
+def test_unlisted_file_is_rejected(tmp_path):
+    B.write(random_bundle(), tmp_path / "b")
+    (tmp_path / "b" / "notes.txt").write_text("hi")
+    with pytest.raises(BundleFormatError, match="unlisted"):
+        B.verify_bundle(tmp_path / "b")
+
+
+def _broken(mutate):
+    b = random_bundle(centered=True)
+    mutate(b)
+    return b
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: setattr(b.k[0], "rotation", b.k[0].rotation * 1.01), "not orthogonal"),
+    (lambda b: b.v[3].rotation.__setitem__((0, 0), np.nan), "NaN"),
+    (lambda b: setattr(b.k[1], "clip", np.full(3, 1.5, np.float32)), r"\[0, 1\]"),
+    (lambda b: setattr(b.k[2], "rotation", np.eye(32, dtype=np.float32)), "shape"),
+    (lambda b: setattr(b.k[2], "mean", None), "missing tensors"),
+    (lambda b: b.k.pop(29), "missing tensors"),
+    (lambda b: b.v.__setitem__(30, b.v[0]), "unexpected tensor"),
+])
+def test_invalid_bundles_are_refused_and_nothing_is_written(tmp_path, mutate, message):
+    with pytest.raises(BundleFormatError, match=message):
+        B.write(_broken(mutate), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []   # no bundle, no staging leftovers
+
+
+def test_write_refuses_to_clobber_and_overwrite_is_atomic(tmp_path):
+    B.write(random_bundle(seed=1), tmp_path / "b")
+    with pytest.raises(FileExistsError):
+        B.write(random_bundle(seed=2), tmp_path / "b")
+    B.write(random_bundle(seed=2), tmp_path / "b", overwrite=True)
+    np.testing.assert_array_equal(B.read(tmp_path / "b").k[0].rotation, random_bundle(seed=2).k[0].rotation)
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
+
+
+def test_orthogonality_error_float64_reference():
+    rng = np.random.default_rng(3)
+    r = random_orthogonal(rng, 4, 16, 16).astype(np.float64)
+    r[2] += 1e-3 * rng.standard_normal((16, 16))
+    ref = max(np.abs(m @ m.T - np.eye(16)).max() for m in r)
+    assert B.orthogonality_error(r) == pytest.approx(ref, rel=1e-12)
+    assert B.orthogonality_error(r[0]) < 1e-6
+
+
+def test_model_card_has_front_matter_and_recipe(tmp_path):
+    B.write(random_bundle(), tmp_path / "b")
+    card = (tmp_path / "b" / CARD).read_text()
+    import yaml
+
+    head = card.split("---")[1]
+    meta = yaml.safe_load(head)
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["library_name"] == "oscar-zoo"
+    assert "--kv-cache-dtype int2" in card and "SGLANG_OSCAR_K_CLIP_RATIO=0.96" in card

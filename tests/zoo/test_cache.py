@@ -1,0 +1,168 @@
+"""The cache under stress: concurrent pulls in separate processes, dead lock holders, live
+ones (timeout), offline mode, `verify` finding corruption, `prune` keeping what refs use."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from oscar_zoo.zoo.cache import Cache, prune, verify_cache
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import LockTimeout, OfflineError
+from oscar_zoo.zoo.pull import pull
+
+from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt
+
+OSCAR_ZOO = [sys.executable, "-m", "oscar_zoo.zoo.cli.main"]
+
+
+@pytest.fixture
+def hf_only(seed_zoo, monkeypatch):
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+
+
+def test_two_concurrent_pulls_share_one_download(hf_only, hub):
+    """Ollama #200: two terminals pulling at once corrupted each other. Here both succeed, the
+    files are fetched once, and the cache verifies."""
+    # slow the transfer down so the two processes really overlap
+    hub.truncate(GLM_FILES[0], after=3_000_000, stall=1.0, times=1)
+    procs = [subprocess.Popen(OSCAR_ZOO + ["pull", "glm-4.7-fp8", "--json", "-q"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1].decode()[-2000:] for o in outs]
+    digests = {json.loads(o[0])["digest"] for o in outs}
+    assert len(digests) == 1
+    full_gets = [p for p in hub.requests("GET", GLM_FILES[0])]
+    assert len(full_gets) - len([r for r in hub.ranges if GLM_FILES[0] in r[0]]) == 1
+    checked, problems = verify_cache(Cache())
+    assert checked == 3 and problems == []
+
+
+def _hold_lock(key: str, ready: str) -> subprocess.Popen:
+    code = (f"from oscar_zoo.zoo.cache import Cache\nimport time\n"
+            f"with Cache().lock({key!r}):\n    open({ready!r}, 'w').close()\n    time.sleep(60)\n")
+    return subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
+
+
+def _wait_for(path: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.monotonic() < deadline, "lock holder did not start"
+        time.sleep(0.05)
+
+
+def _blob_key(zoo_files) -> str:
+    import hashlib
+
+    return "blob-" + hashlib.sha256(zoo_files[f"{GLM_FOLDER}/{GLM_FILES[0]}"]).hexdigest()
+
+
+def test_a_lock_left_by_a_killed_process_does_not_block(hf_only, zoo_files, tmp_path, monkeypatch):
+    """HF #2543: a lock from an interrupted run made later runs wait forever."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "20")
+    ready = str(tmp_path / "ready")
+    holder = _hold_lock(_blob_key(zoo_files), ready)
+    _wait_for(ready, holder)
+    os.kill(holder.pid, signal.SIGKILL)  # dies holding the lock, like a crashed pull
+    holder.wait()
+    assert (Cache().root / ".locks" / f"{_blob_key(zoo_files)}.lock").exists()
+    t0 = time.monotonic()
+    assert pull("glm-4.7-fp8").source == "hf"
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_live_holder_times_out_with_a_clear_error(hf_only, zoo_files, tmp_path, monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    ready = str(tmp_path / "ready")
+    holder = _hold_lock(_blob_key(zoo_files), ready)
+    try:
+        _wait_for(ready, holder)
+        with pytest.raises(LockTimeout, match=f"pid {holder.pid}.*OSCAR_ZOO_LOCK_TIMEOUT"):
+            pull("glm-4.7-fp8")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("switch", ["OSCAR_ZOO_OFFLINE", "HF_HUB_OFFLINE"])
+def test_offline_serves_the_cache_without_any_request(hf_only, hub, monkeypatch, switch):
+    first = pull("glm-4.7-fp8", fmt="sglang")
+    hub.log.clear()
+    monkeypatch.setenv(switch, "1")
+    again = pull("glm-4.7-fp8", fmt="sglang")
+    assert again.digest == first.digest and again.export.files == first.export.files
+    assert hub.log == []
+    with pytest.raises(OfflineError, match="qwen3-30b-a3b is not in the cache.*not cached at all"):
+        pull("qwen3-30b-a3b")
+    with pytest.raises(OfflineError, match="glm-4.7-fp8@v2 is not in the cache.*rotationzoo"):
+        pull("glm-4.7-fp8@2")
+    assert hub.log == []
+
+
+def test_verify_finds_a_corrupt_blob_and_the_next_pull_repairs_it(hf_only):
+    r = pull("glm-4.7-fp8")
+    meta = json.loads((r.path.parents[1] / "meta" / f"{r.digest}.json").read_text())
+    blob = Cache().blob(meta["files"]["rotations.safetensors"])
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # bit rot
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    result = CliRunner().invoke(cli, ["verify", "glm-4.7-fp8"])
+    assert result.exit_code == 1
+    assert "CORRUPT glm-4.7-fp8" in result.stdout and "rotations.safetensors" in result.stdout
+    assert not blob.exists() and not r.path.exists()  # removed, so the next pull refetches
+    again = pull("glm-4.7-fp8")  # re-converted from the kept .pt blobs: same digest
+    assert again.digest == r.digest and again.path.exists()
+    result = CliRunner().invoke(cli, ["verify"])
+    assert result.exit_code == 0 and "all checksums match" in result.stdout
+
+
+def test_verify_a_bundle_directory(hf_only, tmp_path):
+    r = pull("glm-4.7-fp8", fmt="safetensors", out=tmp_path / "b")
+    assert CliRunner().invoke(cli, ["verify", str(tmp_path / "b")]).exit_code == 0
+    (tmp_path / "b" / "README.md").write_text("edited\n")
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "b")])
+    assert result.exit_code == 1 and "README.md" in result.stderr
+    assert r.digest
+
+
+def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
+    old = pull("glm-4.7-fp8", fmt="sglang")
+    # the zoo entry is re-calibrated upstream: new files, new digest, the ref moves
+    hub.seed("hf", HF_ZOO, {f"{GLM_FOLDER}/{GLM_FILES[0]}": oscar_pt("qqt_r_h_pbr", "layer", 1, 92, 128, None, 9)})
+    new = pull("glm-4.7-fp8", fmt="sglang")
+    assert new.digest != old.digest
+    cache = Cache()
+    dry = prune(cache, dry_run=True)
+    assert old.path.exists() and dry
+    removed = {p for p, _ in prune(cache)}
+    assert old.path in removed and not old.path.exists()
+    assert new.path.exists() and new.export.files["k"].exists()
+    assert not old.export.dir.exists()
+    assert verify_cache(cache) == (3, [])
+    assert prune(cache) == []
+    v_blob = json.loads((new.path.parents[1] / "meta" / f"{new.digest}.json").read_text())["origin_files"]
+    assert all(cache.has_blob(sha) for sha in v_blob.values())  # the zoo's .pt files are kept
+
+
+def test_cache_ls_and_login(hf_only, sandbox):
+    pull("glm-4.7-fp8")
+    data = json.loads(CliRunner().invoke(cli, ["cache", "ls", "--json"]).stdout)
+    assert [b["model"] for b in data["bundles"]] == ["glm-4.7-fp8"]
+    assert data["bundles"][0]["refs"] == ["rotationzoo"] and data["bundles"][0]["source"] == "hf"
+    result = CliRunner().invoke(cli, ["login", "--token", "ozk_secret"])
+    assert result.exit_code == 0 and "ozk_secret" not in result.output
+    token = sandbox / "config" / "token"
+    assert token.read_text().strip() == "ozk_secret"
+    assert oct(token.stat().st_mode & 0o777) == "0o600"

@@ -1,0 +1,104 @@
+"""The client path stays light: `--help`, a cold hub pull and a warm pull never import torch or
+triton, and the warm pull imports no numpy, safetensors or pydantic either (measured with
+`python -X importtime` in a fresh process, the way a user runs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from oscar_zoo.zoo.pull import pull
+
+HEAVY = ("torch", "triton")
+WARM_FORBIDDEN = HEAVY + ("numpy", "safetensors", "pydantic", "modelscope_hub")
+
+
+def imported_modules(*args: str) -> tuple[set[str], subprocess.CompletedProcess]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "oscar_zoo.zoo.cli.main", *args],
+                          capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    mods = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            mods.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return mods, proc
+
+
+def test_help_imports_nothing_heavy():
+    mods, proc = imported_modules("--help")
+    assert proc.returncode == 0 and "pull" in proc.stdout
+    assert not mods & set(WARM_FORBIDDEN + ("httpx", "huggingface_hub")), mods & set(WARM_FORBIDDEN)
+
+
+def test_only_the_cold_rotationzoo_import_uses_torch(seed_zoo):
+    seed_zoo(("hf",))
+    mods, proc = imported_modules("pull", "glm-4.7-fp8", "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SGLANG_OSCAR_K_ROTATION_PATH" in proc.stdout
+    # the zoo's pickles are opened with torch.load(weights_only=True), and nothing else
+    assert "torch" in mods and "triton" not in mods
+    mods, proc = imported_modules("pull", "glm-4.7-fp8", "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not mods & set(WARM_FORBIDDEN), "a warm pull imported " + str(mods & set(WARM_FORBIDDEN))
+
+
+def test_warm_registry_pull_is_light(tmp_path, monkeypatch, hub):
+    from tests.utils.bundles import make_bundle
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        server.publish_dir(bundle.path)
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+        first = pull("qwen3-8b", fmt="sglang")
+        mods, proc = imported_modules("pull", "qwen3-8b", "-q")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert str(first.export.files["k"]) in proc.stdout
+        assert not mods & set(WARM_FORBIDDEN + ("huggingface_hub",)), mods
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm"])
+def test_recipe_matches_the_bundle(seed_zoo, fmt):
+    seed_zoo(("hf",))
+    r = pull("glm-4.7-fp8", fmt=fmt)
+    env, cmd = r.export.recipe.env, r.export.recipe.command
+    prefix = "SGLANG_OSCAR" if fmt == "sglang" else "VLLM_OSCAR"
+    assert env[f"{prefix}_K_ROTATION_PATH"] == str(r.export.files["k"])
+    assert env[f"{prefix}_V_CLIP_RATIO"] == "0.92"
+    if fmt == "sglang":
+        assert cmd[cmd.index("--kv-cache-dtype") + 1] == "int2"
+        assert env["SGLANG_MIXED_KV_PREFIX_TOKENS"] == "64" and env["SGLANG_MIXED_KV_SCALE_DTYPE"] == "float32"
+    else:
+        assert cmd[cmd.index("--kv-cache-dtype") + 1] == "oscar_int2"
+        assert env["VLLM_OSCAR_GROUP_SIZE"] == "128" and "#46774" in r.export.recipe.notes[0]
+
+
+def test_export_list_and_show_without_a_registry(seed_zoo, tmp_path):
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    seed_zoo(("hf",))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["export", "glm-4.7-fp8", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "not in the cache" in result.stderr  # export never downloads
+    pull("glm-4.7-fp8")
+    result = runner.invoke(cli, ["export", "glm-4.7-fp8", "--format", "vllm", "--layers", "46-91",
+                                 "--out", str(tmp_path / "x")])
+    assert result.exit_code == 0, result.output
+    assert "VLLM_OSCAR_K_ROTATION_PATH=" + str(tmp_path / "x") in result.stdout
+    torch = pytest.importorskip("torch")
+    k = torch.load(tmp_path / "x" / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
+    assert sorted(k["layers"]) == list(range(46, 92))
+    rows = {r["name"]: r for r in __import__("json").loads(runner.invoke(cli, ["list", "--json"]).stdout)}
+    assert rows["glm-4.7-fp8"]["cached"] == ["rotationzoo"] and "rotationzoo" in rows["qwen3-8b"]["sources"]
+    assert "smollm2-135m" not in rows  # no rotations anywhere for the test model
+    assert runner.invoke(cli, ["list", "--validated", "--json"]).stdout.strip() == "[]"
+    text = runner.invoke(cli, ["show", "qwen3-30b-a3b"]).stdout
+    assert "per KV head" in text and "48 of 48 layers" in text
+    bad = runner.invoke(cli, ["show", "qwen3-8bb"])
+    assert bad.exit_code == 1 and "Did you mean: qwen3-8b" in bad.stderr

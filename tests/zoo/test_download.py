@@ -1,0 +1,80 @@
+"""Transfers: Range resume (within a run and across processes), sha256 checks that delete a
+corrupt download, stall detection, retries with backoff. Against the loopback hub emulator."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from oscar_zoo.zoo.cache import Cache
+from oscar_zoo.zoo.errors import IntegrityError
+from oscar_zoo.zoo.pull import pull
+
+from .conftest import GLM_FILES, GLM_FOLDER
+
+K_PATH = f"{GLM_FOLDER}/{GLM_FILES[0]}"
+
+
+@pytest.fixture
+def hf_only(seed_zoo, monkeypatch):
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+
+
+def k_sha(zoo_files) -> str:
+    return hashlib.sha256(zoo_files[K_PATH]).hexdigest()
+
+
+def test_a_cut_connection_is_resumed_with_range(hf_only, hub, zoo_files, capsys):
+    hub.truncate(GLM_FILES[0], after=1_000_000)
+    r = pull("glm-4.7-fp8")
+    assert (r.path / "bundle.json").exists()
+    ranges = [rng for path, rng in hub.ranges if GLM_FILES[0] in path]
+    assert ranges == ["bytes=1000000-"]  # continued, not restarted
+    assert Cache().has_blob(k_sha(zoo_files), len(zoo_files[K_PATH]))
+    assert "retrying" in capsys.readouterr().err
+
+
+def test_a_partial_left_by_a_killed_process_is_resumed(hf_only, hub, zoo_files):
+    cache = Cache()
+    cache.ensure()
+    data = zoo_files[K_PATH]
+    cache.incomplete(k_sha(zoo_files)).write_bytes(data[:777_777])  # what a crash leaves
+    pull("glm-4.7-fp8")
+    assert [rng for path, rng in hub.ranges if GLM_FILES[0] in path] == ["bytes=777777-"]
+    assert cache.blob(k_sha(zoo_files)).read_bytes() == data
+    assert not cache.incomplete(k_sha(zoo_files)).exists()
+
+
+def test_a_bad_partial_is_detected_and_fetched_again_from_zero(hf_only, hub, zoo_files, capsys):
+    cache = Cache()
+    cache.ensure()
+    cache.incomplete(k_sha(zoo_files)).write_bytes(b"\x00" * 5000)  # not the file's first bytes
+    pull("glm-4.7-fp8")
+    assert cache.blob(k_sha(zoo_files)).read_bytes() == zoo_files[K_PATH]
+    assert "did not verify" in capsys.readouterr().err
+
+
+def test_corrupt_bytes_on_the_wire_are_deleted_and_reported(hf_only, hub, zoo_files):
+    hub.corrupt(GLM_FILES[0], times=1)
+    cache = Cache()
+    with pytest.raises(IntegrityError, match="sha256 .* does not match .* deleted"):
+        pull("glm-4.7-fp8")
+    assert not cache.has_blob(k_sha(zoo_files))
+    assert not cache.incomplete(k_sha(zoo_files)).exists()
+    assert not list((cache.root / "models").glob("*/snapshots/*"))
+    assert pull("glm-4.7-fp8").source == "hf"  # the next run fetches it cleanly
+
+
+def test_a_stalled_transfer_is_abandoned_and_resumed(hf_only, hub, zoo_files, monkeypatch, capsys):
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_TIMEOUT", "0.5")
+    hub.truncate(GLM_FILES[0], after=2_000_000, stall=4.0)
+    import time
+
+    t0 = time.monotonic()
+    pull("glm-4.7-fp8")
+    assert time.monotonic() - t0 < 4.0  # did not wait for the stalled server
+    assert "stalled" in capsys.readouterr().err
+    assert [rng for path, rng in hub.ranges if GLM_FILES[0] in path] == ["bytes=2000000-"]
+    assert Cache().blob(k_sha(zoo_files)).read_bytes() == zoo_files[K_PATH]

@@ -1,0 +1,190 @@
+"""OSCAR SGLang checkpoints: import real RotationZoo files, export the exact schema, round trip,
+and refuse pickles that would run code."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from oscar_zoo.zoo import bundle as B
+from oscar_zoo.zoo.catalog import lookup, resolve
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import BundleFormatError, UnsafePickleError
+from oscar_zoo.zoo.interop import oscar_pt
+from oscar_zoo.zoo.interop.convert import (ServingDefaults, bundle_from_oscar, export_files,
+                                           import_files, oscar_names)
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "oscar-rotationzoo"
+QWEN3_4B = FIXTURES / "Qwen3-4B-Thinking-2507"
+QWEN35 = FIXTURES / "Qwen3.5-35B-A3B"
+
+needs_fixtures = pytest.mark.skipif(not QWEN3_4B.is_dir(), reason=f"RotationZoo fixtures not at {FIXTURES}")
+
+
+def _import(folder: Path, k: str, v: str, model: str) -> B.Bundle:
+    entry = lookup(model)
+    return import_files(folder / k, folder / v, entry, ServingDefaults.of(entry))
+
+
+@needs_fixtures
+def test_import_real_qwen3_4b_files(tmp_path):
+    b = _import(QWEN3_4B, "k_rotation_qqt_r_h_pbr.pt", "v_rotation_sst_r_h_pbr.pt", "qwen3-4b-thinking-2507")
+    written = B.write(b, tmp_path / "b")
+    m = B.verify_bundle(tmp_path / "b")
+    assert written.layers == list(range(36))
+    assert (m.method.k_objective, m.method.v_objective, m.method.composition) == ("qqt", "sst", "r_h_pbr")
+    assert m.calibration.source == "imported" and m.method.granularity == "layer"
+    raw = torch.load(QWEN3_4B / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
+    np.testing.assert_array_equal(written.k[7].rotation, raw["layers"][7]["rotation"].numpy())
+    np.testing.assert_array_equal(written.k[7].eigenvalues, raw["layers"][7]["eigenvalues"].numpy())
+    assert (written.k[0].clip == np.float32(0.96)).all() and (written.v[0].clip == np.float32(0.92)).all()
+
+
+@needs_fixtures
+def test_hybrid_file_keeps_global_layer_ids_and_round_trips_exactly(tmp_path):
+    b = _import(QWEN35, "k_rotation.pt", "v_rotation.pt", "qwen3.5-35b-a3b")
+    assert b.layers == [3, 7, 11, 15, 19, 23, 27, 31, 35, 39]
+    k_path, v_path = export_files(b, tmp_path / "sglang")
+    for ours, theirs in ((k_path, QWEN35 / "k_rotation.pt"), (v_path, QWEN35 / "v_rotation.pt")):
+        a, r = torch.load(ours, weights_only=True), torch.load(theirs, weights_only=True)
+        assert a["format_version"] == r["format_version"] == 1
+        assert (a["objective"], a["source_grouping"]) == (r["objective"], r["source_grouping"])
+        assert sorted(a["layers"]) == sorted(r["layers"])
+        for lid in r["layers"]:
+            assert isinstance(next(iter(a["layers"])), int)
+            assert set(a["layers"][lid]) == {"layer_id", "rotation", "eigenvalues"}
+            assert a["layers"][lid]["layer_id"] == lid
+            assert torch.equal(a["layers"][lid]["rotation"], r["layers"][lid]["rotation"])
+            assert a["layers"][lid]["rotation"].dtype == torch.float32
+
+
+@needs_fixtures
+def test_files_for_another_model_are_refused(tmp_path):
+    with pytest.raises(BundleFormatError, match="attention layers"):
+        _import(QWEN35, "k_rotation.pt", "v_rotation.pt", "qwen3-8b")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 36, "num_attention_heads": 16,
+                                  "num_key_value_heads": 8, "head_dim": 64}))
+    entry = resolve("my-org/other-model", config)
+    with pytest.raises(BundleFormatError, match=r"rotation \(128, 128\), model needs \(64, 64\)"):
+        import_files(QWEN3_4B / "k_rotation_qqt_r_h_pbr.pt", QWEN3_4B / "v_rotation_sst_r_h_pbr.pt",
+                     entry, ServingDefaults.of(entry))
+
+
+def _random_oscar(layers, d, heads=None, seed=0, fv=1, objective="qqt_r_h_pbr", k_mean=False):
+    rng = np.random.default_rng(seed)
+    f = oscar_pt.OscarFile(fv, objective, "per_kv_head" if heads else "layer")
+    for lid in layers:
+        shape = (heads, d, d) if heads else (d, d)
+        rot = np.linalg.qr(rng.standard_normal(shape))[0].astype(np.float32)
+        eig = None if heads else np.sort(rng.random(d)).astype(np.float32)
+        mean = rng.standard_normal((heads or 3, d)).astype(np.float32) if k_mean else None
+        f.layers[lid] = oscar_pt.OscarLayer(rot, eig, mean)
+    return f
+
+
+def test_per_head_format2_round_trip(tmp_path):
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, heads=3, fv=2, objective="cov_eig_hadamard_perhead")
+    v = _random_oscar(range(30), 64, heads=3, seed=1, fv=2, objective="cov_eig_hadamard_perhead")
+    b = bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+    assert b.manifest.method.granularity == "kv_head"
+    B.write(b, tmp_path / "b")
+    back = B.read(tmp_path / "b")
+    k_path, v_path = export_files(back, tmp_path / "out")
+    assert (k_path.name, v_path.name) == ("k_rotation_perhead.pt", "v_rotation_perhead.pt")
+    raw = torch.load(k_path, weights_only=True)
+    assert raw["format_version"] == 2 and raw["source_grouping"] == "per_kv_head"
+    assert set(raw["layers"][5]) == {"layer_id", "rotation"}        # format 2: no eigenvalues
+    assert raw["layers"][5]["rotation"].shape == (3, 64, 64)
+    np.testing.assert_array_equal(raw["layers"][5]["rotation"].numpy(), k.layers[5].rotation)
+
+
+def test_key_centering_exports_format3_k_mean_and_reads_it_back(tmp_path):
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, k_mean=True)
+    v = _random_oscar(range(30), 64, seed=2, objective="sst_r_h_pbr")
+    b = bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+    assert b.manifest.method.key_centering
+    k_path, v_path = export_files(b, tmp_path)
+    raw = torch.load(k_path, weights_only=True)
+    assert raw["format_version"] == 3 and raw["transform"]["centered"] is True
+    assert raw["layers"][4]["k_mean"].shape == (3, 64)
+    again = oscar_pt.read_file(k_path)
+    np.testing.assert_array_equal(again.layers[4].k_mean, k.layers[4].k_mean)
+    assert torch.load(v_path, weights_only=True)["format_version"] == 1
+
+
+def test_identity_v1_variant_imports(tmp_path):
+    entry = lookup("smollm2-135m")
+    obj = {"format_version": "identity-v1", "objective": "identity-k", "source_grouping": "identity",
+           "layers": {i: {"layer_id": i, "rotation": torch.eye(64)} for i in range(30)}}
+    torch.save(obj, tmp_path / "k.pt")
+    torch.save({**obj, "objective": "identity-v"}, tmp_path / "v.pt")
+    b = import_files(tmp_path / "k.pt", tmp_path / "v.pt", entry, ServingDefaults.of(entry))
+    assert b.manifest.method.k_objective == "identity" and b.k[0].eigenvalues is None
+    B.write(b, tmp_path / "b")
+    assert oscar_names(b)[0].startswith("k_rotation_identity")
+
+
+def test_non_orthogonal_companion_transform_is_refused(tmp_path):
+    rot = torch.eye(64)
+    obj = {"format_version": 3, "objective": "oscar2_whiten", "source_grouping": "layer",
+           "layers": {0: {"layer_id": 0, "rotation": rot, "q_rotation": 2 * rot}}}
+    with pytest.raises(BundleFormatError, match="non-orthogonal"):
+        oscar_pt.parse(obj)
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "k_rotation_qqt_r_h_pbr.pt"
+    torch.save({"format_version": 1, "layers": {0: {"rotation": torch.eye(4)}}, "x": _Evil(marker)}, evil)
+    assert zipfile.is_zipfile(evil)
+    with pytest.raises(UnsafePickleError, match="refused"):
+        oscar_pt.read_file(evil)
+    assert not marker.exists()
+    # a raw (non-zip) pickle too
+    raw = tmp_path / "raw.pt"
+    raw.write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises((UnsafePickleError, BundleFormatError)):
+        oscar_pt.read_file(raw)
+    assert not marker.exists()
+
+
+@needs_fixtures
+def test_cli_convert_both_ways(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["convert", "--from", "sglang", str(QWEN3_4B), "--model",
+                              "Qwen/Qwen3-4B-Thinking-2507", "--out", str(tmp_path / "b"), "--json"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["inspect", str(tmp_path / "b"), "--json"])
+    assert res.exit_code == 0 and '"layers": 36' in res.output
+    res = runner.invoke(cli, ["convert", "--to", "sglang", str(tmp_path / "b"), "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    a = torch.load(tmp_path / "s" / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
+    r = torch.load(QWEN3_4B / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
+    assert all(torch.equal(a["layers"][i]["rotation"], r["layers"][i]["rotation"]) for i in range(36))
+
+
+def test_cli_convert_refuses_to_guess_between_files(tmp_path):
+    for name in ("k_rotation_qqt_r_h_pbr.pt", "k_rotation_perhead.pt", "v_rotation_sst_r_h_pbr.pt"):
+        (tmp_path / name).write_bytes(b"")
+    res = CliRunner().invoke(cli, ["convert", "--from", "sglang", str(tmp_path), "--model", "qwen3-8b",
+                                   "--out", str(tmp_path / "b")])
+    assert res.exit_code == 1 and "name the K and V files explicitly" in res.output

@@ -1,0 +1,142 @@
+"""`oscar-zoo pull` and `publish` against the real registry (uvicorn on loopback, SQLite):
+versions, aliases, layer ranges, fallbacks, and the registry client's errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from oscar_zoo.zoo.bundle import read, verify_bundle
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import ModelNotFound, Unauthorized, VersionNotFound
+from oscar_zoo.zoo.pull import pull
+from oscar_zoo.zoo.registry_client import RegistryClient
+from tests.utils.bundles import make_bundle
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch, hub):
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry,hf,modelscope")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def glm_bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    return [make_bundle(root / f"glm{i}", model="glm-4.7-fp8", seed=i) for i in (0, 1)]
+
+
+def test_pull_from_the_registry_end_to_end(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)
+    result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["source"] == "registry" and data["version"] == 1
+    assert data["digest"] == glm_bundles[0].digest
+    snap = read(data["path"])  # verifies hashes, shapes, orthogonality
+    for layer in (0, 91):
+        np.testing.assert_array_equal(snap.k[layer].rotation, glm_bundles[0].k[layer].rotation)
+    torch = pytest.importorskip("torch")
+    k = torch.load(data["export"]["files"]["k"], weights_only=True)
+    np.testing.assert_array_equal(k["layers"][91]["rotation"].numpy(), glm_bundles[0].k[91].rotation)
+    assert data["export"]["recipe"]["env"]["SGLANG_OSCAR_K_CLIP_RATIO"] == "0.96"
+
+
+def test_versions_aliases_and_hub_ids(registry, glm_bundles):
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    assert pull("glm-4.7-fp8").version == 2  # no recommended yet: latest
+    with RegistryClient(token=registry.token("bundles:publish")) as client:
+        client.set_alias("glm-4.7-fp8", "recommended", 1, reason="validated on GPQA")
+    r = pull("zai-org/GLM-4.7-FP8")
+    assert (r.version, r.digest) == (1, glm_bundles[0].digest)
+    assert pull("glm-4.7-fp8@2").digest == glm_bundles[1].digest
+    assert pull("GLM-4.7-FP8@latest").version == 2
+    assert pull("glm-4.7-fp8@v1").cached
+    from oscar_zoo.zoo.cache import Cache
+
+    refs = Cache().refs("glm-4.7-fp8")
+    assert refs["recommended"] == refs["v1"] == glm_bundles[0].digest
+    assert refs["latest"] == refs["v2"] == glm_bundles[1].digest
+
+
+def test_unknown_version_and_model_from_the_registry(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)
+    with pytest.raises(VersionNotFound) as e:
+        pull("glm-4.7-fp8@9")
+    assert "registry" in str(e.value) and "no numbered versions" in str(e.value)
+    with pytest.raises(ModelNotFound, match="Did you mean: glm-4.7-fp8"):
+        pull("glm-4.7-fp9")
+
+
+def test_layers_come_as_a_range_from_the_registry(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)
+    r = pull("glm-4.7-fp8", layers="0-45", fmt="sglang")
+    assert r.layers == list(range(46)) and "partial" in str(r.path)
+    torch = pytest.importorskip("torch")
+    k = torch.load(r.export.files["k"], weights_only=True)
+    assert sorted(k["layers"]) == list(range(46))
+    np.testing.assert_array_equal(k["layers"][45]["rotation"].numpy(), glm_bundles[0].k[45].rotation)
+    assert not list(r.path.parents[2].glob("snapshots/*"))  # the whole bundle was not fetched
+    again = pull("glm-4.7-fp8", layers="0-45", fmt="sglang")
+    assert again.cached and again.export.files == r.export.files
+
+
+def test_registry_down_falls_back_to_the_hubs(registry, seed_zoo, monkeypatch):
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
+    r = pull("glm-4.7-fp8")
+    assert r.source == "hf" and r.imported
+
+
+def test_publish_command(registry, glm_bundles, sandbox):
+    bundle = glm_bundles[0].path
+    result = CliRunner().invoke(cli, ["publish", str(bundle)])
+    assert result.exit_code == 1 and "oscar-zoo login" in result.stderr
+    token = registry.token("bundles:publish")
+    assert CliRunner().invoke(cli, ["login", "--token", token]).exit_code == 0
+    result = CliRunner().invoke(cli, ["publish", str(bundle), "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["created"] and body["version"] == 1 and body["digest"] == glm_bundles[0].digest
+    result = CliRunner().invoke(cli, ["publish", str(bundle)])
+    assert "already published as glm-4.7-fp8 v1" in result.stdout
+    result = CliRunner().invoke(cli, ["publish", str(glm_bundles[1].path), "--status", "draft"])
+    assert "v2 (draft" in result.stdout
+    assert pull("glm-4.7-fp8").version == 1  # a draft is not latest
+
+
+def test_a_bad_token_is_unauthorized(registry, glm_bundles):
+    with RegistryClient(token="ozk_wrong") as client, pytest.raises(Unauthorized, match="login"):
+        client.publish(glm_bundles[0].path)
+
+
+def test_list_and_show_with_the_registry(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)
+    rows = json.loads(CliRunner().invoke(cli, ["ls", "glm-*", "--json"]).stdout)
+    glm = next(r for r in rows if r["name"] == "glm-4.7-fp8")
+    assert glm["latest"] == 1 and "registry" in glm["sources"] and "rotationzoo" in glm["sources"]
+    result = CliRunner().invoke(cli, ["info", "zai-org/GLM-4.7-FP8@1"])
+    assert result.exit_code == 0, result.output
+    assert "92 of 92 layers" in result.stdout and "v1" in result.stdout
+    assert "rotations.safetensors" in result.stdout
+    verify_bundle(glm_bundles[0].path)
+
+
+def test_yanked_version_warns_and_drops_out_of_latest(registry, glm_bundles):
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    with RegistryClient(token=registry.token("bundles:publish")) as client:
+        client.yank("glm-4.7-fp8", 2, "clip search bug")
+    assert pull("glm-4.7-fp8").version == 1
+    result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8@2"])
+    assert result.exit_code == 0
+    assert "yanked: clip search bug" in result.stderr

@@ -1,0 +1,42 @@
+"""The settings registry is the one source for env vars, CLI and docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from oscar_zoo.zoo import settings
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import ConfigError
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+
+
+def test_docs_list_every_setting():
+    text = DOC.read_text()
+    assert settings.markdown_table() in text, "docs/settings.md is stale: regenerate it (see its header)"
+
+
+def test_env_overrides_and_types(monkeypatch, sandbox):
+    monkeypatch.setenv("OSCAR_ZOO_CALIB_TOKENS", "1234")
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf, modelscope")
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "yes")
+    assert settings.get("calib_tokens") == 1234
+    assert settings.get("sources") == ["hf", "modelscope"]
+    assert settings.is_offline()
+    assert settings.get("database_url").startswith("sqlite:///")
+    assert settings.get("data_dir") == sandbox / "data"   # the autouse sandbox is in effect
+
+
+def test_bad_values_say_which_variable(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "many")
+    with pytest.raises(ConfigError, match="OSCAR_ZOO_HTTP_RETRIES"):
+        settings.get("http_retries")
+
+
+def test_settings_command_masks_secrets(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_TOKEN", "ozk_secret_value")
+    out = CliRunner().invoke(cli, ["settings", "--json"]).output
+    assert "ozk_secret_value" not in out and "OSCAR_ZOO_CACHE" in out

@@ -1,0 +1,368 @@
+"""The client cache: content-addressed blobs, per-model refs and snapshots, cached exports.
+
+    <cache>/                                (OSCAR_ZOO_CACHE, default $XDG_CACHE_HOME/oscar-zoo)
+      CACHEDIR.TAG
+      blobs/sha256/<sha256>                 verified file contents, read-only, deduplicated
+      blobs/sha256/<sha256>.incomplete      a download in progress (resumed with Range)
+      models/<name>/refs/<ref>              text: the bundle digest a ref pointed at when pulled
+                                            (recommended, latest, v3, rotationzoo-hf, ...)
+      models/<name>/snapshots/<digest>/     bundle.json, rotations.safetensors, README.md:
+                                            hardlinks of the blobs (copies where the filesystem
+                                            cannot link), so they are read-only too
+      models/<name>/meta/<digest>.json      where it came from: source, version, origin, files
+      models/<name>/imports/<key>           text: digest of the bundle converted from a given
+                                            pair of RotationZoo .pt files (key hashes them)
+      models/<name>/partial/<digest>/layers-<spec>/   a --layers pull: bundle.json + a
+                                            rotations.safetensors holding only those layers
+      exports/<digest>/<format>[-layers-<spec>]/      engine files, built once per digest
+      .locks/<key>.lock                     flock locks (soft locks with owner records where
+                                            the filesystem has no flock)
+
+A snapshot directory appears only by rename after every file in it is verified, so its existence
+means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
+the same bundle serialize on a per-blob / per-snapshot lock, and the second finds the work done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import settings
+from .errors import BundleFormatError, LockTimeout, UnsafePathError
+from .files import atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file, staging_dir
+
+_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+        b"# This file is a cache directory tag created by oscar-zoo.\n")
+
+
+def model_key(name: str) -> str:
+    """Directory name for a model: hub ids keep their org, HF style (org--name)."""
+    key = name.strip().lower().replace("/", "--")
+    if not key or key.startswith(".") or any(c in key for c in "\\\x00") or ".." in key:
+        raise UnsafePathError(f"model name {name!r} cannot be used as a cache directory")
+    return key
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    model: str
+    digest: str
+    path: Path
+
+    def meta(self) -> dict:
+        return Cache(self.path.parents[2]).read_meta(self.model, self.digest)
+
+
+class Cache:
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else Path(settings.get("cache_dir"))
+
+    # --- layout ------------------------------------------------------------------------------
+
+    @property
+    def blobs(self) -> Path:
+        return self.root / "blobs" / "sha256"
+
+    def blob(self, sha256: str) -> Path:
+        if not is_sha256(sha256):
+            raise BundleFormatError(f"not a sha256 digest: {sha256!r}")
+        return self.blobs / sha256
+
+    def incomplete(self, key: str) -> Path:
+        return self.blobs / f"{key}.incomplete"
+
+    def model_dir(self, name: str) -> Path:
+        return self.root / "models" / model_key(name)
+
+    def snapshot_dir(self, name: str, digest: str) -> Path:
+        return self.model_dir(name) / "snapshots" / digest
+
+    def partial_dir(self, name: str, digest: str, spec: str) -> Path:
+        return self.model_dir(name) / "partial" / digest / f"layers-{spec}"
+
+    def export_dir(self, digest: str, fmt: str, layer_spec: str | None = None) -> Path:
+        return self.root / "exports" / digest / (fmt if not layer_spec else f"{fmt}-layers-{layer_spec}")
+
+    def ensure(self) -> None:
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        tag = self.root / "CACHEDIR.TAG"
+        if not tag.exists():
+            atomic_write_bytes(tag, _TAG)
+
+    # --- blobs -------------------------------------------------------------------------------
+
+    def has_blob(self, sha256: str, size: int | None = None) -> bool:
+        try:
+            st = self.blob(sha256).stat()
+        except FileNotFoundError:
+            return False
+        return size is None or st.st_size == size
+
+    def adopt(self, path: Path, sha256: str) -> Path:
+        """Move an already verified file into the blob store (read-only from then on)."""
+        dest = self.blob(sha256)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o444)
+        os.replace(path, dest)
+        return dest
+
+    def add_bytes(self, data: bytes, sha256: str) -> Path:
+        dest = self.blob(sha256)
+        if not dest.exists():
+            atomic_write_bytes(dest, data)
+            os.chmod(dest, 0o444)
+        return dest
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self, name: str, digest: str) -> Snapshot | None:
+        path = self.snapshot_dir(name, digest)
+        return Snapshot(model_key(name), digest, path) if path.is_dir() else None
+
+    def link_snapshot(self, name: str, digest: str, files: dict[str, str]) -> Path:
+        """Create snapshots/<digest>/ with one link per file into the blob store, atomically."""
+        final = self.snapshot_dir(name, digest)
+        if final.is_dir():
+            return final
+        with staging_dir(final) as tmp:
+            for fname, sha in files.items():
+                link_file(self.blob(sha), safe_join(tmp, fname))
+            publish_dir(tmp, final)
+        return final
+
+    def snapshots(self, name: str | None = None) -> Iterator[Snapshot]:
+        models = [self.model_dir(name)] if name else sorted((self.root / "models").glob("*"))
+        for mdir in models:
+            for snap in sorted((mdir / "snapshots").glob("*")):
+                if snap.is_dir() and is_sha256(snap.name):
+                    yield Snapshot(mdir.name, snap.name, snap)
+
+    # --- refs, meta, import index ------------------------------------------------------------
+
+    def write_ref(self, name: str, ref: str, digest: str) -> None:
+        if self.read_ref(name, ref) != digest:  # a warm pull rewrites (and fsyncs) nothing
+            atomic_write_bytes(self.model_dir(name) / "refs" / _ref_file(ref), (digest + "\n").encode())
+
+    def read_ref(self, name: str, ref: str) -> str | None:
+        try:
+            value = (self.model_dir(name) / "refs" / _ref_file(ref)).read_text().strip()
+        except FileNotFoundError:
+            return None
+        return value if is_sha256(value) else None
+
+    def refs(self, name: str) -> dict[str, str]:
+        out = {}
+        for p in sorted((self.model_dir(name) / "refs").glob("*")):
+            value = p.read_text().strip()
+            if is_sha256(value):
+                out[p.name] = value
+        return out
+
+    def write_meta(self, name: str, digest: str, meta: dict) -> None:
+        data = json.dumps(meta, indent=2, sort_keys=True).encode() + b"\n"
+        atomic_write_bytes(self.model_dir(name) / "meta" / f"{digest}.json", data)
+
+    def read_meta(self, name: str, digest: str) -> dict:
+        try:
+            return json.loads((self.model_dir(name) / "meta" / f"{digest}.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def write_import(self, name: str, key: str, digest: str) -> None:
+        atomic_write_bytes(self.model_dir(name) / "imports" / key, (digest + "\n").encode())
+
+    def read_import(self, name: str, key: str) -> str | None:
+        try:
+            value = (self.model_dir(name) / "imports" / key).read_text().strip()
+        except FileNotFoundError:
+            return None
+        return value if is_sha256(value) else None
+
+    # --- locks -------------------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self, key: str, what: str | None = None) -> Iterator[None]:
+        """An exclusive lock shared by every process using this cache.
+
+        flock locks vanish with their process, so a crashed pull never leaves a lock behind; on
+        filesystems without flock, filelock falls back to soft lock files that record their
+        owner's pid and host, and a lock whose owner is dead is broken (stale-lock recovery).
+        Waiting is bounded by the lock_timeout setting; then LockTimeout names the holder.
+        """
+        from filelock import FileLock, Timeout
+
+        path = self.root / ".locks" / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        timeout = float(settings.get("lock_timeout"))
+        lock = FileLock(str(path), timeout=timeout)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise LockTimeout(
+                f"waited {timeout:g} s for {what or key}: another oscar-zoo process holds "
+                f"{path} ({_owner(path)}). Wait for it to finish, or raise OSCAR_ZOO_LOCK_TIMEOUT"
+            ) from None
+        try:
+            _write_owner(path)
+            yield
+        finally:
+            lock.release()
+
+
+def _ref_file(ref: str) -> str:
+    ref = ref.strip()
+    if not ref or ref.startswith(".") or "/" in ref or "\\" in ref or "\x00" in ref:
+        raise UnsafePathError(f"ref {ref!r} cannot be used as a file name")
+    return ref
+
+
+def link_file(blob: Path, dest: Path) -> None:
+    """dest -> blob: a hardlink (same inode, read-only like the blob), else a copy.
+
+    Not a symlink: bundle verification resolves paths and refuses files that live outside the
+    bundle directory, which is what a symlink into blobs/ would look like.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(blob, dest)
+    except OSError:
+        shutil.copyfile(blob, dest)
+
+
+def _write_owner(lock_path: Path) -> None:
+    """Who holds the lock, for LockTimeout's message. Diagnostics only: a plain write, no
+    fsync (a torn record just reads as "owner unknown")."""
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    try:
+        lock_path.with_suffix(".owner").write_text(json.dumps(info))
+    except OSError:
+        pass
+
+
+def _owner(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.with_suffix(".owner").read_text())
+        age = time.time() - float(info["since"])
+        return f"pid {info['pid']} on {info['host']}, for {age:.0f} s"
+    except (OSError, ValueError, KeyError):
+        return "owner unknown"
+
+
+# --- verify and prune --------------------------------------------------------------------------
+
+@dataclass
+class Problem:
+    model: str
+    digest: str
+    file: str
+    problem: str
+
+
+def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) -> tuple[int, list[Problem]]:
+    """Re-hash every blob the snapshots (and --layers parts) of `model` (or all) point at.
+
+    Returns (files checked, problems). With repair, a corrupt or missing blob is deleted along
+    with every snapshot that uses it, so the next `pull` fetches it again.
+    """
+    checked, problems, bad_blobs = 0, [], set()
+    dirs = [(s.model, s.digest, s.path) for s in cache.snapshots(model)]
+    root = cache.model_dir(model) if model else cache.root / "models"
+    for pdir in sorted(root.glob("partial/*/layers-*" if model else "*/partial/*/layers-*")):
+        dirs.append((pdir.parents[2].name, pdir.parent.name, pdir))
+    hashes: dict[Path, str] = {}
+    for name, digest, path in dirs:
+        want_of = dict(cache.read_meta(name, digest).get("files") or {})
+        if (path / ".partial.json").exists():
+            want_of = json.loads((path / ".partial.json").read_text())
+        want_of["bundle.json"] = digest
+        for f in sorted(p for p in path.iterdir() if not p.name.startswith(".")):
+            checked += 1
+            want = want_of.get(f.name)
+            if not (want and is_sha256(want)):
+                problems.append(Problem(name, digest, f.name, "not recorded in the cache's metadata"))
+                continue
+            target = cache.blob(want)
+            if not target.exists():
+                problems.append(Problem(name, digest, f.name, "missing blob"))
+                continue
+            got = hashes.get(target) or hashes.setdefault(target, sha256_file(target))
+            if got != want:
+                problems.append(Problem(name, digest, f.name,
+                                        f"sha256 {got[:12]}... should be {want[:12]}..."))
+                bad_blobs.add(target)
+            elif not os.path.samefile(f, target) and sha256_file(f) != want:
+                problems.append(Problem(name, digest, f.name, "the snapshot's copy was modified"))
+    if repair and problems:
+        for blob in bad_blobs:
+            if blob.parent == cache.blobs:
+                blob.unlink(missing_ok=True)
+        for name, digest, path in dirs:
+            if any(p.model == name and p.digest == digest for p in problems):
+                shutil.rmtree(path, ignore_errors=True)
+    return checked, problems
+
+
+def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Remove what nothing points at: snapshots no ref names (and their meta and exports),
+    blobs no snapshot uses, stale partial downloads and temp dirs. Returns [(path, bytes)]."""
+    gone: list[tuple[Path, int]] = []
+    live: set[tuple[str, str]] = set()
+    for mdir in sorted((cache.root / "models").glob("*")):
+        refs = set(cache.refs(mdir.name).values())
+        for snap in sorted((mdir / "snapshots").glob("*")):
+            if snap.name in refs:
+                live.add((mdir.name, snap.name))
+            else:
+                gone.append((snap, _size(snap)))
+        for part in sorted((mdir / "partial").glob("*")):
+            if part.name in refs:
+                live.add((mdir.name, part.name))
+            else:
+                gone.append((part, _size(part)))
+        for meta in sorted((mdir / "meta").glob("*.json")):
+            if (mdir.name, meta.stem) not in live:
+                gone.append((meta, meta.stat().st_size))
+    digests = {d for _, d in live}
+    for exp in sorted((cache.root / "exports").glob("*")):
+        if exp.name not in digests:
+            gone.append((exp, _size(exp)))
+    doomed = {p for p, _ in gone}
+    keep: set[str] = set()
+    for name, digest in live:
+        keep.add(digest)
+        for part in (cache.model_dir(name) / "partial" / digest).glob("layers-*/.partial.json"):
+            keep.add(json.loads(part.read_text()).get("rotations.safetensors", ""))
+        meta = cache.read_meta(name, digest)
+        keep.update(v for v in (meta.get("files") or {}).values() if is_sha256(str(v)))
+        keep.update(v for v in (meta.get("origin_files") or {}).values() if is_sha256(str(v)))
+    for blob in sorted(cache.blobs.glob("*")) if cache.blobs.exists() else []:
+        if blob.name.endswith(".incomplete") or blob.name.endswith(".hub"):
+            if time.time() - blob.stat().st_mtime > 3600:  # nobody is resuming it any more
+                gone.append((blob, _size(blob)))
+        elif is_sha256(blob.name) and blob.name not in keep and blob not in doomed:
+            gone.append((blob, blob.stat().st_size))
+    tmp = cache.root / "tmp"
+    for t in sorted(tmp.glob("*")) if tmp.exists() else []:
+        if time.time() - t.stat().st_mtime > 3600:
+            gone.append((t, _size(t)))
+    if not dry_run:
+        for path, _ in gone:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+    return gone
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

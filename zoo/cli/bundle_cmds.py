@@ -1,0 +1,114 @@
+"""`oscar-zoo inspect` and `oscar-zoo convert`: look into a bundle, move it to and from OSCAR files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import BundleFormatError
+from .output import emit, info, json_option
+
+
+@click.command("inspect")
+@click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--no-verify", is_flag=True, help="Skip hashing and tensor checks (faster).")
+@json_option
+def inspect_command(bundle_dir: Path, no_verify: bool, as_json: bool):
+    """Verify a bundle directory and summarise it (model, geometry, method, clips, validation)."""
+    from ..bundle import read_manifest, summary, verify_bundle
+
+    manifest = read_manifest(bundle_dir) if no_verify else verify_bundle(bundle_dir)
+    data = summary(manifest)
+    data["verified"] = not no_verify
+    emit(data, as_json, _human_summary)
+
+
+def _human_summary(d: dict) -> str:
+    clip = d["clip"]
+    lines = [
+        f"model       {d['model']} ({d['hub_id']})",
+        f"layers      {d['layers']} x {d['kv_heads']} KV heads, head_dim {d['head_dim']}",
+        f"method      {d['method']}; key centering {'on' if d['key_centering'] else 'off'}",
+        f"clip        K {clip['k']:g} / V {clip['v']:g} ({clip['granularity']}"
+        f"{', searched' if clip['searched'] else ''})",
+        f"INT2        group {d['group_size']}",
+        f"source      {d['source']}, {d['tokens'] or '?'} calibration tokens",
+        f"validated   {'-' if d['validated'] is None else ('passed' if d['validated'] else 'FAILED')}",
+        "files       " + ", ".join(f"{n} ({s:,} B)" for n, s in d["files"].items()),
+        f"verified    {'yes: hashes, shapes, finiteness, orthogonality' if d['verified'] else 'skipped'}",
+    ]
+    return "\n".join(lines)
+
+
+@click.command("convert")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--from", "from_fmt", type=click.Choice(["sglang"]), help="Import OSCAR .pt files.")
+@click.option("--to", "to_fmt", type=click.Choice(["sglang"]), help="Export a bundle to OSCAR .pt files.")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output directory.")
+@click.option("--model", help="Model (catalog name or hub id) the imported files belong to.")
+@click.option("--config", type=click.Path(exists=True, path_type=Path),
+              help="config.json giving the geometry of a model the catalog does not know.")
+@click.option("--k-clip", type=float, help="K clip ratio to record (default: the model's shipped value).")
+@click.option("--v-clip", type=float, help="V clip ratio to record.")
+@click.option("--group-size", type=int, help="INT2 group size to record.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output bundle.")
+@json_option
+def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip, group_size,
+                    overwrite, as_json):
+    """Convert between a canonical bundle and OSCAR's SGLang rotation files.
+
+    \b
+    oscar-zoo convert --from sglang K.pt V.pt --model qwen3-8b --out bundle/
+    oscar-zoo convert --from sglang ZOO_DIR/Qwen3-8B/seq20000_prompt83_group128 --model qwen3-8b --out bundle/
+    oscar-zoo convert --to sglang bundle/ --out sglang/
+    """
+    if bool(from_fmt) == bool(to_fmt):
+        raise click.UsageError("pass exactly one of --from sglang or --to sglang")
+    if to_fmt:
+        from .. import bundle as bundle_mod
+        from ..interop.convert import export_files
+
+        if len(inputs) != 1:
+            raise click.UsageError("--to sglang takes one bundle directory")
+        k_path, v_path = export_files(bundle_mod.read(inputs[0]), out)
+        emit({"k": str(k_path), "v": str(v_path)}, as_json, lambda d: f"{d['k']}\n{d['v']}")
+        return
+    if not model:
+        raise click.UsageError("--from sglang needs --model (the files do not record their model)")
+    from .. import bundle as bundle_mod
+    from ..catalog import resolve
+    from ..interop.convert import ServingDefaults, import_files
+
+    k_path, v_path = _oscar_pair(inputs)
+    entry = resolve(model, config)
+    serving = ServingDefaults.of(entry, k_clip=k_clip, v_clip=v_clip, group_size=group_size)
+    written = bundle_mod.write(import_files(k_path, v_path, entry, serving), out, overwrite=overwrite)
+    info(f"imported {k_path.name} + {v_path.name} -> {out}")
+    emit(bundle_mod.summary(written.manifest), as_json, _human_summary_unverified)
+
+
+def _human_summary_unverified(d: dict) -> str:
+    return _human_summary({**d, "verified": True})
+
+
+def _oscar_pair(inputs: tuple[Path, ...]) -> tuple[Path, Path]:
+    """Two files, or a directory holding exactly one k_rotation*.pt and one v_rotation*.pt."""
+    if len(inputs) == 2:
+        return inputs[0], inputs[1]
+    if len(inputs) != 1 or not inputs[0].is_dir():
+        raise click.UsageError("give the K and V .pt files, or one directory holding them")
+    d = inputs[0]
+    pairs = {side: sorted(d.glob(f"{side}_rotation*.pt")) for side in ("k", "v")}
+    for side, found in pairs.items():
+        if len(found) != 1:
+            # Never guess: picking the shared file for a per-head model collapses it (oscar-spec 7.2).
+            names = ", ".join(p.name for p in found) or "none"
+            raise BundleFormatError(f"{d} holds {len(found)} {side}_rotation*.pt files ({names}); "
+                                    "name the K and V files explicitly")
+    return pairs["k"][0], pairs["v"][0]
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(inspect_command)
+    cli.add_command(convert_command)

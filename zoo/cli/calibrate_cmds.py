@@ -1,0 +1,179 @@
+"""`oscar-zoo calibrate` and `oscar-zoo validate`: the GPU side (torch loads inside the commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import settings
+from .output import emit, info, json_option
+
+
+class PhaseBars:
+    """One tqdm bar per phase on stderr (pass1: 12/30 [layer 11] ...)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.bar, self.phase = enabled, None, None
+
+    def __call__(self, phase: str, done: int, total: int, **extra):
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if phase != self.phase:
+            self.close()
+            self.phase = phase
+            self.bar = tqdm(total=total, desc=phase, unit="step", leave=True, dynamic_ncols=True)
+        self.bar.n = done
+        shown = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in extra.items()}
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.refresh()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@click.command("calibrate")
+@click.argument("model")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Bundle directory to write.")
+@click.option("--data", "data", multiple=True,
+              help="Calibration text: builtin:pydoc (default), a .txt/.jsonl file, or hf:ORG/NAME. Repeatable.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL/dataset text field.")
+@click.option("--tokens", type=int, default=None, help="Token budget [default: 30000, OSCAR's].")
+@click.option("--seq-len", type=int, default=None, help="Tokens per window [default: 2048].")
+@click.option("--batch-size", type=int, default=1, show_default=True, help="Windows per forward pass.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--revision", help="Model revision (branch, tag or commit) when loading from a hub.")
+@click.option("--k-objective", type=click.Choice(["qqt", "ktk", "hadamard"]), default="qqt", show_default=True)
+@click.option("--v-objective", type=click.Choice(["sst", "vtv", "hadamard"]), default="sst", show_default=True)
+@click.option("--composition", type=click.Choice(["r_h_pbr", "r_h", "pbr", "plain"]), default="r_h_pbr",
+              show_default=True)
+@click.option("--granularity", type=click.Choice(["layer", "kv_head"]), default="layer", show_default=True,
+              help="One rotation per layer (OSCAR format 1) or per KV head (format 2).")
+@click.option("--key-centering/--no-key-centering", default=True, show_default=True,
+              help="Subtract the mean post-RoPE key per (layer, KV head) before rotating.")
+@click.option("--clip-search/--no-clip-search", default=True, show_default=True,
+              help="Search clip ratios per layer; off = OSCAR's shipped K 0.96 / V 0.92.")
+@click.option("--clip-per-head", is_flag=True, help="Search clip ratios per KV head too.")
+@click.option("--group-size", type=int, help="INT2 quantization group [default: the model's, <= 128].")
+@click.option("--scale-dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+              show_default=True, help="Scale/zero dtype of the INT2 cache (SGLang's default is float32).")
+@click.option("--validate/--no-validate", "run_validation", default=False,
+              help="Validate the bundle on held-out text right after calibrating.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
+@json_option
+def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size, seed, revision,
+                      k_objective, v_objective, composition, granularity, key_centering, clip_search,
+                      clip_per_head, group_size, scale_dtype, run_validation, overwrite, as_json):
+    """Calibrate MODEL (catalog name, hub id, local dir or .gguf) into a rotation bundle."""
+    if out.exists() and not overwrite:
+        raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
+    from oscar_zoo.calibrate.data import BUILTIN
+    from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
+
+    from .. import bundle as bundle_mod
+
+    cfg = CalibrationConfig(
+        model=model, revision=revision, data=list(data) or [BUILTIN],
+        text_field=text_field, tokens=tokens or settings.get("calib_tokens"),
+        seq_len=seq_len or settings.get("calib_seq_len"), batch_size=batch_size, seed=seed,
+        k_objective=k_objective, v_objective=v_objective, composition=composition,
+        granularity=granularity, key_centering=key_centering, clip_search=clip_search,
+        clip_per_head=clip_per_head, group_size=group_size, scale_dtype=scale_dtype)
+    bars = PhaseBars()
+    result = calibrate(cfg, progress=bars)
+    bundle = result.bundle
+    if run_validation:
+        bundle = _validate_in_place(bundle, bars)
+    bars.close()
+    written = bundle_mod.write(bundle, out, overwrite=overwrite)
+    info(f"wrote {out} ({result.tokens_per_pass:,} tokens per pass, {result.timings['total']:.1f} s)")
+    data_out = {**bundle_mod.summary(written.manifest), "path": str(out),
+                "timings_s": {k: round(v, 3) for k, v in result.timings.items()}}
+    emit(data_out, as_json, _human)
+
+
+def _validate_in_place(bundle, bars):
+    from oscar_zoo.calibrate.loading import load_model, resolve_source
+    from oscar_zoo.calibrate.validate import ValidationConfig, validate
+
+    model, tok = load_model(resolve_source(bundle.manifest.model.name))
+    report = validate(bundle, model, tok, ValidationConfig(), _quantizer(bundle, model), progress=bars)
+    bundle.manifest = bundle.manifest.model_copy(update={"validation": report})
+    return bundle
+
+
+def _quantizer(bundle, model):
+    import torch
+
+    from oscar_zoo.calibrate.int2_attention import kernel_quantizer
+
+    return kernel_quantizer(getattr(torch, bundle.manifest.quantization.scale_dtype), model.device)
+
+
+def _human(d: dict) -> str:
+    clip = d["clip"]
+    lines = [f"bundle      {d['path']}",
+             f"model       {d['model']} ({d['hub_id']}): {d['layers']} layers x {d['kv_heads']} KV heads, d={d['head_dim']}",
+             f"method      {d['method']}; key centering {'on' if d['key_centering'] else 'off'}",
+             f"clip        K {clip['k']:g} / V {clip['v']:g} best single pair "
+             f"({'searched per ' + clip['granularity'] if clip['searched'] else 'fixed'})",
+             "timings     " + ", ".join(f"{k} {v:.1f}s" for k, v in d["timings_s"].items())]
+    if d.get("validated") is not None:
+        lines.append(f"validated   {'passed' if d['validated'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+@click.command("validate")
+@click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--model", help="Model to run (default: the bundle's own, e.g. its catalog name).")
+@click.option("--data", "data", multiple=True, help="Held-out text (default: builtin:pydoc, held-out half).")
+@click.option("--context-len", type=int, default=2048, show_default=True)
+@click.option("--windows", type=int, default=6, show_default=True,
+              help="Evaluation windows, split alternately into two sets for a noise estimate.")
+@click.option("--tolerance", type=float, default=0.05, show_default=True,
+              help="Nats/token the bundle may lose to the Hadamard baseline and still pass.")
+@click.option("--write/--no-write", "write_back", default=True, show_default=True,
+              help="Store the report in the bundle's manifest (rewritten atomically).")
+@json_option
+def validate_command(bundle_dir, model, data, context_len, windows, tolerance, write_back, as_json):
+    """Measure a bundle's INT2 quality on held-out text beside Hadamard and naive INT2."""
+    from oscar_zoo.calibrate.loading import load_model, resolve_source
+    from oscar_zoo.calibrate.validate import ValidationConfig, validate
+
+    from .. import bundle as bundle_mod
+
+    bundle = bundle_mod.read(bundle_dir)
+    loaded = load_model(resolve_source(model or bundle.manifest.model.name))
+    cfg = ValidationConfig(data=list(data) or ValidationConfig().data, context_len=context_len,
+                           windows=windows, tolerance=tolerance)
+    bars = PhaseBars()
+    report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars)
+    bars.close()
+    if write_back:
+        bundle.manifest = bundle.manifest.model_copy(update={"validation": report})
+        bundle_mod.write(bundle, bundle_dir, overwrite=True)
+        info(f"report stored in {bundle_dir}/bundle.json")
+    emit(report.model_dump(mode="json"), as_json, _human_report)
+
+
+def _human_report(r: dict) -> str:
+    lines = [f"context {r['context_len']} (sink {r['sink_tokens']}, recent {r['recent_tokens']}, "
+             f"group {r['group_size']}, {r['scale_dtype']} scales; {r['bits_int2_tier']:.2f} bits in the "
+             f"INT2 tier, {r['bits_at_context']:.2f} at this context), {r['eval_tokens']:,} tokens of {r['dataset']}",
+             f"BF16 loss {r['bf16_nll']:.4f} nats/token", "",
+             f"{'variant':15} {'extra loss':>11} {'set A':>9} {'set B':>9} {'KL':>8} {'attn err':>9}"]
+    for v in r["variants"]:
+        sets = v["delta_nll_by_set"] + [float("nan")] * 2
+        lines.append(f"{v['name']:15} {v['delta_nll']:+11.4f} {sets[0]:+9.4f} {sets[1]:+9.4f} "
+                     f"{v['kl']:8.4f} {v['attn_rel_error']:9.3f}")
+    lines += ["", f"{'PASSED' if r['passed'] else 'FAILED'}: {r['criterion']}"]
+    return "\n".join(lines)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(calibrate_command)
+    cli.add_command(validate_command)

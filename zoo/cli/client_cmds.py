@@ -1,0 +1,430 @@
+"""The client commands: pull, list|ls, show|info, verify, prune, cache ls, login, export, publish.
+
+Data goes to stdout (a launch recipe that can be piped into a script, or JSON with --json);
+progress, summaries and warnings go to stderr. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import click
+
+from .output import emit, info, json_option, warn
+
+FORMAT_CHOICE = click.Choice(["safetensors", "sglang", "vllm"])
+
+
+def _small_blas() -> None:
+    """One BLAS thread for the client's small matrix checks (184 products of 128x128 in a
+    GLM-4.7 bundle): on a busy machine, a thread pool per product costs 20x the math. Only
+    effective before numpy is imported, which the CLI does not do at startup."""
+    import os
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def _alias(cmd: click.Command, name: str) -> click.Command:
+    """A hidden second name for a command (`ls` for `list`)."""
+    return click.Command(name, callback=cmd.callback, params=cmd.params, help=cmd.help,
+                         hidden=True, context_settings=cmd.context_settings)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# --- pull --------------------------------------------------------------------------------------
+
+@click.command("pull")
+@click.argument("spec", metavar="NAME[@VERSION|@ALIAS]")
+@click.option("--format", "fmt", type=FORMAT_CHOICE, default="sglang", show_default=True,
+              help="Engine files to produce: OSCAR .pt files for SGLang or vLLM, or the bundle.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Copy the files here (default: they stay in the cache).")
+@click.option("--layers", metavar="SPEC",
+              help="Only these layers, e.g. 0-45 (a pipeline-parallel stage's share).")
+@click.option("--source", "sources", multiple=True, type=click.Choice(["registry", "hf", "modelscope"]),
+              help="Pull only from these sources (default: OSCAR_ZOO_SOURCES).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress or summary on stderr.")
+@json_option
+def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
+    """Download, verify and cache a rotation bundle, then print how to serve with it.
+
+    \b
+    oscar-zoo pull glm-4.7-fp8                    # recommended version, SGLang files + flags
+    oscar-zoo pull zai-org/GLM-4.7-FP8@3 --format vllm --out rotations/
+    oscar-zoo pull glm-4.7-fp8 --layers 0-45      # one pipeline stage's layers
+    oscar-zoo pull glm-4.7-fp8 > serve.sh         # stdout is the launch recipe
+    """
+    _small_blas()
+    from ..pull import pull
+
+    result = pull(spec, layers=layers, fmt=fmt, out=out, progress=not quiet,
+                  sources=list(sources) or None)
+    if as_json:
+        emit(result.to_dict(), True)
+        return
+    if not quiet:
+        for line in _summary(result):
+            info(line)
+        for note in result.notes:
+            warn(note) if "yanked" in note or "reached" in note else info(f"note: {note}")
+    click.echo(_stdout(result))
+
+
+def _summary(r) -> list[str]:
+    what = f"{r.model} v{r.version}" if r.version is not None else r.model
+    how = "from the cache" if r.cached else f"{_size(r.fetched_bytes)} downloaded"
+    lines = [f"{what}: {'imported from' if r.imported else 'from'} {r.origin} ({how})",
+             f"  digest      sha256:{r.digest}",
+             f"  bundle      {r.path}"]
+    if r.imported:
+        lines.append("  validation  none: imported from the RotationZoo as shipped")
+    elif r.validated is not None:
+        lines.append(f"  validation  {'passed' if r.validated else 'FAILED'}")
+    if r.export is not None:
+        lines.append(f"  {r.export.format:<11} {r.export.dir}")
+    return lines
+
+
+def _stdout(r) -> str:
+    exp = r.export
+    if exp.recipe is None:
+        return str(exp.dir)
+    title = {"sglang": "SGLang", "vllm": "vLLM"}[exp.format]
+    head = [f"# {title} launch recipe for {r.model}"
+            + (f" v{r.version}" if r.version is not None else "") + f" (sha256:{r.digest[:12]})"]
+    notes = [f"# note: {n}" for n in exp.recipe.notes]
+    return "\n".join(head + notes + [exp.recipe.shell()])
+
+
+# --- list, show ----------------------------------------------------------------------------------
+
+@click.command("list")
+@click.argument("pattern", required=False, metavar="[GLOB]")
+@click.option("--validated", is_flag=True, help="Only models whose current version passed validation.")
+@json_option
+def list_command(pattern, validated, as_json):
+    """Models with rotations: the registry's (when configured) and the RotationZoo's.
+
+    \b
+    oscar-zoo list 'qwen3-*' --validated
+    """
+    from .. import settings
+    from ..cache import Cache
+    from ..catalog import CATALOG
+    from ..registry_client import RegistryClient
+
+    rows: dict[str, dict] = {}
+    cache = Cache()
+    client = RegistryClient()
+    if client.configured and not settings.is_offline():
+        for m in client.models(q=pattern, published=validated):
+            row = {"name": m["name"], "hub_id": m["hub_id"], "latest": m.get("latest_version"),
+                   "recommended": m.get("recommended_version"), "validated": None,
+                   "sources": ["registry"]}
+            if validated:
+                ver = row["recommended"] or row["latest"]
+                detail = client.version(m["name"], ver) if ver else {}
+                row["validated"] = bool((detail.get("validation") or {}).get("passed"))
+            rows[m["name"]] = row
+    for e in CATALOG:
+        if pattern and not any(fnmatch.fnmatch(n, pattern.lower()) for n in (e.name, e.hub_id.lower())):
+            continue
+        row = rows.setdefault(e.name, {"name": e.name, "hub_id": e.hub_id, "latest": None,
+                                       "recommended": None, "validated": None, "sources": []})
+        if e.zoo is not None:
+            row["sources"].append("rotationzoo")
+    for row in rows.values():
+        row["cached"] = sorted(cache.refs(row["name"])) if cache.model_dir(row["name"]).exists() else []
+    out = [r for r in rows.values() if not validated or r["validated"]]
+    out = [r for r in out if r["sources"] or r["cached"]]
+    emit(sorted(out, key=lambda r: r["name"]), as_json, _list_table)
+
+
+def _list_table(rows: list[dict]) -> str:
+    if not rows:
+        return "no models match"
+    lines = [f"{'NAME':<26} {'HUB ID':<36} {'LATEST':>6} {'RECOMMENDED':>11} {'VALIDATED':<9} "
+             f"{'SOURCES':<22} CACHED"]
+    for r in rows:
+        val = "-" if r["validated"] is None else ("yes" if r["validated"] else "no")
+        lines.append(f"{r['name']:<26} {r['hub_id']:<36} {r['latest'] or '-':>6} "
+                     f"{r['recommended'] or '-':>11} {val:<9} {','.join(r['sources']) or '-':<22} "
+                     f"{','.join(r['cached']) or '-'}")
+    return "\n".join(lines)
+
+
+@click.command("show")
+@click.argument("spec", metavar="NAME[@VERSION|@ALIAS]")
+@json_option
+def show_command(spec, as_json):
+    """Geometry, versions, validation and sources of a model (or of one version)."""
+    from .. import settings
+    from ..cache import Cache
+    from ..catalog import find, suggest
+    from ..errors import ModelNotFound, NotFound, OfflineError
+    from ..registry_client import RegistryClient
+    from ..sources.base import parse_spec
+
+    name, ref = parse_spec(spec)
+    entry = find(name)
+    data: dict = {"name": entry.name if entry else name, "catalog": None, "registry": None,
+                  "version": None, "cache": []}
+    if entry is not None:
+        data["catalog"] = {"hub_id": entry.hub_id, "architecture": entry.architecture,
+                           "geometry": entry.geometry.to_dict(), "aliases": list(entry.aliases),
+                           "rotationzoo": None if entry.zoo is None else {
+                               "hf": f"{settings.get('hf_zoo_repo')}/{entry.zoo.folder}",
+                               "modelscope": f"{settings.get('modelscope_zoo_repo')}/{entry.zoo.folder}",
+                               "files": [entry.zoo.k_file, entry.zoo.v_file],
+                               "per_head": entry.zoo.per_head},
+                           "serving": {"k_clip": entry.k_clip, "v_clip": entry.v_clip,
+                                       "group_size": entry.group_size, "sink_tokens": entry.sink_tokens,
+                                       "recent_tokens": entry.recent_tokens, "gpus": entry.gpus},
+                           "notes": entry.notes}
+    client = RegistryClient()
+    if client.configured and not settings.is_offline():
+        try:
+            data["registry"] = client.model(data["name"])
+            data["name"] = data["registry"]["name"]
+            if not ref.is_default:
+                data["version"] = client.version(data["name"], ref.version or ref.alias)
+        except OfflineError as e:
+            warn(str(e))
+        except NotFound:
+            if entry is None:
+                raise
+    if entry is None and data["registry"] is None:
+        raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
+    cache = Cache()
+    for snap in cache.snapshots(data["name"]):
+        meta = cache.read_meta(snap.model, snap.digest)
+        refs = [r for r, d in cache.refs(snap.model).items() if d == snap.digest]
+        data["cache"].append({"digest": snap.digest, "refs": refs, "path": str(snap.path),
+                              "source": meta.get("origin"), "version": meta.get("version")})
+    emit(data, as_json, _show_text)
+
+
+def _show_text(d: dict) -> str:
+    lines = [d["name"]]
+    c = d.get("catalog")
+    if c:
+        g = c["geometry"]
+        layers = len(g["attention_layers"]) or g["num_layers"]
+        lines += [f"  hub id       {c['hub_id']} ({c['architecture']})",
+                  f"  geometry     {layers} of {g['num_layers']} layers with a KV cache, "
+                  f"{g['num_q_heads']} q / {g['num_kv_heads']} KV heads, head_dim {g['head_dim']}",
+                  f"  serving      clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
+                  f"group {c['serving']['group_size']}, sink {c['serving']['sink_tokens']} + "
+                  f"recent {c['serving']['recent_tokens']}, {c['serving']['gpus']} GPU(s)"]
+        if c["rotationzoo"]:
+            z = c["rotationzoo"]
+            lines.append(f"  rotationzoo  hf:{z['hf']}  modelscope:{z['modelscope']}"
+                         + (" (per KV head)" if z["per_head"] else ""))
+        if c["notes"]:
+            lines.append(f"  notes        {c['notes']}")
+    r = d.get("registry")
+    if r:
+        aliases = ", ".join(f"{a}={v}" for a, v in sorted(r.get("version_aliases", {}).items()))
+        lines.append(f"  registry     {r.get('versions_count', 0)} version(s); aliases: {aliases or '-'}")
+        for v in r.get("versions", []):
+            val = {True: "validated", False: "FAILED validation", None: "not validated"}[v.get("validation_passed")]
+            lines.append(f"    v{v['version']:<4} {v['status']:<9} {v['digest'][:12]}  {val:<18} "
+                         f"{v['granularity']:<7} {','.join(v.get('aliases', []))}")
+    v = d.get("version")
+    if v:
+        lines.append(f"  version {v['version']}: {v['status']}, digest {v['digest']}")
+        for f in v.get("files", []):
+            lines.append(f"    {f['name']:<24} {_size(f['size']):>9}  {f['sha256'][:16]}")
+    for s in d["cache"]:
+        lines.append(f"  cached       {s['digest'][:12]} refs {','.join(s['refs']) or '-'}  {s['path']}")
+    return "\n".join(lines)
+
+
+# --- verify, prune, cache ls -------------------------------------------------------------------
+
+@click.command("verify")
+@click.argument("target", required=False, metavar="[NAME|BUNDLE_DIR]")
+@json_option
+def verify_command(target, as_json):
+    """Re-hash the cache (all of it, or one model), or verify a bundle directory.
+
+    A corrupt blob is deleted together with the snapshots that use it, so the next pull
+    fetches it again. Exit status 1 if anything was wrong.
+    """
+    _small_blas()
+    import sys
+
+    from ..cache import Cache, verify_cache
+
+    if target and Path(target).is_dir():
+        from ..bundle import summary, verify_bundle
+
+        manifest = verify_bundle(target)
+        emit({"verified": target, **summary(manifest)}, as_json,
+             lambda d: f"{target}: OK (hashes, shapes, finiteness, orthogonality)")
+        return
+    name = None
+    if target:
+        from ..catalog import find
+        from ..sources.base import parse_spec
+
+        entry = find(parse_spec(target)[0])
+        name = entry.name if entry else parse_spec(target)[0]
+    checked, problems = verify_cache(Cache(), name)
+    data = {"checked": checked, "problems": [p.__dict__ for p in problems]}
+    emit(data, as_json, lambda d: "\n".join(
+        [f"CORRUPT {p['model']} {p['digest'][:12]} {p['file']}: {p['problem']} (deleted; pull again)"
+         for p in d["problems"]] + [f"checked {d['checked']} files: "
+                                    + ("all checksums match" if not d["problems"]
+                                       else f"{len(d['problems'])} problem(s)")]))
+    if problems:
+        sys.exit(1)
+
+
+@click.command("prune")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def prune_command(dry_run, yes, as_json):
+    """Remove snapshots no ref points at, unreferenced blobs, old partial downloads."""
+    from ..cache import Cache, prune
+
+    cache = Cache()
+    plan = prune(cache, dry_run=True)
+    total = sum(n for _, n in plan)
+    if not plan:
+        emit({"removed": [], "bytes": 0}, as_json, lambda d: "nothing to prune")
+        return
+    if not dry_run and not yes:
+        info("\n".join(f"  {p} ({_size(n)})" for p, n in plan))
+        click.confirm(f"remove {len(plan)} item(s), {_size(total)}?", abort=True, err=True)
+    if not dry_run:
+        prune(cache)
+    emit({"removed": [str(p) for p, _ in plan], "bytes": total, "dry_run": dry_run}, as_json,
+         lambda d: "\n".join(d["removed"] + [f"{'would free' if dry_run else 'freed'} {_size(total)}"]))
+
+
+@click.group("cache")
+def cache_group():
+    """Inspect the local cache (OSCAR_ZOO_CACHE)."""
+
+
+@cache_group.command("ls")
+@json_option
+def cache_ls(as_json):
+    """Every cached bundle: model, refs, digest, source, size."""
+    from ..cache import Cache, _size as dir_size
+
+    cache = Cache()
+    rows = []
+    for snap in cache.snapshots():
+        meta = cache.read_meta(snap.model, snap.digest)
+        refs = [r for r, d in cache.refs(snap.model).items() if d == snap.digest]
+        size = sum(p.stat().st_size for p in snap.path.iterdir() if p.exists())
+        rows.append({"model": snap.model, "digest": snap.digest, "refs": refs,
+                     "version": meta.get("version"), "source": meta.get("source"),
+                     "origin": meta.get("origin"), "size": size, "path": str(snap.path),
+                     "pulled_at": meta.get("pulled_at")})
+    exports = cache.root / "exports"
+    data = {"root": str(cache.root), "bundles": rows,
+            "exports_bytes": dir_size(exports) if exports.exists() else 0}
+    emit(data, as_json, _cache_table)
+
+
+def _cache_table(d: dict) -> str:
+    lines = [f"cache {d['root']}"]
+    if not d["bundles"]:
+        return lines[0] + "\n(empty)"
+    lines.append(f"{'MODEL':<24} {'REFS':<26} {'DIGEST':<12} {'VERSION':>7} {'SOURCE':<10} {'SIZE':>9}")
+    for r in d["bundles"]:
+        lines.append(f"{r['model']:<24} {','.join(r['refs']) or '-':<26} {r['digest'][:12]:<12} "
+                     f"{r['version'] or '-':>7} {r['source'] or '-':<10} {_size(r['size']):>9}")
+    lines.append(f"exports: {_size(d['exports_bytes'])}")
+    return "\n".join(lines)
+
+
+# --- login, export, publish --------------------------------------------------------------------
+
+@click.command("login")
+@click.option("--token", help="The registry token (default: prompt for it, hidden).")
+def login_command(token):
+    """Store a registry token in the user config dir (mode 0600) for publish and other writes."""
+    from ..registry_client import store_token
+
+    if not token:
+        token = click.prompt("registry token", hide_input=True, err=True)
+    if not token.strip():
+        raise click.UsageError("the token is empty")
+    path = store_token(token)
+    info(f"token stored in {path} (readable by you only); OSCAR_ZOO_TOKEN overrides it")
+
+
+@click.command("export")
+@click.argument("target", metavar="NAME[@VERSION]|BUNDLE_DIR")
+@click.option("--format", "fmt", type=FORMAT_CHOICE, default="sglang", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--layers", metavar="SPEC", help="Only these layers, e.g. 0-45.")
+@json_option
+def export_command(target, fmt, out, layers, as_json):
+    """Write engine files for a cached bundle (or a bundle directory); no network."""
+    _small_blas()
+    from ..cache import Cache
+    from ..catalog import find
+    from ..export import export
+    from ..files import sha256_file
+    from ..pull import from_cache, _layers_of
+    from ..sources.base import parse_spec
+
+    cache = Cache()
+    if Path(target).is_dir():
+        from ..bundle import verify_bundle
+
+        verify_bundle(target)
+        bdir, digest = Path(target), sha256_file(Path(target) / "bundle.json")
+    else:
+        name, ref = parse_spec(target)
+        result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
+        bdir, digest = result.path, result.digest
+    chosen = _layers_of(bdir, layers) if layers else None
+    result = export(cache, digest, bdir, fmt, chosen, out)
+    emit(result.to_dict(), as_json,
+         lambda d: (result.recipe.shell() if result.recipe else str(result.dir)))
+
+
+@click.command("publish")
+@click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--status", type=click.Choice(["draft", "published"]), default=None,
+              help="Publish as a draft (promote later) instead of published.")
+@click.option("--name", help="Model to publish under (default: the manifest's model name).")
+@json_option
+def publish_command(bundle_dir, status, name, as_json):
+    """Upload a bundle to the registry as a new immutable version (needs `oscar-zoo login`)."""
+    _small_blas()
+    from ..bundle import verify_bundle
+    from ..registry_client import RegistryClient
+
+    verify_bundle(bundle_dir)  # fail here, with the local path, before any upload
+    with RegistryClient() as client:
+        body, created = client.publish(bundle_dir, name=name, status=status)
+    emit({**body, "created": created}, as_json, lambda d: (
+        f"{'published' if created else 'already published as'} {d['model']} v{d['version']} "
+        f"({d['status']}, sha256:{d['digest'][:12]})"))
+
+
+def register(cli: click.Group) -> None:
+    for cmd in (pull_command, list_command, show_command, verify_command, prune_command,
+                cache_group, login_command, export_command, publish_command):
+        cli.add_command(cmd)
+    cli.add_command(_alias(list_command, "ls"))
+    cli.add_command(_alias(show_command, "info"))

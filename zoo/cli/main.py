@@ -1,0 +1,46 @@
+"""Entry point: `oscar-zoo`. Heavy modules (torch, transformers, the server) load inside commands,
+so `oscar-zoo --help` and the client path stay fast."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import OscarZooError
+from . import (bundle_cmds, calibrate_cmds, client_cmds, jobs_cmds, mirror_cmds, registry_cmds,
+               settings_cmd, worker_cmd)
+
+
+class ZooGroup(click.Group):
+    """Turns domain errors into one actionable line on stderr and exit code 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OscarZooError as e:
+            click.echo(click.style("Error: ", fg="red") + str(e), err=True)
+            sys.exit(1)
+        except FileExistsError as e:
+            click.echo(click.style("Error: ", fg="red") + str(e), err=True)
+            sys.exit(1)
+
+
+@click.group(cls=ZooGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="oscar-zoo")
+def cli():
+    """oscar-zoo: calibrate, validate, publish and pull OSCAR INT2 KV-cache rotations."""
+
+
+for _module in (bundle_cmds, calibrate_cmds, settings_cmd, registry_cmds, client_cmds, mirror_cmds,
+                jobs_cmds, worker_cmd):
+    _module.register(cli)
+
+
+def main() -> None:
+    cli(prog_name="oscar-zoo")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""CLI output conventions: data on stdout (JSON with --json), progress and warnings on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+
+
+def emit(data: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> None:
+    if as_json or human is None:
+        click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    else:
+        click.echo(human(data))
+
+
+def warn(message: str) -> None:
+    click.echo(click.style("warning: ", fg="yellow") + message, err=True)
+
+
+def info(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def progress_enabled() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,152 @@
+"""`oscar-zoo serve`, `oscar-zoo db upgrade`, `oscar-zoo tokens create|list|revoke`.
+
+All act on the registry database of the settings (OSCAR_ZOO_DATABASE_URL, else SQLite in
+OSCAR_ZOO_DATA_DIR). Tokens are bootstrapped here, straight against the database: the token
+is printed once on stdout and only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .output import emit, info, json_option
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0: any free one, printed at startup).")
+@click.option("--no-workers", is_flag=True, help="Do not start local calibration workers.")
+@click.option("--executor", type=click.Choice(["local", "ray"]),
+              help="Where jobs run [env OSCAR_ZOO_EXECUTOR, default local].")
+@click.option("--ray-address", help="Ray cluster for --executor ray [env OSCAR_ZOO_RAY_ADDRESS].")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve_command(host: str, port: int, no_workers: bool, executor: str | None,
+                  ray_address: str | None, log_level: str):
+    """Run the registry (API at /v1, docs at /docs) and its calibration workers; migrates an
+    empty database first."""
+    import os
+    import socket
+
+    import uvicorn
+
+    from ...api.app import create_app
+
+    # Settings are environment variables, read when used: the workers inherit these too.
+    if executor:
+        os.environ["OSCAR_ZOO_EXECUTOR"] = executor
+    if ray_address:
+        os.environ["OSCAR_ZOO_RAY_ADDRESS"] = ray_address
+    app = create_app()
+    # Bind first, so the workers know the real port (also with --port 0).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    app.state.self_url = f"http://{f'[{local}]' if ':' in local else local}:{port}"
+    app.state.start_workers = not no_workers
+    info(f"oscar-zoo registry on {app.state.self_url} (database: {_shown(app)})")
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _shown(app) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(app.state.registry.db.url).render_as_string(hide_password=True)
+
+
+@click.group("db")
+def db_group():
+    """The registry database schema."""
+
+
+@db_group.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target schema revision.")
+def db_upgrade(revision: str):
+    """Apply pending migrations, then sync the model catalog into the database."""
+    from ...registry_db import migrate
+    from ...registry_db.registry import sync_catalog
+    from ...registry_db.session import Database
+
+    db = Database()
+    before = migrate.current(db)
+    migrate.upgrade(db, revision)
+    changed = sync_catalog(db)
+    info(f"schema {before or '(empty)'} -> {migrate.current(db)}; {changed} catalog models updated")
+
+
+@db_group.command("gc")
+@click.option("--min-age", default=3600.0, show_default=True,
+              help="Keep unreferenced blobs younger than this many seconds (uploads in flight).")
+def db_gc(min_age: float):
+    """Delete stored blobs that no version references (orphans of interrupted publishes)."""
+    from ...registry_db.registry import open_registry
+
+    removed = open_registry().collect_garbage(min_age)
+    info(f"removed {len(removed)} unreferenced blob(s)")
+
+
+@click.group("tokens")
+def tokens_group():
+    """API tokens for writes (publish, jobs, admin)."""
+
+
+@tokens_group.command("create")
+@click.option("--scope", "scopes", multiple=True, required=True,
+              type=click.Choice(["bundles:publish", "jobs:submit", "jobs:work", "admin"]),
+              help="Scope; repeat for several.")
+@click.option("--name", default="", help="A label to recognise the token by.")
+def tokens_create(scopes: tuple[str, ...], name: str):
+    """Create a token and print it once (store it now: only its hash is kept)."""
+    from ...registry_db.registry import open_registry
+    from ...registry_db.tokens import create_token
+
+    registry = open_registry()
+    with registry.db.write() as session:
+        row, token = create_token(session, list(scopes), name, created_by="cli")
+    info(f"token {row.name!r} ({', '.join(row.scopes)}); it is shown only this once")
+    click.echo(token)
+
+
+@tokens_group.command("list")
+@json_option
+def tokens_list(as_json: bool):
+    """Tokens with their scopes (never the tokens themselves)."""
+    from ...registry_db.registry import open_registry
+    from ...registry_db.tokens import list_tokens
+
+    with open_registry().db.read() as session:
+        rows = [{"id": t.id, "name": t.name, "prefix": t.prefix, "scopes": t.scopes,
+                 "created_at": t.created_at.isoformat(),
+                 "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
+                for t in list_tokens(session)]
+    emit(rows, as_json, _human_tokens)
+
+
+def _human_tokens(rows: list[dict]) -> str:
+    if not rows:
+        return "no tokens; create one with `oscar-zoo tokens create --scope ...`"
+    return "\n".join(f"{r['id']:>4}  {r['prefix']}...  {r['name']:<24} {','.join(r['scopes']):<28}"
+                     f"{'revoked ' + r['revoked_at'][:19] if r['revoked_at'] else 'live'}"
+                     for r in rows)
+
+
+@tokens_group.command("revoke")
+@click.argument("ident")
+def tokens_revoke(ident: str):
+    """Revoke a token by id, name or prefix (shown by `tokens list`)."""
+    from ...registry_db.registry import open_registry
+    from ...registry_db.tokens import revoke_token
+
+    with open_registry().db.write() as session:
+        row = revoke_token(session, ident, by="cli")
+    info(f"revoked token {row.id} ({row.name})")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(serve_command)
+    cli.add_command(db_group)
+    cli.add_command(tokens_group)

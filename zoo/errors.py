@@ -1,0 +1,189 @@
+"""Domain exceptions for all of oscar-zoo.
+
+Each subclasses the builtin it refines, so callers can catch `LookupError` or `OSError` without
+knowing us. Every message says what went wrong *and how to fix it*. The API maps these to HTTP
+status codes in one place (api/errors.py, via `http_status`); the CLI turns them into one line
+on stderr and a non-zero exit (zoo/cli/main.py).
+"""
+
+from __future__ import annotations
+
+
+class OscarZooError(Exception):
+    """Base of every domain error. `http_status` is used by the API's single handler."""
+
+    http_status = 500
+    title = "Internal error"
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+class InvalidInput(OscarZooError, ValueError):
+    http_status = 422
+    title = "Invalid input"
+
+
+class BundleFormatError(InvalidInput):
+    """A bundle directory, manifest or tensor file is malformed or inconsistent."""
+
+    title = "Invalid bundle"
+
+
+class UnsafePickleError(InvalidInput):
+    """A .pt file tried to unpickle something other than plain tensors and containers."""
+
+    title = "Refused unsafe pickle"
+
+
+class UnsafePathError(InvalidInput):
+    """A user-supplied file name would escape its directory."""
+
+    http_status = 400
+    title = "Unsafe path"
+
+
+class UnsupportedModelError(InvalidInput):
+    """The model's attention kind (MLA, linear attention, ...) has no OSCAR KV rotations."""
+
+    title = "Unsupported model"
+
+
+class ConfigError(InvalidInput):
+    """A setting or an environment variable has an invalid value."""
+
+    title = "Invalid configuration"
+
+
+class UnsupportedMediaType(InvalidInput):
+    http_status = 415
+    title = "Unsupported media type"
+
+
+class RangeNotSatisfiable(InvalidInput):
+    http_status = 416
+    title = "Range not satisfiable"
+
+
+class PayloadTooLarge(InvalidInput):
+    http_status = 413
+    title = "Payload too large"
+
+
+# --- not found -------------------------------------------------------------------------------
+
+class NotFound(OscarZooError, LookupError):
+    http_status = 404
+    title = "Not found"
+
+    def __init__(self, message: str, suggestions: list[str] | None = None):
+        self.suggestions = list(suggestions or [])
+        if self.suggestions:
+            message = f"{message} Did you mean: {', '.join(self.suggestions)}?"
+        super().__init__(message)
+
+
+class ModelNotFound(NotFound):
+    title = "Model not found"
+
+
+class AliasNotFound(NotFound):
+    title = "Alias not found"
+
+
+class LayerNotFound(NotFound):
+    title = "Layer not found"
+
+
+class FileNotInBundle(NotFound):
+    title = "File not found"
+
+
+class VersionNotFound(NotFound):
+    title = "Version not found"
+
+
+class BundleNotFound(NotFound):
+    title = "Bundle not found"
+
+
+class JobNotFound(NotFound):
+    title = "Job not found"
+
+
+# --- integrity, conflicts, state -------------------------------------------------------------
+
+class IntegrityError(OscarZooError, OSError):
+    """Bytes on disk or on the wire do not match their recorded sha256 or size."""
+
+    http_status = 422
+    title = "Integrity check failed"
+
+
+class Conflict(OscarZooError, RuntimeError):
+    http_status = 409
+    title = "Conflict"
+
+
+class LeaseLost(Conflict):
+    """A worker reported on a job it no longer holds (its lease expired and was requeued, or
+    the job ended); the worker must stop working on it."""
+
+    title = "Lease lost"
+
+
+class JobCancelled(OscarZooError, RuntimeError):
+    """Raised inside a calibration run when its job was cancelled (checked between steps)."""
+
+    http_status = 409
+    title = "Job cancelled"
+
+
+class YankedVersion(Conflict):
+    """The content being published was yanked; it is not published again."""
+
+    title = "Version yanked"
+
+
+class SchemaOutOfDate(OscarZooError, RuntimeError):
+    """The registry database is older than this code; `oscar-zoo db upgrade` migrates it."""
+
+    http_status = 503
+    title = "Database schema out of date"
+
+
+class StorageCorrupt(IntegrityError):
+    """A stored blob no longer matches its sha256 (disk corruption or tampering on the server)."""
+
+    http_status = 500
+    title = "Stored file failed verification"
+
+
+class LockTimeout(OscarZooError, TimeoutError):
+    http_status = 503
+    title = "Lock timeout"
+
+
+# --- network and auth ------------------------------------------------------------------------
+
+class OfflineError(OscarZooError, ConnectionError):
+    """Offline mode is on (or the network is unreachable) and the cache cannot answer."""
+
+    http_status = 503
+    title = "Offline"
+
+
+class RemoteError(OscarZooError, ConnectionError):
+    """A registry or hub answered with an error we cannot recover from."""
+
+    http_status = 502
+    title = "Remote error"
+
+
+class Unauthorized(OscarZooError, PermissionError):
+    http_status = 401
+    title = "Unauthorized"
+
+
+class Forbidden(OscarZooError, PermissionError):
+    http_status = 403
+    title = "Forbidden"

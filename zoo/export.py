@@ -1,0 +1,149 @@
+"""Engine files from a cached bundle: SGLang/vLLM `.pt` checkpoints, or the bundle itself.
+
+    safetensors  the canonical bundle (bundle.json, rotations.safetensors, README.md)
+    sglang       OSCAR checkpoints with OSCAR's names (oscar-spec 1.6): format 1 per layer, 2 per
+                 KV head, 3 when keys are centered; read by SGLANG_OSCAR_{K,V}_ROTATION_PATH
+    vllm         the same per-layer checkpoints, for vLLM's oscar_int2 backend (no per-head yet)
+
+Exports are built once per (digest, format, layers) under <cache>/exports/ and reused, so a warm
+`pull --format sglang` only reads a small JSON file. Written without torch (zoo/interop/pt_writer.py).
+`--out DIR` copies the files there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import Cache
+from .errors import InvalidInput
+from .files import atomic_write_bytes, publish_dir, staging_dir
+from .recipes import Recipe, recipe_for
+
+FORMATS = ("safetensors", "sglang", "vllm")
+INFO = "export.json"
+
+
+@dataclass
+class ExportResult:
+    format: str
+    dir: Path
+    files: dict[str, Path]          # role (k, v, bundle.json, ...) -> path
+    recipe: Recipe | None
+    layers: list[int] | None
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "dir": str(self.dir),
+                "files": {k: str(v) for k, v in self.files.items()},
+                "layers": self.layers, "recipe": self.recipe.to_dict() if self.recipe else None}
+
+
+def layer_spec(layers: list[int] | None) -> str | None:
+    """Canonical, file-name-safe spelling of a layer list: 0-45 or 3-39.10 (first-last.count)."""
+    if not layers:
+        return None
+    contiguous = layers == list(range(layers[0], layers[-1] + 1))
+    return f"{layers[0]}-{layers[-1]}" if contiguous else f"{layers[0]}-{layers[-1]}.{len(layers)}"
+
+
+def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[int] | None = None,
+           out: Path | None = None) -> ExportResult:
+    """Engine files for the bundle in `bundle_dir` (a snapshot or a --layers partial).
+
+    Raises InvalidInput for an unknown format, or vLLM with per-head rotations.
+    """
+    if fmt not in FORMATS:
+        raise InvalidInput(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    manifest = json.loads((bundle_dir / "bundle.json").read_text())
+    if fmt == "vllm" and manifest["method"]["granularity"] == "kv_head":
+        raise InvalidInput(
+            "vLLM's OSCAR backend (vllm-project/vllm#46774) loads one [head_dim, head_dim] rotation "
+            "per layer; this bundle has one per KV head, and sharing one would collapse the model "
+            "(OSCAR #16). Use --format sglang.")
+    if fmt == "safetensors" and not layers:
+        files = {f: bundle_dir / f for f in _bundle_files(manifest)}
+        edir = bundle_dir
+    else:
+        edir = cache.export_dir(digest, fmt, layer_spec(layers))
+        if not (edir / INFO).is_file():
+            with cache.lock(f"export-{digest}-{fmt}-{layer_spec(layers)}", f"the {fmt} export"):
+                if not (edir / INFO).is_file():
+                    _build(bundle_dir, fmt, layers, edir)
+        info = json.loads((edir / INFO).read_text())
+        files = {role: edir / name for role, name in info["files"].items()}
+    if out is not None:
+        files = _copy_out(files, Path(out))
+        edir = Path(out)
+    paths = {role: str(p) for role, p in files.items()}
+    return ExportResult(fmt, edir, files, recipe_for(fmt, manifest, paths, layers), layers)
+
+
+def _bundle_files(manifest: dict) -> list[str]:
+    return ["bundle.json"] + [f["name"] for f in manifest.get("files", [])]
+
+
+def _load(bundle_dir: Path, layers: list[int] | None):
+    from .bundle import read
+
+    bundle = read(bundle_dir, verify=False)  # verified when it entered the cache
+    if layers:
+        missing = sorted(set(layers) - set(bundle.k))
+        if missing:
+            raise InvalidInput(f"the cached bundle has no layers {missing[:8]}")
+        bundle.k = {i: bundle.k[i] for i in layers}
+        bundle.v = {i: bundle.v[i] for i in layers}
+    return bundle
+
+
+def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> None:
+    bundle = _load(bundle_dir, layers)
+    with staging_dir(edir) as tmp:
+        if fmt == "safetensors":
+            files = _write_partial_bundle(bundle_dir, bundle, tmp)
+        else:
+            from .interop.convert import oscar_files, oscar_names
+            from .interop.oscar_pt import write_file
+
+            k_name, v_name = oscar_names(bundle)
+            k, v = oscar_files(bundle)
+            # rebuildable from the snapshot at any time: no fsync (it dominated a cold pull)
+            write_file(tmp / k_name, k, durable=False)
+            write_file(tmp / v_name, v, durable=False)
+            files = {"k": k_name, "v": v_name}
+        info = {"format": fmt, "layers": layers, "files": files}
+        atomic_write_bytes(tmp / INFO, json.dumps(info, indent=2).encode() + b"\n")
+        edir.parent.mkdir(parents=True, exist_ok=True)
+        publish_dir(tmp, edir, overwrite=edir.exists())
+
+
+def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]:
+    """bundle.json and README.md as they are, plus a rotations.safetensors of the chosen layers
+    (it no longer matches the manifest's sha256: partial.json says what it holds)."""
+    from safetensors.numpy import save_file
+
+    from .files import sha256_file
+
+    save_file(bundle.to_tensors(), str(tmp / "rotations.safetensors"),
+              metadata={"format": "oscar-zoo.bundle", "layers": ",".join(map(str, bundle.layers))})
+    for name in ("bundle.json", "README.md"):
+        shutil.copyfile(bundle_dir / name, tmp / name)
+    partial = {"layers": bundle.layers, "rotations.safetensors": sha256_file(tmp / "rotations.safetensors")}
+    atomic_write_bytes(tmp / "partial.json", json.dumps(partial, indent=2).encode() + b"\n")
+    return {"bundle.json": "bundle.json", "rotations.safetensors": "rotations.safetensors",
+            "README.md": "README.md", "partial.json": "partial.json"}
+
+
+def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
+    """Copy (atomically, following the cache's links) into a user directory."""
+    from .files import atomic_writer
+
+    out.mkdir(parents=True, exist_ok=True)
+    copied = {}
+    for role, src in files.items():
+        dest = out / src.name
+        with open(src, "rb") as fin, atomic_writer(dest) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+        copied[role] = dest
+    return copied

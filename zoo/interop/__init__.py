@@ -1,0 +1,1 @@
+"""Interop with OSCAR's own rotation checkpoints (SGLang .pt files)."""

@@ -1,0 +1,188 @@
+"""Canonical bundle <-> OSCAR SGLang checkpoint pair.
+
+Import needs the model's geometry (catalog entry or config.json) because OSCAR files do not
+record it; every layer id and shape is checked against it, so a wrong-model file fails here
+rather than silently loading the wrong matrix in an engine (oscar-spec 7.2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..bundle import Bundle, SideTensors
+from ..errors import BundleFormatError
+from ..catalog import CatalogEntry
+from ..geometry import ModelGeometry
+from ..manifest import Calibration, Clip, Geometry, Manifest, Method, ModelRef, Quantization, utc_now
+from .oscar_pt import OscarFile, OscarLayer, read_file, write_file
+
+_TAG = re.compile(r"seq(\d+)_prompt(\d+)_group(\d+)")
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """Clip ratios and INT2 settings recorded with an imported bundle (the files hold none)."""
+
+    k_clip: float = 0.96
+    v_clip: float = 0.92
+    group_size: int = 128
+    sink_tokens: int = 64
+    recent_tokens: int = 256
+
+    @classmethod
+    def of(cls, entry: CatalogEntry, **overrides) -> "ServingDefaults":
+        base = dict(k_clip=entry.k_clip, v_clip=entry.v_clip, group_size=entry.group_size,
+                    sink_tokens=entry.sink_tokens, recent_tokens=entry.recent_tokens)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+def _method(objective: str) -> tuple[str, str]:
+    """OSCAR objective string -> (our objective, composition)."""
+    if objective.startswith("oscar2_"):
+        objective = objective[len("oscar2_"):]
+    if objective in ("hadamard",):
+        return "hadamard", "none"
+    if objective.startswith("identity"):
+        return "identity", "none"
+    if objective == "cov_eig_hadamard_perhead":  # V2: own covariance, eigvecs by desc. eigenvalue, then H
+        return "own", "r_h"
+    m = re.match(r"^(qqt|sst|ktk|vtv)_(.+)$", objective)
+    if m:
+        return m.group(1), m.group(2)
+    return "imported", "none"
+
+
+def bundle_from_oscar(k: OscarFile, v: OscarFile, model: CatalogEntry, serving: ServingDefaults,
+                      imported_from: str, tag: str = "") -> Bundle:
+    geo = model.geometry
+    _check_layers("k", k, geo)
+    _check_layers("v", v, geo)
+    if k.per_head != v.per_head:
+        raise BundleFormatError("the K file is per head and the V file is not (or vice versa)")
+    k_obj, comp = _method(k.objective)
+    v_obj, _ = _method(v.objective)
+    k_obj = {"own": "ktk"}.get(k_obj, k_obj)
+    v_obj = {"own": "vtv"}.get(v_obj, v_obj)
+    if k_obj not in ("qqt", "ktk", "hadamard", "identity"):
+        k_obj = "imported"
+    if v_obj not in ("sst", "vtv", "hadamard", "identity"):
+        v_obj = "imported"
+    centered = [lid for lid, layer in k.layers.items() if layer.k_mean is not None]
+    if centered and len(centered) != len(k.layers):
+        raise BundleFormatError("k_mean is present on some layers but not all")
+    bundle = Bundle(_manifest(model, serving, k, v, (k_obj, v_obj, comp), bool(centered),
+                              imported_from, tag))
+    for side, f, clip in (("k", k, serving.k_clip), ("v", v, serving.v_clip)):
+        for lid, layer in f.layers.items():
+            h = geo.kv_heads_of(lid)
+            mean = None
+            if layer.k_mean is not None:
+                mean = np.broadcast_to(layer.k_mean, (h, geo.head_dim_of(lid))).copy()
+            bundle.side(side)[lid] = SideTensors(
+                rotation=layer.rotation, clip=np.full((h,), clip, np.float32),
+                eigenvalues=layer.eigenvalues, mean=mean)
+    return bundle
+
+
+def _check_layers(side: str, f: OscarFile, geo: ModelGeometry) -> None:
+    have, want = sorted(f.layers), geo.layers()
+    if have != want:
+        raise BundleFormatError(
+            f"{side} file has layers {_short(have)} but the model's attention layers are "
+            f"{_short(want)}; is this file for another model (or keyed by local ids)?")
+    for lid, layer in f.layers.items():
+        d, h = geo.head_dim_of(lid), geo.kv_heads_of(lid)
+        want_shape = (h, d, d) if layer.rotation.ndim == 3 else (d, d)
+        if layer.rotation.shape != want_shape:
+            raise BundleFormatError(f"{side} layer {lid}: rotation {layer.rotation.shape}, "
+                                    f"model needs {want_shape}")
+
+
+def _short(ids: list[int]) -> str:
+    return str(ids) if len(ids) <= 8 else f"[{ids[0]}, {ids[1]}, ..., {ids[-1]}] ({len(ids)} layers)"
+
+
+def _manifest(model: CatalogEntry, s: ServingDefaults, k: OscarFile, v: OscarFile,
+              method: tuple[str, str, str], centered: bool, imported_from: str, tag: str) -> Manifest:
+    k_obj, v_obj, comp = method
+    cal = dict(k.calibration or {})
+    tagm = _TAG.search(tag or "")
+    return Manifest(
+        model=ModelRef(name=model.name, hub_id=model.hub_id, architecture=model.architecture,
+                       revision=cal.get("model_revision")),
+        geometry=Geometry.of(model.geometry),
+        method=Method(k_objective=k_obj, v_objective=v_obj, composition=comp,
+                      granularity="kv_head" if k.per_head else "layer", key_centering=centered),
+        quantization=Quantization(group_size=s.group_size, sink_tokens=s.sink_tokens,
+                                  recent_tokens=s.recent_tokens),
+        clip=Clip(granularity="global", searched=False, k_global=s.k_clip, v_global=s.v_clip,
+                  k_min=s.k_clip, k_median=s.k_clip, k_max=s.k_clip,
+                  v_min=s.v_clip, v_median=s.v_clip, v_max=s.v_clip),
+        calibration=Calibration(
+            source="imported", imported_from=imported_from, code_version=__version__,
+            created_at=utc_now(),
+            tokens=cal.get("tokens") or (int(tagm.group(1)) if tagm else None),
+            prompts=int(tagm.group(2)) if tagm else None,
+            dataset_sha256=cal.get("prompt_sha256")),
+    )
+
+
+def import_files(k_path: str | Path, v_path: str | Path, model: CatalogEntry,
+                 serving: ServingDefaults, imported_from: str | None = None) -> Bundle:
+    k_path, v_path = Path(k_path), Path(v_path)
+    return bundle_from_oscar(read_file(k_path), read_file(v_path), model, serving,
+                             imported_from or f"file:{k_path.parent}", tag=str(k_path.parent))
+
+
+# --- export ----------------------------------------------------------------------------------
+
+def oscar_names(bundle: Bundle) -> tuple[str, str]:
+    """OSCAR's file names (oscar-spec 1.6), so engine scripts find them unchanged."""
+    m = bundle.manifest.method
+    if m.granularity == "kv_head":
+        return "k_rotation_perhead.pt", "v_rotation_perhead.pt"
+    if m.k_objective == "hadamard" and m.v_objective == "hadamard":
+        return "k_rotation_hadamard.pt", "v_rotation_hadamard.pt"
+    comp = m.composition if m.composition != "none" else "r_h_pbr"
+    return f"k_rotation_{m.k_objective}_{comp}.pt", f"v_rotation_{m.v_objective}_{comp}.pt"
+
+
+def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
+    m = bundle.manifest
+    per_head = m.method.granularity == "kv_head"
+    centered = m.method.key_centering
+    fv = 3 if centered else (2 if per_head else 1)
+    grouping = ("head" if per_head else "layer") if fv == 3 else ("per_kv_head" if per_head else "layer")
+    k_objective = f"{m.method.k_objective}_{m.method.composition}"
+    k = OscarFile(fv, f"oscar2_{k_objective}" if centered else k_objective, grouping)
+    if centered:
+        calib = {"model_path": m.model.hub_id, "model_revision": m.model.revision,
+                 "tokens": m.calibration.tokens, "global_q_heads": m.geometry.num_q_heads,
+                 "global_kv_heads": m.geometry.num_kv_heads, "fitter": f"oscar-zoo {__version__}"}
+        k.calibration = {key: val for key, val in calib.items() if val is not None}
+        k.transform = {"key": k_objective, "centered": True, "orthogonal": True}
+    v = OscarFile(2 if per_head else 1, f"{m.method.v_objective}_{m.method.composition}",
+                  "per_kv_head" if per_head else "layer")
+    for lid in bundle.layers:
+        kt, vt = bundle.k[lid], bundle.v[lid]
+        # Format 2 files carry no eigenvalues (oscar-spec 1.3).
+        k.layers[lid] = OscarLayer(kt.rotation, None if per_head else kt.eigenvalues,
+                                   kt.mean if centered else None)
+        v.layers[lid] = OscarLayer(vt.rotation, None if per_head else vt.eigenvalues)
+    return k, v
+
+
+def export_files(bundle: Bundle, out_dir: str | Path) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    k_name, v_name = oscar_names(bundle)
+    k, v = oscar_files(bundle)
+    write_file(out_dir / k_name, k)
+    write_file(out_dir / v_name, v)
+    return out_dir / k_name, out_dir / v_name

@@ -1,0 +1,166 @@
+"""HTTP client of the jobs API: the user's side (submit, follow, cancel) and the worker protocol
+(claim, heartbeat, progress, result). Built on RegistryClient (endpoint, token, problem+json ->
+domain errors); no torch, so `oscar-zoo jobs ...` and the worker's supervisor stay light.
+
+    jobs = JobsClient()                              # OSCAR_ZOO_ENDPOINT, OSCAR_ZOO_TOKEN
+    job, created = jobs.submit({"model": "smollm2-135m", "tokens": 8192})
+    for state in jobs.events(job["id"]): ...         # until a terminal status
+
+On the worker endpoints a 409 always means the lease is gone: it is raised as LeaseLost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import Conflict, LeaseLost, OfflineError
+from .registry_client import RegistryClient
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class JobsClient:
+    def __init__(self, endpoint: str | None = None, token: str | None = None):
+        self.registry = RegistryClient(endpoint, token)
+
+    @property
+    def endpoint(self) -> str:
+        return self.registry.endpoint
+
+    def close(self) -> None:
+        self.registry.close()
+
+    def __enter__(self) -> "JobsClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- the user's side -----------------------------------------------------------------------
+
+    def submit(self, spec: dict, idempotency_key: str | None = None) -> tuple[dict, bool]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        r = self.registry.request("POST", "/v1/jobs", json=spec, headers=headers, retry=False)
+        return r.json(), r.status_code == 201
+
+    def get(self, job_id: str) -> dict:
+        return self.registry.get_json(f"/v1/jobs/{job_id}")
+
+    def list(self, status: str | None = None, model: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict:
+        return self.registry.get_json("/v1/jobs", status=status, model=model, limit=limit,
+                                      cursor=cursor)
+
+    def cancel(self, job_id: str) -> dict:
+        return self.registry.request("POST", f"/v1/jobs/{job_id}/cancel", retry=False).json()
+
+    def events(self, job_id: str, reconnect_s: float = 120.0) -> Iterator[dict]:
+        """The job's state on every change (server-sent events) until it ends; reconnects
+        through a registry restart for up to `reconnect_s` seconds."""
+        import httpx
+
+        down_since = None
+        while True:
+            try:
+                timeout = httpx.Timeout(60.0, connect=10.0)
+                with self.registry.http().stream("GET", f"/v1/jobs/{job_id}/events",
+                                                 timeout=timeout) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self.get(job_id)          # raises the domain error
+                        raise OfflineError(f"job events answered {r.status_code}")
+                    down_since = None
+                    for job in parse_sse(r.iter_lines()):
+                        yield job
+                        if job.get("status") in TERMINAL:
+                            return
+            except (httpx.TransportError, OfflineError):
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > reconnect_s:
+                    raise OfflineError(f"lost the registry at {self.endpoint} for "
+                                       f"{reconnect_s:.0f} s while following job {job_id}") from None
+                time.sleep(1.0)
+
+    # --- the worker protocol -------------------------------------------------------------------
+
+    def _work(self, path: str, **body) -> Any:
+        try:
+            r = self.registry.request("POST", path, json=body, retry=False)
+        except Conflict as e:
+            raise LeaseLost(str(e)) from None
+        return r.json() if r.status_code != 204 else None
+
+    def claim(self, worker: str, gpus: int | None, ray: bool = False,
+              wait: float = 0) -> dict | None:
+        """{job, lease: {token, seconds, expires_at}}, or None when no job came within `wait`
+        seconds (a long poll)."""
+        return self._work("/v1/workers/claim", worker=worker, gpus=gpus, ray=ray, wait=wait)
+
+    def attach(self, job_id: str, lease: str, worker: str) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/attach", lease=lease, worker=worker)
+
+    def heartbeat(self, job_id: str, lease: str) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/heartbeat", lease=lease)
+
+    def progress(self, job_id: str, lease: str, phase: str, progress: dict,
+                 timings: dict | None = None) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/progress", lease=lease, phase=phase,
+                          progress=progress, timings=timings)
+
+    def complete(self, job_id: str, lease: str, timings: dict | None = None,
+                 progress: dict | None = None, error: str | None = None) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/complete", lease=lease, timings=timings,
+                          progress=progress, error=_clean(error))
+
+    def fail(self, job_id: str, lease: str, error: str, retryable: bool = True,
+             cancelled: bool = False) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/fail", lease=lease, error=_clean(error),
+                          retryable=retryable, cancelled=cancelled)
+
+    def release(self, job_id: str, lease: str) -> dict:
+        return self._work(f"/v1/jobs/{job_id}/release", lease=lease)
+
+    def upload_result(self, job_id: str, lease: str, bundle_dir: str | Path,
+                      status: str) -> tuple[dict, bool]:
+        """The bundle as the job's version: (version detail, created)."""
+        from .manifest import MANIFEST
+
+        bundle_dir = Path(bundle_dir)
+        manifest = json.loads((bundle_dir / MANIFEST).read_text())
+        names = [MANIFEST] + [f["name"] for f in manifest.get("files", [])]
+        handles = [open(bundle_dir / n, "rb") for n in names]
+        try:
+            files = [(n, (n, h, "application/octet-stream")) for n, h in zip(names, handles)]
+            r = self.registry.request("POST", f"/v1/jobs/{job_id}/result", files=files,
+                                      data={"status": status}, retry=False,
+                                      headers={"X-Lease-Token": lease})
+        except Conflict as e:
+            raise LeaseLost(str(e)) from None
+        finally:
+            for h in handles:
+                h.close()
+        return r.json(), r.status_code == 201
+
+
+def _clean(text: str | None) -> str | None:
+    """Error text as the registry stores it: no NUL characters, the last 20,000 characters."""
+    return None if text is None else text.replace("\x00", "")[-20000:]
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[dict]:
+    """`data:` payloads of `event: job` messages (comments and other events are skipped)."""
+    event, data = None, []
+    for line in lines:
+        if line == "":
+            if event in (None, "job") and data:
+                yield json.loads("\n".join(data))
+            event, data = None, []
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())

@@ -1,0 +1,186 @@
+"""`bundle.json`: the typed manifest of a rotation bundle.
+
+Strict on purpose (huggingface_hub: "prefer strictness now, relax later"): unknown fields are
+rejected, so a typo in a hand-edited manifest fails loudly instead of being ignored. Everything
+an engine or a reviewer needs to use or trust the rotations is here, not in env vars or READMEs.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import BundleFormatError
+from .geometry import ModelGeometry
+
+FORMAT = "oscar-zoo.bundle"
+FORMAT_VERSION = 1
+MANIFEST = "bundle.json"
+TENSORS = "rotations.safetensors"
+CARD = "README.md"
+
+K_OBJECTIVES = ("qqt", "ktk", "hadamard", "identity", "imported")
+V_OBJECTIVES = ("sst", "vtv", "hadamard", "identity", "imported")
+COMPOSITIONS = ("plain", "pbr", "br", "r_h", "h_pbr", "h_r_pbr", "h_pbr_r", "r_h_pbr", "none")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(Strict):
+    name: str                       # catalog name, or the hub id's repo part for unknown models
+    hub_id: str
+    revision: str | None = None
+    architecture: str | None = None
+
+
+class Geometry(Strict):
+    num_layers: int = Field(gt=0)
+    num_q_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    attention_layers: list[int] = []
+    head_dim_by_layer: dict[str, int] = {}
+    kv_heads_by_layer: dict[str, int] = {}
+
+    def to_geometry(self) -> ModelGeometry:
+        return ModelGeometry.from_dict(self.model_dump())
+
+    @classmethod
+    def of(cls, g: ModelGeometry) -> "Geometry":
+        return cls(**g.to_dict())
+
+
+class Method(Strict):
+    k_objective: Literal[K_OBJECTIVES]
+    v_objective: Literal[V_OBJECTIVES]
+    composition: Literal[COMPOSITIONS] = "r_h_pbr"
+    granularity: Literal["layer", "kv_head"] = "layer"
+    key_centering: bool = False
+
+
+class Quantization(Strict):
+    bits: Literal[2] = 2
+    group_size: int = Field(gt=0)
+    scale_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    sink_tokens: int = Field(default=64, ge=0)
+    recent_tokens: int = Field(default=256, ge=0)
+    lloyd_max: bool = False
+
+
+class Clip(Strict):
+    """Clip ratios (per-row |x| quantile, oscar-spec 2.9; 0 = off). Per-layer values are tensors."""
+
+    granularity: Literal["global", "layer", "kv_head"] = "global"
+    searched: bool = False
+    k_global: float = Field(ge=0, le=1)   # the one pair for engines with a single setting
+    v_global: float = Field(ge=0, le=1)
+    k_min: float = Field(ge=0, le=1)
+    k_median: float = Field(ge=0, le=1)
+    k_max: float = Field(ge=0, le=1)
+    v_min: float = Field(ge=0, le=1)
+    v_median: float = Field(ge=0, le=1)
+    v_max: float = Field(ge=0, le=1)
+
+
+class Calibration(Strict):
+    source: Literal["calibrated", "imported"] = "calibrated"
+    dataset: str | None = None
+    dataset_sha256: str | None = None
+    tokens: int | None = None
+    prompts: int | None = None
+    seq_len: int | None = None
+    seed: int | None = None
+    code_version: str
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    hardware: str | None = None
+    created_at: str
+    imported_from: str | None = None
+    job_id: str | None = None
+    spec: dict[str, Any] | None = None   # the declarative job spec, copied verbatim
+
+
+class VariantResult(Strict):
+    name: str                             # bundle | hadamard | naive | oscar-shipped
+    delta_nll: float                      # nats/token above BF16
+    kl: float                             # KL(BF16 || INT2) per token
+    attn_rel_error: float                 # mean over layers of ||o - o_bf16|| / ||o_bf16||
+    per_layer_attn_rel_error: list[float] = []
+    delta_nll_by_set: list[float] = []    # one per disjoint evaluation set (noise estimate)
+
+
+class Validation(Strict):
+    passed: bool
+    criterion: str
+    tolerance: float
+    dataset: str
+    context_len: int
+    eval_windows: int
+    eval_tokens: int
+    sink_tokens: int
+    recent_tokens: int
+    group_size: int
+    scale_dtype: str
+    bf16_nll: float
+    bits_int2_tier: float                 # 2 + 2*scale_bits/group_size
+    bits_at_context: float                # with the BF16 sink/recent windows at context_len
+    variants: list[VariantResult]
+    created_at: str
+    code_version: str
+    hardware: str | None = None
+    int2_backend: str | None = None       # triton kernels, or their bit-exact vectorized twin
+
+
+class FileEntry(Strict):
+    name: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class Manifest(Strict):
+    format: Literal[FORMAT] = FORMAT
+    format_version: Literal[FORMAT_VERSION] = FORMAT_VERSION
+    model: ModelRef
+    geometry: Geometry
+    method: Method
+    quantization: Quantization
+    clip: Clip
+    calibration: Calibration
+    validation: Validation | None = None
+    files: list[FileEntry] = []
+
+    @field_validator("files")
+    @classmethod
+    def _unique_files(cls, files: list[FileEntry]) -> list[FileEntry]:
+        names = [f.name for f in files]
+        if len(names) != len(set(names)):
+            raise ValueError("duplicate file names")
+        return files
+
+    def file(self, name: str) -> FileEntry:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise BundleFormatError(f"manifest lists no file {name!r}")
+
+    def to_json(self) -> str:
+        """Canonical serialization: the bytes hashed into the bundle's digest."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def parse_manifest(text: str | bytes, where: str = MANIFEST) -> Manifest:
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']}"
+                             for err in e.errors()[:5])
+        raise BundleFormatError(f"{where} is not a valid oscar-zoo manifest: {problems}") from None
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")

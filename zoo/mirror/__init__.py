@@ -1,0 +1,1 @@
+"""Mirroring published bundles to the Hugging Face Hub and ModelScope (zoo/mirror/runner.py)."""

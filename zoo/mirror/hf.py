@@ -1,0 +1,81 @@
+"""The Hugging Face Hub as a mirror target: one create_commit per version (with parent_commit,
+so a concurrent writer makes us re-read and retry instead of overwriting), then a tag.
+
+Uploads go over plain LFS, never xet: HF_HUB_DISABLE_XET is forced on here so production takes
+the same code path the loopback tests cover (bundles are a few MB; hubs.md 1.3).
+"""
+
+from __future__ import annotations
+
+from .layout import RepoFile
+from ..sources.hubs import HFHub
+
+
+class HFTarget:
+    kind = "hf"
+
+    def __init__(self, repo: str):
+        self.repo = repo
+        self.hub = HFHub()
+
+    def api(self):
+        import huggingface_hub.constants as constants
+
+        constants.HF_HUB_DISABLE_XET = True  # read at call time (hubs.md 1.3)
+        return self.hub.api()
+
+    def ensure_repo(self) -> None:
+        with self.hub.errors(self.repo, None):
+            self.api().create_repo(self.repo, repo_type="model", exist_ok=True)
+
+    def tags(self) -> dict[str, str]:
+        with self.hub.errors(self.repo, None):
+            refs = self.api().list_repo_refs(self.repo)
+        return {t.name: t.target_commit for t in refs.tags}
+
+    def head(self) -> str:
+        with self.hub.errors(self.repo, "main"):
+            return self.api().repo_info(self.repo, revision="main").sha
+
+    def hashes(self, paths: list[str], revision: str) -> dict[str, tuple[str | None, str | None]]:
+        """path -> (sha256 if LFS, git blob sha1) for the paths that exist at `revision`."""
+        with self.hub.errors(self.repo, revision):
+            found = self.api().get_paths_info(self.repo, paths, revision=revision)
+        return {f.path: (f.lfs.sha256 if getattr(f, "lfs", None) else None, f.blob_id)
+                for f in found if getattr(f, "size", None) is not None}
+
+    def read(self, path: str, revision: str) -> bytes | None:
+        """A small file (the index) at `revision`, or None when it does not exist there."""
+        from ..errors import OfflineError, RemoteError
+        from ..sources.download import http_client, import_httpx
+        from ..sources.hubs import FileMeta
+
+        listing = self.hashes([path], revision)
+        if path not in listing:
+            return None
+        sha, git = listing[path]
+        remote = self.hub.remote(self.repo, FileMeta(path, 0, sha, git), revision)
+        try:
+            r = http_client().get(remote.url, headers=remote.headers)
+        except import_httpx().TransportError as e:
+            raise OfflineError(f"hf:{self.repo}: cannot read {path} ({type(e).__name__})") from None
+        if r.status_code >= 400:
+            raise RemoteError(f"hf:{self.repo}@{revision}: reading {path} gave {r.status_code}")
+        return r.content
+
+    def commit(self, files: list[RepoFile], message: str, parent: str | None) -> str:
+        from huggingface_hub import CommitOperationAdd
+
+        ops = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=f.data) for f in files]
+        with self.hub.errors(self.repo, "main"):
+            info = self.api().create_commit(self.repo, operations=ops, commit_message=message,
+                                            parent_commit=parent, repo_type="model")
+        return info.oid
+
+    def tag(self, tag: str, revision: str, message: str) -> None:
+        with self.hub.errors(self.repo, revision):
+            self.api().create_tag(self.repo, tag=tag, revision=revision, tag_message=message,
+                                  repo_type="model")
+
+    def url(self, path: str, revision: str) -> str:
+        return f"{self.hub.endpoint}/{self.repo}/tree/{revision}/{path}"

@@ -1,0 +1,161 @@
+"""What a mirrored version looks like in a hub repo (the same on the HF Hub and ModelScope).
+
+    README.md                                 every model and version, with validation numbers
+    oscar-zoo.json                            the index: model -> version -> folder, digest, tag
+    <Model>/seq<T>_prompt<N>_group<G>/        the RotationZoo layout (oscar-spec 2.12), so
+        k_rotation_qqt_r_h_pbr.pt             existing SGLang/vLLM scripts find the files
+        v_rotation_sst_r_h_pbr.pt             (k_rotation_perhead.pt ... for per-head bundles)
+        bundle.json, rotations.safetensors    our canonical bundle beside them
+        README.md                             its model card
+
+One commit per mirrored version, tagged `<model>-v<N>`; the folder on the main branch holds
+the newest version mirrored to it, older ones stay reachable by their tags. Everything here is
+deterministic (no timestamps), so mirroring the same version twice produces the same bytes and
+the hub sees nothing to commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+INDEX = "oscar-zoo.json"
+ROOT_README = "README.md"
+_TAG = re.compile(r"seq\d+_prompt\d+_group\d+")
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str                 # path in the hub repo
+    data: bytes
+    sha256: str
+    git_sha1: str
+
+    @classmethod
+    def of(cls, path: str, data: bytes) -> "RepoFile":
+        return cls(path, data, hashlib.sha256(data).hexdigest(),
+                   hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+
+
+def tag_name(model: str, number: int) -> str:
+    """Hub tag of a mirrored version: `glm-4.7-fp8-v3` (hub ids become org--name)."""
+    return f"{model.replace('/', '--')}-v{number}"
+
+
+def model_folder(manifest: dict) -> str:
+    """The RotationZoo's own folder name for catalog models (GLM-4.7-FP8, Gemma4-12B), else the
+    hub id's repo part."""
+    from ..catalog import find
+
+    entry = find(manifest["model"]["name"]) or find(manifest["model"]["hub_id"])
+    if entry is not None and entry.zoo is not None:
+        return entry.zoo.folder.split("/")[0]
+    return manifest["model"]["hub_id"].split("/")[-1]
+
+
+def calibration_tag(manifest: dict) -> str:
+    """seq<T>_prompt<N>_group<G>: tokens, prompts and INT2 group size, as OSCAR names them; an
+    imported bundle keeps the tag of the folder it came from."""
+    cal, group = manifest["calibration"], manifest["quantization"]["group_size"]
+    found = _TAG.search(cal.get("imported_from") or "")
+    if found:
+        return found.group(0)
+    return f"seq{cal.get('tokens') or 0}_prompt{cal.get('prompts') or 0}_group{group}"
+
+
+def version_folder(manifest: dict) -> str:
+    return f"{model_folder(manifest)}/{calibration_tag(manifest)}"
+
+
+def version_files(bundle_dir: Path, manifest: dict, folder: str) -> list[RepoFile]:
+    """The folder's files: the bundle as it is, plus OSCAR .pt files exported from it."""
+    from ..bundle import read
+    from ..interop.convert import oscar_files, oscar_names
+    from ..interop.oscar_pt import oscar_dict
+    from ..interop.pt_writer import dumps
+
+    names = ["bundle.json"] + [f["name"] for f in manifest["files"]]
+    out = [RepoFile.of(f"{folder}/{n}", (bundle_dir / n).read_bytes()) for n in names]
+    bundle = read(bundle_dir, verify=False)  # verified when it was published
+    k, v = oscar_files(bundle)
+    for name, f in zip(oscar_names(bundle), (k, v)):
+        out.append(RepoFile.of(f"{folder}/{name}", dumps(oscar_dict(f), name[:-3])))
+    return out
+
+
+def index_entry(manifest: dict, digest: str, number: int, files: list[RepoFile], folder: str) -> dict:
+    validation = manifest.get("validation") or {}
+    variants = {v["name"]: v for v in validation.get("variants", [])}
+    return {
+        "version": number, "digest": digest, "path": folder,
+        "tag": tag_name(manifest["model"]["name"], number),
+        "source": manifest["calibration"]["source"],
+        "imported_from": manifest["calibration"].get("imported_from"),
+        "granularity": manifest["method"]["granularity"],
+        "validated": validation.get("passed") if validation else None,
+        "delta_nll": variants.get("bundle", {}).get("delta_nll"),
+        "delta_nll_hadamard": variants.get("hadamard", {}).get("delta_nll"),
+        "context_len": validation.get("context_len"),
+        "created_at": manifest["calibration"].get("created_at"),
+        "files": {f.path.rsplit("/", 1)[1]: f.sha256 for f in files},
+    }
+
+
+def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
+    index = {"format": "oscar-zoo.mirror", "format_version": 1, "models": {}}
+    if current:
+        try:
+            loaded = json.loads(current)
+            if isinstance(loaded, dict) and isinstance(loaded.get("models"), dict):
+                index = loaded
+        except ValueError:
+            pass  # an unreadable index is rebuilt from this version on
+    model = manifest["model"]
+    slot = index["models"].setdefault(model["name"], {"hub_id": model["hub_id"], "versions": {}})
+    slot["hub_id"] = model["hub_id"]
+    slot["versions"][str(entry["version"])] = entry
+    slot["latest"] = max(int(n) for n in slot["versions"])
+    return index
+
+
+def dump_index(index: dict) -> bytes:
+    return json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def render_root_readme(index: dict, repo: str) -> bytes:
+    """The repo's landing page: one row per mirrored version, newest first per model."""
+    lines = [
+        "---", "library_name: oscar-zoo", "license: apache-2.0",
+        "tags: [oscar, kv-cache, int2, kv-cache-quantization, rotation]", "---", "",
+        "# OSCAR rotation bundles",
+        "",
+        "Orthogonal rotations and clip thresholds for serving LLMs with a 2-bit KV cache "
+        "(OSCAR, arXiv 2605.17757), mirrored by oscar-zoo. Each folder follows the RotationZoo "
+        "layout (`<Model>/seq<T>_prompt<N>_group<G>/` with `k_rotation_*.pt` and "
+        "`v_rotation_*.pt`), next to the canonical bundle (`bundle.json`, "
+        "`rotations.safetensors`) and its model card. Every version is also a tag, "
+        "`<model>-v<N>`; the folder on the main branch holds the newest.",
+        "",
+        "```bash",
+        f"oscar-zoo pull <model>          # or: hf download {repo} --include '<Model>/<tag>/*'",
+        "```",
+        "",
+        "| model | version | folder | tag | source | validated | extra loss vs BF16 (nats/token) | Hadamard baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(index["models"]):
+        versions = index["models"][name]["versions"]
+        for number in sorted(versions, key=int, reverse=True):
+            e = versions[number]
+            val = {True: "passed", False: "failed", None: "-"}[e.get("validated")]
+            lines.append(
+                f"| {name} | {number} | `{e['path']}` | `{e['tag']}` | {e['source']} | {val} | "
+                f"{_num(e.get('delta_nll'))} | {_num(e.get('delta_nll_hadamard'))} |")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:+.4f}"

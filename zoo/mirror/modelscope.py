@@ -1,0 +1,77 @@
+"""ModelScope as a mirror target, through modelscope-hub's HubApi: one upload_folder per version
+(of only the files that differ, staged in a temp dir laid out like the repo), then a tag.
+
+Its upload cache is off (`use_cache=False`): the tracker it would write is keyed by path, size
+and mtime, not by endpoint or revision, and could skip files silently (hubs.md 2.2). ModelScope
+has no parent-commit check, so concurrent writers of one repo are serialized by the registry's
+mirror runner (a lock per repo on the registry host, zoo/mirror/runner.py), not by the hub.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .layout import RepoFile
+from ..sources.hubs import MSHub
+
+
+class ModelScopeTarget:
+    kind = "modelscope"
+
+    def __init__(self, repo: str):
+        self.repo = repo
+        self.hub = MSHub()
+
+    def ensure_repo(self) -> None:
+        import modelscope_hub.errors as ms
+
+        with self.hub.errors(self.repo, None):
+            try:
+                self.hub.api().create_repo(self.repo, "model", visibility="public")
+            except ms.AlreadyExistsError:
+                pass
+
+    def tags(self) -> dict[str, str]:
+        return self.hub.tags(self.repo)
+
+    def head(self) -> str:
+        return "master"  # ModelScope lists files by branch name; no commit id to pin
+
+    def hashes(self, paths: list[str], revision: str) -> dict[str, tuple[str | None, str | None]]:
+        listing = self.hub.listing(self.repo, paths, revision)
+        return {p: (m.sha256, None) for p, m in listing.files.items()}
+
+    def read(self, path: str, revision: str) -> bytes | None:
+        listing = self.hub.listing(self.repo, [path], revision)
+        if path not in listing.files:
+            return None
+        meta = listing.files[path]
+        with tempfile.TemporaryDirectory() as tmp, self.hub.errors(self.repo, revision):
+            got = self.hub.api().download_file(self.repo, "model", path, revision=revision,
+                                               local_dir=tmp, expected_sha256=meta.sha256,
+                                               file_size=meta.size)
+            return Path(got).read_bytes()
+
+    def commit(self, files: list[RepoFile], message: str, parent: str | None) -> str:
+        with tempfile.TemporaryDirectory() as tmp, self.hub.errors(self.repo, "master"):
+            for f in files:
+                dest = Path(tmp, f.path)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(f.data)
+            result = self.hub.api().upload_folder(
+                self.repo, "model", tmp, commit_message=message, revision="master",
+                use_cache=False, disable_tqdm=True)
+        if isinstance(result, list):
+            result = result[-1] if result else None
+        if isinstance(result, dict):
+            return str(result.get("CommitId") or result.get("oid") or "master")
+        return "master"
+
+    def tag(self, tag: str, revision: str, message: str) -> None:
+        with self.hub.errors(self.repo, revision):
+            # Tag the branch we just wrote: ModelScope's tag API takes a branch (hubs.md 2.2).
+            self.hub.api().create_repo_tag(self.repo, "model", tag, revision="master")
+
+    def url(self, path: str, revision: str) -> str:
+        return f"{self.hub.endpoint}/models/{self.repo}/files?Revision={revision}&FilePath={path}"

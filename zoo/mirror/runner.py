@@ -1,0 +1,180 @@
+"""Mirror published versions to the Hugging Face Hub and ModelScope, and record where they went.
+
+    mirror_bundle(bundle_dir, number=3, target="hf:org/rotations")   # one bundle dir, one hub
+
+The registry side (resolve a version, record the outcome, mirror after publish) is in
+registry_db/mirrors.py: `mirror_version`, `mirror_after_publish`.
+
+Per target, a run is idempotent: it first compares the hub's file hashes (and tags) with what
+it would upload, so a re-run after a crash commits only what is missing, tags only if the tag
+is missing, and a finished version is left alone (no new commit, no new tag). Transient hub
+errors (429, 5xx, connection errors) are retried with backoff; a failing hub never blocks the
+other, and every outcome lands in the registry's mirror records (GET .../mirrors).
+
+Targets: `--to` arguments, else the mirror_targets setting (OSCAR_ZOO_MIRROR_TARGETS), whose
+entries are `hf:ORG/REPO` or `modelscope:ORG/REPO` for every model, or `GLOB=hf:ORG/REPO` for
+the models matching GLOB (`glm-*=modelscope:org/glm-rotations`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import settings
+from ..errors import Conflict, ConfigError, OfflineError, OscarZooError, RemoteError
+from . import layout
+
+log = logging.getLogger("oscar_zoo.mirror")
+KINDS = ("hf", "modelscope")
+CONFLICT_RETRIES = 3
+
+
+@dataclass
+class MirrorResult:
+    target: str                 # hf | modelscope
+    repo: str
+    status: str                 # done | failed
+    path: str | None = None     # folder in the repo
+    revision: str | None = None  # the hub commit of this version (its tag points at it)
+    tag: str | None = None
+    url: str | None = None
+    committed: bool = False     # False: the hub already had it (nothing uploaded)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_target(spec: str) -> tuple[str, str]:
+    """`hf:org/repo` -> ("hf", "org/repo"). Raises ConfigError."""
+    kind, _, repo = spec.strip().partition(":")
+    kind = {"huggingface": "hf", "ms": "modelscope"}.get(kind, kind)
+    if kind not in KINDS or repo.count("/") != 1 or not all(repo.split("/")):
+        raise ConfigError(f"bad mirror target {spec!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
+    return kind, repo
+
+
+def configured_targets(model: str) -> list[str]:
+    out = []
+    for item in settings.get("mirror_targets") or []:
+        pattern, eq, target = item.partition("=")
+        if not eq:
+            pattern, target = "*", item
+        if fnmatch.fnmatch(model.lower(), pattern.strip().lower()):
+            parse_target(target)
+            out.append(target.strip())
+    return list(dict.fromkeys(out))
+
+
+def open_target(kind: str, repo: str):
+    if kind == "hf":
+        from .hf import HFTarget
+
+        return HFTarget(repo)
+    from .modelscope import ModelScopeTarget
+
+    return ModelScopeTarget(repo)
+
+
+# --- one version to one hub --------------------------------------------------------------------
+
+def mirror_bundle(bundle_dir: str | Path, number: int, target: str) -> MirrorResult:
+    """Mirror the bundle in `bundle_dir` (version `number` of its model) to one target.
+
+    Raises nothing for hub failures: they come back as status "failed" with the reason.
+    """
+    kind, repo = parse_target(target)
+    bundle_dir = Path(bundle_dir)
+    raw = (bundle_dir / "bundle.json").read_bytes()
+    manifest = json.loads(raw)
+    import hashlib
+
+    digest = hashlib.sha256(raw).hexdigest()
+    hub = open_target(kind, repo)
+    try:
+        return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number))
+    except Exception as e:  # one hub's failure is recorded, never raised to the other
+        reason = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
+        log.warning("mirroring %s v%s to %s failed: %s", manifest["model"]["name"], number,
+                    target, reason)
+        return MirrorResult(kind, repo, "failed", error=reason)
+
+
+def _with_retries(fn):
+    retries = int(settings.get("http_retries"))
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except (RemoteError, OfflineError) as e:
+            if attempt == retries:
+                raise
+            wait = min(0.5 * 2 ** attempt, 30.0)
+            log.info("transient hub error (%s); retrying in %.1f s", e, wait)
+            time.sleep(wait)
+
+
+def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> bool:
+    if remote is None:
+        return False
+    sha256, git_sha1 = remote
+    return sha256 == f.sha256 if sha256 else git_sha1 == f.git_sha1
+
+
+def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> MirrorResult:
+    model = manifest["model"]["name"]
+    tag = layout.tag_name(model, number)
+    hub.ensure_repo()
+    for _ in range(CONFLICT_RETRIES):
+        head = hub.head()
+        index_bytes = hub.read(layout.INDEX, head)
+        folder = _folder_for(index_bytes, manifest, number)
+        files = layout.version_files(bundle_dir, manifest, folder)
+        tags = hub.tags()
+        if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
+            remote = hub.hashes([f.path for f in files], tags[tag])
+            if all(_same(remote.get(f.path), f) for f in files):
+                return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
+                                    hub.url(folder, tag))
+            raise Conflict(f"{hub.kind}:{hub.repo}: tag {tag} exists but holds other files "
+                           "than this version; tags are never moved, so delete it on the hub "
+                           "if it is wrong and mirror again")
+        entry = layout.index_entry(manifest, digest, number, files, folder)
+        index = layout.updated_index(index_bytes, manifest, entry)
+        wanted = files + [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
+                          layout.RepoFile.of(layout.ROOT_README,
+                                             layout.render_root_readme(index, hub.repo))]
+        remote = hub.hashes([f.path for f in wanted], head)
+        changed = [f for f in wanted if not _same(remote.get(f.path), f)]
+        committed = bool(changed)
+        if changed:
+            try:
+                revision = hub.commit(changed, f"oscar-zoo: {model} v{number} "
+                                               f"(sha256:{digest[:12]})", parent=head)
+            except Conflict:
+                continue  # the branch moved under us: re-read the index and try again
+        else:
+            revision = head  # a previous run committed, then stopped before tagging
+        hub.tag(tag, revision, f"{model} v{number}, bundle sha256:{digest}")
+        if revision in ("master", "main"):  # ModelScope's upload may not name its commit
+            revision = hub.tags().get(tag, revision)
+        return MirrorResult(hub.kind, hub.repo, "done", folder, revision, tag,
+                            hub.url(folder, tag), committed)
+    raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
+                   f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _folder_for(index_bytes: bytes | None, manifest: dict, number: int) -> str:
+    """The RotationZoo folder, unless a newer version of the model already holds it there:
+    then this (older) one goes to a v<N> subfolder, so the main branch never rolls back."""
+    folder = layout.version_folder(manifest)
+    try:
+        versions = json.loads(index_bytes)["models"][manifest["model"]["name"]]["versions"]
+    except (TypeError, ValueError, KeyError):
+        return folder
+    newer = [int(n) for n, e in versions.items() if e.get("path") == folder and int(n) > number]
+    return f"{folder}/v{number}" if newer else folder

@@ -1,0 +1,145 @@
+"""Exact serving recipes for a bundle: the env vars and flags an engine needs (oscar-spec 1.8, 3, 4.4).
+
+Used by `pull`, the model card and the web UI, so all three print the same thing. Functions take
+the manifest as a `Manifest` or as the plain dict of bundle.json (the warm `pull` path reads the
+JSON without pydantic).
+
+Sources of the names:
+- SGLang: FutureMLS-Lab/OSCAR@473ff3f README "Serving with the rotation" and
+  sglang-research/python/sglang/srt/environ.py (SGLANG_OSCAR_*, SGLANG_MIXED_KV_*), and
+  sgl-project/sglang#32129 (`--kv-cache-dtype int2`, `--kv-cache-quant-group-size`).
+- vLLM: the open PR vllm-project/vllm#46774 (`--kv-cache-dtype oscar_int2`); its env knobs as read
+  at justzhanghong/vllm@79b359b vllm/model_executor/layers/quantization/oscar/config.py
+  (VLLM_OSCAR_{K,V}_ROTATION_PATH, _{K,V}_CLIP_RATIO, _GROUP_SIZE, _PREFIX_TOKENS,
+  _RECENT_TOKENS). The PR is WIP: names may still change.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+VLLM_PR = "vllm-project/vllm#46774"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    engine: str
+    env: dict[str, str]
+    command: list[str]
+    notes: list[str]
+
+    def shell(self) -> str:
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        # The program on the first line, then one flag and its value per line.
+        parts: list[str] = []
+        for w in (shlex.quote(c) for c in self.command):
+            if parts and not w.startswith("--"):
+                parts[-1] += f" {w}"
+            else:
+                parts.append(w)
+        lines.append(" \\\n  ".join(parts))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "env": self.env, "command": self.command, "notes": self.notes}
+
+
+def _as_dict(m: Any) -> dict:
+    return m.model_dump(mode="json") if hasattr(m, "model_dump") else m
+
+
+def _gpus(m: dict) -> int:
+    """GPUs OSCAR's own recipe uses for this model (tensor parallel), from the catalog."""
+    from .catalog import find
+
+    entry = find(m["model"]["name"]) or find(m["model"]["hub_id"])
+    return entry.gpus if entry is not None else 1
+
+
+def _layer_note(layers: list[int] | None) -> list[str]:
+    if not layers:
+        return []
+    return [f"These files hold layers {layers[0]}-{layers[-1]} only ({len(layers)} layers, by "
+            "global id): one pipeline stage's share. The loaders look layers up by global id, so "
+            "give each stage the files with its own layers."]
+
+
+def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:
+    m = _as_dict(m)
+    q, clip, method = m["quantization"], m["clip"], m["method"]
+    per_head = method["granularity"] == "kv_head"
+    env = {
+        "SGLANG_OSCAR_K_ROTATION_PATH": k_path,
+        "SGLANG_OSCAR_V_ROTATION_PATH": v_path,
+        "SGLANG_OSCAR_K_CLIP_RATIO": f"{clip['k_global']:g}",
+        "SGLANG_OSCAR_V_CLIP_RATIO": f"{clip['v_global']:g}",
+        "SGLANG_MIXED_KV_PREFIX_TOKENS": str(q["sink_tokens"]),
+        "SGLANG_MIXED_KV_RECENT_TOKENS": str(q["recent_tokens"]),
+        "SGLANG_MIXED_KV_SCALE_DTYPE": q["scale_dtype"],
+    }
+    # Folding R_v into W_v is invalid for per-head rotations (oscar-spec 1.3).
+    env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "0" if per_head else "1"
+    if q.get("lloyd_max"):
+        env["SGLANG_LLOYD_MAX"] = "1"
+    command = ["python", "-m", "sglang.launch_server", "--model-path", m["model"]["hub_id"],
+               "--kv-cache-dtype", "int2", "--kv-cache-quant-group-size", str(q["group_size"]),
+               "--prefill-attention-backend", "fa3", "--decode-attention-backend", "triton"]
+    gpus = _gpus(m)
+    if gpus > 1:
+        command += ["--tp-size", str(gpus)]
+    notes = []
+    if clip["granularity"] != "global":
+        notes.append(
+            f"This bundle's clip ratios were searched per {clip['granularity']}; SGLang takes one "
+            f"K and one V ratio, so the best single pair ({clip['k_global']:g}/{clip['v_global']:g}) "
+            "is set. oscar-zoo's own kernels use the per-layer values.")
+    if method.get("key_centering"):
+        notes.append("The K file carries OSCAR format 3's k_mean (key centering); it needs an "
+                     "OSCAR-2-aware loader (load_oscar_rotation_field). Older loaders ignore it.")
+    if per_head:
+        notes.append("Per-KV-head rotations (OSCAR format 2): needs an SGLang build whose loader "
+                     "dispatches on rotation.dim() (FutureMLS-Lab/OSCAR#20).")
+    return Recipe("sglang", env, command, notes + _layer_note(layers))
+
+
+def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:
+    m = _as_dict(m)
+    q, clip = m["quantization"], m["clip"]
+    env = {
+        "VLLM_OSCAR_K_ROTATION_PATH": k_path,
+        "VLLM_OSCAR_V_ROTATION_PATH": v_path,
+        "VLLM_OSCAR_K_CLIP_RATIO": f"{clip['k_global']:g}",
+        "VLLM_OSCAR_V_CLIP_RATIO": f"{clip['v_global']:g}",
+        "VLLM_OSCAR_GROUP_SIZE": str(q["group_size"]),
+        "VLLM_OSCAR_PREFIX_TOKENS": str(q["sink_tokens"]),
+        "VLLM_OSCAR_RECENT_TOKENS": str(q["recent_tokens"]),
+    }
+    command = ["vllm", "serve", m["model"]["hub_id"], "--kv-cache-dtype", "oscar_int2"]
+    gpus = _gpus(m)
+    if gpus > 1:
+        command += ["--tensor-parallel-size", str(gpus)]
+    notes = [f"vLLM's OSCAR backend is an open, work-in-progress PR ({VLLM_PR}); these variable "
+             "names are the PR branch's and may change before it merges."]
+    limits = []
+    if m["geometry"]["head_dim"] != 128 or q["group_size"] != 128:
+        limits.append("head_dim 128 with group size 128")
+    if (round(clip["k_global"], 6), round(clip["v_global"], 6)) != (0.96, 0.92):
+        limits.append("clip ratios 0.96/0.92")
+    if q["sink_tokens"] != 64 or q["recent_tokens"] % 16:
+        limits.append("64 sink tokens and a recent window that is a multiple of 16")
+    if limits:
+        notes.append("The PR's prototype checks its settings and accepts only "
+                     + "; ".join(limits) + " so far; this bundle differs, so expect it to refuse "
+                     "to start until the PR generalizes.")
+    return Recipe("vllm", env, command, notes + _layer_note(layers))
+
+
+def recipe_for(fmt: str, m, files: dict[str, str], layers: list[int] | None = None) -> Recipe | None:
+    """The launch recipe for an export: files maps "k" and "v" to the exported .pt paths."""
+    if fmt == "sglang":
+        return sglang_recipe(m, files["k"], files["v"], layers)
+    if fmt == "vllm":
+        return vllm_recipe(m, files["k"], files["v"], layers)
+    return None

@@ -1,0 +1,250 @@
+"""HTTP client of the oscar-zoo registry API (`/v1`), used by pull, list, show, publish, mirror.
+
+    client = RegistryClient()                  # OSCAR_ZOO_ENDPOINT, token from env or `login`
+    client.version("glm-4.7-fp8", "recommended")
+    client.publish("bundle_dir/")              # needs a token with scope bundles:publish
+
+Model names may be catalog names, aliases or hub ids (`zai-org/GLM-4.7-FP8`; the slash is
+passed as is, the API's routes take `{name:path}`). Errors come back as application/problem+json
+and are raised as our domain errors (zoo.errors), with the server's explanation. Idempotent
+reads are retried on connection errors and 5xx; writes are not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import quote
+
+from . import settings
+from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, ModelNotFound, NotFound,
+                     OfflineError, PayloadTooLarge, RemoteError, Unauthorized, VersionNotFound)
+
+TOKEN_FILE = "token"
+
+
+def stored_token_path() -> Path:
+    return Path(settings.get("config_dir")) / TOKEN_FILE
+
+
+def current_token() -> str | None:
+    """OSCAR_ZOO_TOKEN, else the token `oscar-zoo login` stored."""
+    token = settings.get("token")
+    if token:
+        return token
+    try:
+        return stored_token_path().read_text().strip() or None
+    except OSError:
+        return None
+
+
+def store_token(token: str) -> Path:
+    """Write the token to the user config dir, readable by the user only (0600)."""
+    path = stored_token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (token.strip() + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
+def _ref(ref: str | int) -> str:
+    return quote(str(ref).strip(), safe="")
+
+
+def _name(name: str) -> str:
+    return quote(name.strip(), safe="/")
+
+
+class RegistryClient:
+    def __init__(self, endpoint: str | None = None, token: str | None = None):
+        self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
+        self.token = token if token is not None else current_token()
+        self._http = None
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.endpoint)
+
+    def http(self):
+        if not self.endpoint:
+            raise ConfigError("no registry configured: set OSCAR_ZOO_ENDPOINT (e.g. "
+                              "http://127.0.0.1:8000) or use the hub sources")
+        if self._http is None:
+            from .sources.download import import_httpx, ssl_context
+
+            httpx = import_httpx()
+
+            stall = float(settings.get("http_timeout"))
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._http = httpx.Client(base_url=self.endpoint, headers=headers,
+                                      follow_redirects=True, verify=ssl_context(),
+                                      timeout=httpx.Timeout(stall, connect=min(stall, 10.0)))
+        return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def __enter__(self) -> "RegistryClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else f"{self.endpoint}{path}"
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, retry: bool | None = None, **kwargs):
+        from .sources.download import import_httpx
+
+        httpx = import_httpx()
+
+        retry = method in ("GET", "HEAD") if retry is None else retry
+        attempts = 1 + (min(int(settings.get("http_retries")), 3) if retry else 0)
+        for attempt in range(attempts):
+            try:
+                r = self.http().request(method, path, **kwargs)
+            except httpx.TransportError as e:
+                if attempt + 1 < attempts:
+                    time.sleep(min(0.25 * 2 ** attempt, 4.0))
+                    continue
+                raise OfflineError(
+                    f"cannot reach the registry at {self.endpoint} ({type(e).__name__}); check "
+                    "OSCAR_ZOO_ENDPOINT and your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
+                    "local cache") from None
+            if r.status_code >= 500 and attempt + 1 < attempts:
+                time.sleep(min(0.25 * 2 ** attempt, 4.0))
+                continue
+            if r.status_code >= 400:
+                raise self._error(r)
+            return r
+        raise AssertionError("unreachable")
+
+    def get_json(self, path: str, **params) -> Any:
+        params = {k: v for k, v in params.items() if v is not None}
+        return self.request("GET", path, params=params or None).json()
+
+    def _error(self, r) -> Exception:
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        detail = body.get("detail") if isinstance(body, dict) else None
+        if not isinstance(detail, str):
+            detail = f"{r.status_code} {r.reason_phrase}"
+        title = body.get("title", "") if isinstance(body, dict) else ""
+        where = f"registry {self.endpoint}"
+        code = r.status_code
+        if code == 404:
+            cls = {"Model not found": ModelNotFound, "Version not found": VersionNotFound,
+                   "Alias not found": VersionNotFound}.get(title, NotFound)
+            err = cls(f"{where}: {detail}")
+            err.suggestions = list(body.get("suggestions") or []) if isinstance(body, dict) else []
+            return err
+        if code == 401:
+            hint = ("the token was refused; run `oscar-zoo login` again" if self.token
+                    else "this needs a token: run `oscar-zoo login` or set OSCAR_ZOO_TOKEN")
+            return Unauthorized(f"{where}: {detail} ({hint})")
+        if code == 403:
+            return Forbidden(f"{where}: {detail}")
+        if code == 409:
+            return Conflict(f"{where}: {detail}")
+        if code == 413:
+            return PayloadTooLarge(f"{where}: {detail}")
+        if 400 <= code < 500:
+            return InvalidInput(f"{where}: {detail}")
+        return RemoteError(f"{where}: {code} {title or r.reason_phrase}: {detail}")
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def model(self, name: str) -> dict:
+        return self.get_json(f"/v1/models/{_name(name)}")
+
+    def version(self, name: str, ref: str | int) -> dict:
+        """Version detail: {model, version, status, digest, manifest, files[{name, sha256, size,
+        url}], aliases, ...}. `ref` is a number or an alias."""
+        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}")
+
+    def versions(self, name: str, status: str | None = None) -> Iterator[dict]:
+        yield from self._pages(f"/v1/models/{_name(name)}/versions", status=status)
+
+    def models(self, q: str | None = None, published: bool = False) -> Iterator[dict]:
+        yield from self._pages("/v1/models", q=q, published="true" if published else None)
+
+    def _pages(self, path: str, **params) -> Iterator[dict]:
+        cursor = None
+        while True:
+            body = self.get_json(path, cursor=cursor, limit=200, **params)
+            yield from body.get("items", [])
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return
+
+    def aliases(self, name: str) -> dict:
+        return self.get_json(f"/v1/models/{_name(name)}/aliases")
+
+    def mirrors(self, name: str, ref: str | int) -> list[dict]:
+        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}/mirrors")["items"]
+
+    def file_url(self, model: str, version: int, filename: str) -> str:
+        return self.url(f"/v1/models/{_name(model)}/versions/{version}/files/{quote(filename)}")
+
+    def layers_url(self, model: str, version: int, spec: str) -> str:
+        return self.url(f"/v1/models/{_name(model)}/versions/{version}/layers.safetensors"
+                        f"?layers={quote(spec, safe=',-')}")
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def publish(self, bundle_dir: str | Path, name: str | None = None, status: str | None = None,
+                source_job: str | None = None) -> tuple[dict, bool]:
+        """Upload a bundle directory as a new version; returns (version detail, created).
+
+        The registry verifies it like `oscar-zoo inspect`; publishing identical content again
+        returns the existing version with created=False.
+        """
+        import json
+
+        from .manifest import MANIFEST
+
+        bundle_dir = Path(bundle_dir)
+        manifest = json.loads((bundle_dir / MANIFEST).read_text())
+        name = name or manifest["model"]["name"]
+        names = [MANIFEST] + [f["name"] for f in manifest.get("files", [])]
+        data = {k: v for k, v in (("status", status), ("source_job", source_job)) if v}
+        handles = [open(bundle_dir / n, "rb") for n in names]
+        try:
+            files = [(n, (n, h, "application/octet-stream")) for n, h in zip(names, handles)]
+            r = self.request("POST", f"/v1/models/{_name(name)}/versions", files=files,
+                             data=data, retry=False)
+        finally:
+            for h in handles:
+                h.close()
+        return r.json(), r.status_code == 201
+
+    def set_alias(self, name: str, alias: str, version: int, reason: str | None = None) -> dict:
+        body = {"version": version, **({"reason": reason} if reason else {})}
+        return self.request("PUT", f"/v1/models/{_name(name)}/aliases/{_ref(alias)}",
+                            json=body).json()
+
+    def yank(self, name: str, ref: str | int, reason: str) -> dict:
+        return self.request("POST", f"/v1/models/{_name(name)}/versions/{_ref(ref)}/yank",
+                            json={"reason": reason}).json()
+
+    def promote(self, name: str, ref: str | int) -> dict:
+        return self.request("POST", f"/v1/models/{_name(name)}/versions/{_ref(ref)}/publish").json()

@@ -1,0 +1,170 @@
+"""The one settings registry: every knob has a name, a default, an env var and a help line.
+
+The CLI (`oscar-zoo settings`), the docs table (docs/settings.md) and a doc test are all
+generated from SETTINGS, so a setting cannot exist without being documented. Values are
+read from the environment at call time, never cached at import, so tests and long-running
+servers see changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    default: str | None
+    help: str
+    kind: str = "str"  # str | int | float | bool | path | list
+    secret: bool = False  # never printed or logged
+
+
+def _user_dir(xdg_env: str, fallback: str) -> str:
+    base = os.environ.get(xdg_env) or os.path.join(os.path.expanduser("~"), fallback)
+    return os.path.join(base, "oscar-zoo")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # where things live
+    Setting("data_dir", "OSCAR_ZOO_DATA_DIR", None,
+            "Registry data dir: SQLite database and blob store. Default: $XDG_DATA_HOME/oscar-zoo.",
+            "path"),
+    Setting("cache_dir", "OSCAR_ZOO_CACHE", None,
+            "Client cache of pulled bundles. Default: $XDG_CACHE_HOME/oscar-zoo.", "path"),
+    Setting("config_dir", "OSCAR_ZOO_CONFIG_DIR", None,
+            "Client config (stored registry token). Default: $XDG_CONFIG_HOME/oscar-zoo.", "path"),
+    Setting("database_url", "OSCAR_ZOO_DATABASE_URL", None,
+            "SQLAlchemy URL of the registry database. Default: SQLite in the data dir.", "str"),
+    # client
+    Setting("endpoint", "OSCAR_ZOO_ENDPOINT", None,
+            "Registry base URL for pull/list/show, e.g. http://127.0.0.1:8000.", "str"),
+    Setting("token", "OSCAR_ZOO_TOKEN", None,
+            "Registry API token; overrides the one stored by `oscar-zoo login`.", "str",
+            secret=True),
+    Setting("offline", "OSCAR_ZOO_OFFLINE", "0",
+            "Serve from the local cache only; never touch the network.", "bool"),
+    Setting("sources", "OSCAR_ZOO_SOURCES", "registry,hf,modelscope",
+            "Where pull looks, in order (comma-separated: registry, hf, modelscope).", "list"),
+    Setting("hf_zoo_repo", "OSCAR_ZOO_HF_ZOO_REPO", "Zhongzhu/OSCAR-RotationZoo",
+            "Public RotationZoo repo on the Hugging Face Hub.", "str"),
+    Setting("modelscope_zoo_repo", "OSCAR_ZOO_MODELSCOPE_ZOO_REPO",
+            "togethercomputer/OSCAR-RotationZoo", "Public RotationZoo mirror on ModelScope.", "str"),
+    Setting("hf_mirror_repo", "OSCAR_ZOO_HF_MIRROR_REPO", None,
+            "Our own mirror repo on the Hugging Face Hub (pull source and mirror target).", "str"),
+    Setting("modelscope_mirror_repo", "OSCAR_ZOO_MODELSCOPE_MIRROR_REPO", None,
+            "Our own mirror repo on ModelScope (pull source and mirror target).", "str"),
+    Setting("lock_timeout", "OSCAR_ZOO_LOCK_TIMEOUT", "120",
+            "Seconds to wait for a cache lock before giving up.", "float"),
+    Setting("http_timeout", "OSCAR_ZOO_HTTP_TIMEOUT", "30",
+            "Seconds without progress before a download is considered stalled.", "float"),
+    Setting("http_retries", "OSCAR_ZOO_HTTP_RETRIES", "5",
+            "Retries (with exponential backoff) for a failing download or upload.", "int"),
+    # calibration
+    Setting("calib_tokens", "OSCAR_ZOO_CALIB_TOKENS", "30000",
+            "Default calibration token budget (OSCAR's default).", "int"),
+    Setting("calib_seq_len", "OSCAR_ZOO_CALIB_SEQ_LEN", "2048",
+            "Default calibration window length in tokens.", "int"),
+    Setting("int2_backend", "OSCAR_ZOO_INT2_BACKEND", "auto",
+            "INT2 round trip used by clip search and validation: triton (the kernels; on a CPU "
+            "through Triton's interpreter, slow), vectorized (their torch twin), or auto "
+            "(triton on CUDA, vectorized on CPU).", "str"),
+    # registry service
+    Setting("max_upload_bytes", "OSCAR_ZOO_MAX_UPLOAD_BYTES", str(512 * 1024 * 1024),
+            "Largest request body the registry accepts.", "int"),
+    Setting("executor", "OSCAR_ZOO_EXECUTOR", "local",
+            "Where calibration jobs run: local (worker processes beside the server) or ray.", "str"),
+    Setting("ray_address", "OSCAR_ZOO_RAY_ADDRESS", None,
+            "Ray cluster address for the ray executor (e.g. 127.0.0.1:6379).", "str"),
+    Setting("workers", "OSCAR_ZOO_WORKERS", None,
+            "Local worker processes started by `serve` (default: one per GPU, else one).", "int"),
+    Setting("job_lease_seconds", "OSCAR_ZOO_JOB_LEASE_SECONDS", "60",
+            "A job lease expires this long after the last heartbeat.", "float"),
+    Setting("job_max_attempts", "OSCAR_ZOO_JOB_MAX_ATTEMPTS", "3",
+            "Attempts before a job is marked failed.", "int"),
+    Setting("job_cancel_grace_seconds", "OSCAR_ZOO_JOB_CANCEL_GRACE_SECONDS", "30",
+            "After a cancel, seconds a job's process may take to stop by itself before its "
+            "process group is killed.", "float"),
+    Setting("mirror_targets", "OSCAR_ZOO_MIRROR_TARGETS", None,
+            "Mirror every published bundle to these (e.g. hf:org/repo,modelscope:org/repo).", "list"),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def setting(name: str) -> Setting:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigError(f"unknown setting {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+def raw(name: str) -> str | None:
+    s = setting(name)
+    value = os.environ.get(s.env)
+    return s.default if value is None else value
+
+
+def get(name: str):
+    """The typed value of a setting, read from the environment now."""
+    s = setting(name)
+    value = raw(name)
+    if value is None:
+        return _computed_default(name)
+    try:
+        return _convert(s, value)
+    except ValueError:
+        raise ConfigError(f"{s.env}={value!r} is not a valid {s.kind}: {s.help}") from None
+
+
+def _convert(s: Setting, value: str):
+    if s.kind == "int":
+        return int(value)
+    if s.kind == "float":
+        return float(value)
+    if s.kind == "bool":
+        low = value.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(value)
+    if s.kind == "path":
+        return Path(value).expanduser()
+    if s.kind == "list":
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def _computed_default(name: str):
+    if name == "data_dir":
+        return Path(_user_dir("XDG_DATA_HOME", ".local/share"))
+    if name == "cache_dir":
+        return Path(_user_dir("XDG_CACHE_HOME", ".cache"))
+    if name == "config_dir":
+        return Path(_user_dir("XDG_CONFIG_HOME", ".config"))
+    if name == "database_url":
+        return f"sqlite:///{get('data_dir') / 'registry.sqlite'}"
+    return None
+
+
+def is_offline() -> bool:
+    """OSCAR_ZOO_OFFLINE, or the Hub's own HF_HUB_OFFLINE, both mean: cache only."""
+    hf = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+    return bool(get("offline")) or hf
+
+
+def markdown_table() -> str:
+    """The docs table of every setting (docs/settings.md is this, checked by a test)."""
+    rows = ["| setting | env var | default | what it does |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = "(computed)" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.name}` | `{s.env}` | {default} | {s.help} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,294 @@
+"""Downloading one file into the blob store: resume, verify, retry, progress.
+
+- A partial download lives at blobs/sha256/<sha>.incomplete and is resumed with `Range:
+  bytes=N-` by the next attempt or the next process (a 200 answer restarts it from zero).
+- The finished file is checked against its sha256 (or, for small git-tracked hub files, the git
+  blob sha1). A mismatch deletes the file and says so; a mismatch after a resume is retried once
+  from scratch, since the stale part may be what was wrong.
+- Connection errors, stalls (no byte for `http_timeout` seconds), 429 and 5xx are retried with
+  exponential backoff up to `http_retries` times; other 4xx answers fail at once, mapped to our
+  errors (401 Unauthorized, 403 Forbidden, 404 BundleNotFound).
+- One progress bar per file on stderr (size, rate, ETA) when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import settings
+from ..cache import Cache
+from ..errors import (BundleNotFound, Forbidden, IntegrityError, OfflineError, RemoteError,
+                      Unauthorized)
+from ..files import CHUNK, sha256_file
+
+RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass
+class RemoteFile:
+    name: str                          # file name in the bundle or repo (for messages)
+    url: str | None = None
+    sha256: str | None = None          # required unless git_sha1 is given
+    size: int | None = None
+    headers: dict = field(default_factory=dict, repr=False)  # may hold a token: never printed
+    git_sha1: str | None = None        # hub listing of a small, non-LFS file
+    fetch: Callable[[Path], Path] | None = None  # a hub client's own downloader (ModelScope)
+    source: str = ""                   # "registry", "hf", ... for messages
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+_local = threading.local()
+
+
+def import_httpx():
+    """httpx, without its command-line entry point: `httpx/__init__` imports `httpx._main`
+    (rich, pygments) only to offer `httpx` as a CLI; a None entry in sys.modules makes that
+    import fail, which httpx handles by defining a stub. Saves ~60% of httpx's import time,
+    which is most of a warm pull's budget."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)
+    import httpx
+
+    return httpx
+
+
+def ssl_context():
+    """One TLS context per process: building one (loading the CA bundle) costs more than a
+    warm pull's whole request, and every httpx.Client would build its own."""
+    ctx = getattr(ssl_context, "ctx", None)
+    if ctx is None:
+        ctx = ssl_context.ctx = import_httpx().create_ssl_context()
+    return ctx
+
+
+def http_client():
+    """One httpx client per thread (connection reuse; downloads run in a few threads)."""
+    client = getattr(_local, "client", None)
+    if client is None:
+        httpx = import_httpx()
+
+        stall = float(settings.get("http_timeout"))
+        client = httpx.Client(follow_redirects=True, verify=ssl_context(),
+                              timeout=httpx.Timeout(stall, connect=min(stall, 10.0)))
+        _local.client = client
+    return client
+
+
+def backoff(attempt: int, retry_after: float | None = None) -> float:
+    if retry_after is not None:
+        return min(retry_after, 30.0)
+    return min(0.25 * (2 ** attempt), 8.0) * (0.75 + random.random() / 2)
+
+
+def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
+    """Make sure the file is in the blob store; return its sha256.
+
+    Raises IntegrityError, Unauthorized, Forbidden, BundleNotFound, RemoteError, OfflineError.
+    """
+    if remote.sha256 and cache.has_blob(remote.sha256, remote.size):
+        return remote.sha256  # cache hit: dedup across versions and models
+    key = remote.sha256 or f"git-{remote.git_sha1}"
+    cache.ensure()
+    with cache.lock(f"blob-{key}", f"the download of {remote.name}"):
+        if remote.sha256 and cache.has_blob(remote.sha256, remote.size):
+            return remote.sha256  # another process finished it while we waited
+        partial = cache.incomplete(key)
+        if remote.fetch is not None:
+            got = remote.fetch(partial.parent / f"{key}.hub")
+            partial.unlink(missing_ok=True)
+            got.replace(partial)
+            return _verify_and_adopt(remote, cache, partial)
+        fresh_retry_left = True
+        while True:
+            resumed = partial.exists() and partial.stat().st_size > 0
+            download_to(remote, partial, progress)
+            try:
+                return _verify_and_adopt(remote, cache, partial)
+            except IntegrityError:
+                if resumed and fresh_retry_left:
+                    fresh_retry_left = False
+                    _note(f"{remote.name}: the resumed download did not verify; fetching it again "
+                          "from the start")
+                    continue
+                raise
+
+
+def _verify_and_adopt(remote: RemoteFile, cache: Cache, partial: Path) -> str:
+    size = partial.stat().st_size
+    problem = None
+    if remote.size is not None and size != remote.size:
+        problem = f"got {size} bytes, expected {remote.size}"
+    digest = sha256_file(partial)
+    if problem is None and remote.sha256 and digest != remote.sha256:
+        problem = f"sha256 {digest[:12]}... does not match the expected {remote.sha256[:12]}..."
+    if problem is None and not remote.sha256 and remote.git_sha1:
+        got = _git_sha1(partial)
+        if got != remote.git_sha1:
+            problem = f"git blob id {got[:12]}... does not match the listing's {remote.git_sha1[:12]}..."
+    if problem:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{remote.name} from {remote.source or 'the server'}: {problem}. The corrupt download "
+            "was deleted; run the command again to fetch it anew.")
+    cache.adopt(partial, digest)
+    return digest
+
+
+def _git_sha1(path: Path) -> str:
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_to(remote: RemoteFile, partial: Path, progress: bool = True) -> None:
+    """Download (resuming) into `partial` without verifying it: the caller checks the bytes."""
+    httpx = import_httpx()
+
+    retries = int(settings.get("http_retries"))
+    attempt = 0
+    while True:
+        try:
+            _attempt(remote, partial, progress)
+            return
+        except (httpx.TransportError, _Retry) as e:
+            if attempt >= retries:
+                raise _final_error(remote, e, retries) from None
+            wait = backoff(attempt, getattr(e, "retry_after", None))
+            _note(f"{remote.name}: {_describe(e)}; retrying in {wait:.1f} s "
+                  f"({attempt + 1}/{retries})")
+            time.sleep(wait)
+            attempt += 1
+
+
+def _attempt(remote: RemoteFile, partial: Path, progress: bool) -> None:
+    have = partial.stat().st_size if partial.exists() else 0
+    if remote.size is not None and have > remote.size:
+        partial.unlink()
+        have = 0
+    if remote.size is not None and have == remote.size:
+        return  # complete already (a crash between download and verify)
+    headers = dict(remote.headers)
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    with http_client().stream("GET", remote.url, headers=headers) as r:
+        if r.status_code == 416:  # our partial is at or past the end: start over
+            partial.unlink(missing_ok=True)
+            raise _Retry("the server refused to resume (416)", retry_after=0)
+        _check_status(remote, r)
+        append = r.status_code == 206 and have > 0 and _range_start(r) == have
+        total = remote.size or _content_total(r, have if append else 0)
+        with open(partial, "ab" if append else "wb") as f, \
+                _bar(remote.name, total, have if append else 0, progress) as bar:
+            for chunk in r.iter_bytes():  # write as it arrives: a stall loses nothing received
+                f.write(chunk)
+                bar(len(chunk))
+    if remote.size is not None and partial.stat().st_size < remote.size:
+        raise _Retry(f"connection closed after {partial.stat().st_size} of {remote.size} bytes")
+
+
+def _check_status(remote: RemoteFile, r) -> None:
+    code = r.status_code
+    if code < 400:
+        return
+    r.read()
+    where = f"{remote.name} from {remote.source or r.request.url.host}"
+    if code in RETRY_STATUS:
+        retry_after = r.headers.get("Retry-After")
+        raise _Retry(f"{code} {r.reason_phrase}",
+                     retry_after=float(retry_after) if (retry_after or "").isdigit() else None)
+    if code == 401:
+        raise Unauthorized(f"{where}: 401 Unauthorized; {_auth_hint(remote.source)}")
+    if code == 403:
+        raise Forbidden(f"{where}: 403 Forbidden; {_auth_hint(remote.source)}")
+    if code == 404:
+        raise BundleNotFound(f"{where}: 404 Not Found at {_public(r.request.url)}")
+    raise RemoteError(f"{where}: {code} {r.reason_phrase}")
+
+
+def _auth_hint(source: str) -> str:
+    return {"registry": "run `oscar-zoo login` or set OSCAR_ZOO_TOKEN",
+            "hf": "set HF_TOKEN to a token that can read the repo",
+            "modelscope": "set MODELSCOPE_API_TOKEN to a token that can read the repo"}.get(
+        source, "check your token")
+
+
+def _public(url) -> str:
+    return str(url.copy_with(query=None))
+
+
+def _range_start(r) -> int | None:
+    value = r.headers.get("Content-Range", "")  # bytes START-END/TOTAL
+    try:
+        return int(value.split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _content_total(r, already: int) -> int | None:
+    length = r.headers.get("Content-Length")
+    return already + int(length) if length and length.isdigit() else None
+
+
+def _describe(e: Exception) -> str:
+    httpx = import_httpx()
+
+    if isinstance(e, httpx.TimeoutException):
+        return "stalled (no data within OSCAR_ZOO_HTTP_TIMEOUT)"
+    if isinstance(e, httpx.ConnectError):
+        return "cannot connect"
+    if isinstance(e, httpx.TransportError):
+        return f"connection error ({type(e).__name__})"
+    return str(e)
+
+
+def _final_error(remote: RemoteFile, e: Exception, retries: int) -> Exception:
+    httpx = import_httpx()
+
+    where = f"{remote.name} from {remote.source or 'the server'}"
+    if isinstance(e, httpx.ConnectError):
+        return OfflineError(f"{where}: cannot connect ({e}); check your network, or set "
+                            "OSCAR_ZOO_OFFLINE=1 to use only the local cache")
+    return RemoteError(f"{where}: {_describe(e)} after {retries} retries; the partial download "
+                       "is kept and the next run resumes it")
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _bar:
+    """tqdm on stderr when it is a terminal, otherwise nothing."""
+
+    def __init__(self, name: str, total: int | None, initial: int, enabled: bool):
+        self.tqdm = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.tqdm = tqdm(total=total, initial=initial, unit="B", unit_scale=True,
+                             unit_divisor=1024, desc=name, file=sys.stderr, leave=False,
+                             dynamic_ncols=True, mininterval=0.2)
+
+    def __enter__(self):
+        return self.update
+
+    def update(self, n: int) -> None:
+        if self.tqdm is not None:
+            self.tqdm.update(n)
+
+    def __exit__(self, *exc):
+        if self.tqdm is not None:
+            self.tqdm.close()

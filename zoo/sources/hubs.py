@@ -1,0 +1,252 @@
+"""Thin adapters over the real hub clients: list files with their hashes, locate downloads.
+
+`huggingface_hub` answers metadata (commit of a revision, LFS sha256 of each path); the bytes
+then come through our resumable, verifying downloader from the Hub's `resolve` URL (the client's
+own download has no cross-process resume and does not hash what it stores, hubs.md 1.4).
+`modelscope-hub` does both through `HubApi` (its download_file resumes and checks sha256).
+Both endpoints and tokens are read from the environment at call time (HF_ENDPOINT, HF_TOKEN,
+MODELSCOPE_ENDPOINT, MODELSCOPE_API_TOKEN), and every client error becomes one of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote
+
+from .. import settings
+from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
+                      RemoteError, Unauthorized, VersionNotFound)
+from .download import RemoteFile, backoff
+
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
+
+
+@dataclass(frozen=True)
+class FileMeta:
+    path: str
+    size: int
+    sha256: str | None
+    git_sha1: str | None = None
+
+
+@dataclass
+class Listing:
+    repo: str
+    revision: str            # what was asked for (main, a tag, ...)
+    commit: str | None       # the commit it resolved to (HF); ModelScope lists by name only
+    date: str | None         # commit date, ISO 8601, when the hub says
+    files: dict[str, FileMeta]
+
+
+def _retrying(call, what: str):
+    """Metadata calls: retry connection errors and 5xx a few times (downloads retry on their own)."""
+    import time
+
+    retries = min(int(settings.get("http_retries")), 3)
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except (RemoteError, OfflineError) as e:
+            if attempt == retries or isinstance(e, OfflineError) and "offline mode" in str(e):
+                raise
+            time.sleep(backoff(attempt))
+
+
+# --- Hugging Face ------------------------------------------------------------------------------
+
+class HFHub:
+    kind = "hf"
+    label = "Hugging Face Hub"
+
+    @property
+    def endpoint(self) -> str:
+        return (os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT).rstrip("/")
+
+    @property
+    def token(self) -> str | None:
+        return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+    def api(self):
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self.token or False)
+
+    def listing(self, repo: str, paths: list[str], revision: str = "main") -> Listing:
+        """Commit of `revision` and metadata of the given paths at that commit (missing: absent)."""
+        def call():
+            with self.errors(repo, revision):
+                api = self.api()
+                info = api.repo_info(repo, revision=revision)
+                found = api.get_paths_info(repo, paths, revision=info.sha) if paths else []
+                date = info.last_modified.isoformat().replace("+00:00", "Z") \
+                    if getattr(info, "last_modified", None) else None
+                files = {}
+                for f in found:
+                    if getattr(f, "size", None) is None:
+                        continue  # a folder
+                    lfs = getattr(f, "lfs", None)
+                    files[f.path] = FileMeta(f.path, f.size, lfs.sha256 if lfs else None, f.blob_id)
+                return Listing(repo, revision, info.sha, date, files)
+        return _retrying(call, f"hf:{repo}")
+
+    def tags(self, repo: str) -> dict[str, str]:
+        def call():
+            with self.errors(repo, None):
+                refs = self.api().list_repo_refs(repo)
+                return {t.name: t.target_commit for t in refs.tags}
+        return _retrying(call, f"hf:{repo}")
+
+    def remote(self, repo: str, meta: FileMeta, commit: str, name: str | None = None) -> RemoteFile:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return RemoteFile(name=name or meta.path.rsplit("/", 1)[-1],
+                          url=self.resolve_url(repo, meta.path, commit),
+                          sha256=meta.sha256, size=meta.size, git_sha1=meta.git_sha1,
+                          headers=headers, source="hf")
+
+    def resolve_url(self, repo: str, path: str, revision: str) -> str:
+        # Built here, not with hf_hub_url: that one only swaps in `endpoint` when its template,
+        # frozen when huggingface_hub is first imported, starts with the current ENDPOINT, so an
+        # HF_ENDPOINT set after that import would silently download from huggingface.co.
+        return f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+    @contextmanager
+    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
+        from huggingface_hub import errors as hf
+
+        where = f"hf:{repo}" + (f"@{revision}" if revision else "")
+        try:
+            yield
+        except hf.OfflineModeIsEnabled:
+            raise OfflineError(f"{where}: HF_HUB_OFFLINE is set, so the Hub is not contacted") from None
+        except hf.RevisionNotFoundError:
+            raise VersionNotFound(f"{where}: no such revision on the {self.label}") from None
+        except hf.GatedRepoError:
+            raise Forbidden(f"{where}: the repo is gated; accept its terms and set HF_TOKEN") from None
+        except hf.RepositoryNotFoundError as e:
+            if _status(e) == 401 and self.token:
+                raise Unauthorized(f"{where}: 401 Unauthorized; HF_TOKEN was refused") from None
+            raise NotFound(f"{where}: repository not found on the {self.label} ({self.endpoint})"
+                           + ("" if self.token else "; if it is private, set HF_TOKEN")) from None
+        except hf.EntryNotFoundError:
+            raise BundleNotFound(f"{where}: file not found") from None
+        except hf.HfHubHTTPError as e:
+            raise _http_error(where, _status(e), str(e).splitlines()[0], "HF_TOKEN") from None
+        except Exception as e:
+            if _is_connection_error(e):
+                raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
+                                   "check your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
+                                   "local cache") from None
+            raise
+
+
+# --- ModelScope --------------------------------------------------------------------------------
+
+class MSHub:
+    kind = "modelscope"
+    label = "ModelScope"
+
+    @property
+    def endpoint(self) -> str:
+        return (os.environ.get("MODELSCOPE_ENDPOINT") or MS_DEFAULT_ENDPOINT).rstrip("/")
+
+    @property
+    def token(self) -> str | None:
+        return os.environ.get("MODELSCOPE_API_TOKEN") or None
+
+    def api(self):
+        from modelscope_hub import HubApi
+
+        return HubApi(endpoint=self.endpoint, token=self.token)
+
+    # modelscope-hub retries failed requests itself (with backoff), so no _retrying here.
+    def listing(self, repo: str, paths: list[str] | None, revision: str = "master") -> Listing:
+        with self.errors(repo, revision):
+            entries = self.api().list_repo_files(repo, "model", revision=revision, recursive=True)
+        want = None if paths is None else set(paths)
+        files = {e.path: FileMeta(e.path, int(e.size or 0), e.sha256)
+                 for e in entries if e.type != "tree" and (want is None or e.path in want)}
+        return Listing(repo, revision, None, None, files)
+
+    def tags(self, repo: str) -> dict[str, str]:
+        with self.errors(repo, None):
+            revs = self.api().list_repo_revisions(repo, "model")
+        return {r.get("Revision"): r.get("CommitId") or r.get("Revision") for r in revs
+                if r.get("Revision") not in ("master", "main")}
+
+    def remote(self, repo: str, meta: FileMeta, revision: str, name: str | None = None) -> RemoteFile:
+        def fetch(workdir: Path) -> Path:
+            with self.errors(repo, revision):
+                got = self.api().download_file(repo, "model", meta.path, revision=revision,
+                                                local_dir=workdir, expected_sha256=meta.sha256,
+                                                file_size=meta.size)
+            out = workdir.parent / f"{workdir.name}.done"
+            Path(got).replace(out)
+            shutil.rmtree(workdir, ignore_errors=True)
+            return out
+
+        return RemoteFile(name=name or meta.path.rsplit("/", 1)[-1], sha256=meta.sha256,
+                          size=meta.size, fetch=fetch, source="modelscope")
+
+    @contextmanager
+    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
+        import modelscope_hub.errors as ms
+
+        where = f"modelscope:{repo}" + (f"@{revision}" if revision else "")
+        try:
+            yield
+        except ms.AuthenticationError:
+            raise Unauthorized(f"{where}: 401 Unauthorized; set MODELSCOPE_API_TOKEN to a valid "
+                               "token") from None
+        except (ms.PermissionDeniedError, ms.PermissionError):
+            raise Forbidden(f"{where}: 403 Forbidden; MODELSCOPE_API_TOKEN cannot read it") from None
+        except ms.NotExistError as e:
+            raise NotFound(f"{where}: not found on {self.label} ({_first_line(e)})") from None
+        except ms.FileIntegrityError as e:
+            raise IntegrityError(f"{where}: {_first_line(e)}; the download was discarded") from None
+        except ms.NetworkError as e:
+            raise OfflineError(f"{where}: cannot reach {self.endpoint} ({_first_line(e)}); check "
+                               "your network, or set OSCAR_ZOO_OFFLINE=1") from None
+        except ms.APIError as e:
+            raise _http_error(where, getattr(e, "status_code", None), _first_line(e),
+                              "MODELSCOPE_API_TOKEN") from None
+        except ms.HubError as e:
+            raise RemoteError(f"{where}: {_first_line(e)}") from None
+
+
+# --- shared ------------------------------------------------------------------------------------
+
+def _status(e) -> int | None:
+    response = getattr(e, "response", None)
+    return getattr(response, "status_code", None) or getattr(e, "status_code", None)
+
+
+def _http_error(where: str, status: int | None, text: str, token_env: str) -> Exception:
+    if status == 401:
+        return Unauthorized(f"{where}: 401 Unauthorized; set {token_env} to a valid token")
+    if status == 403:
+        return Forbidden(f"{where}: 403 Forbidden; {token_env} has no access")
+    if status == 404:
+        return NotFound(f"{where}: 404 Not Found")
+    if status in (409, 412):  # a tag that exists, or a branch that moved (parent_commit)
+        return Conflict(f"{where}: {status} ({text[:200]})")
+    return RemoteError(f"{where}: {status or 'error'} from the hub ({text[:200]})")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def _is_connection_error(e: Exception) -> bool:
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "NetworkError",
+                         "RemoteProtocolError", "ReadTimeout", "TimeoutException"})
+
+
+def hub(kind: str):
+    return {"hf": HFHub, "modelscope": MSHub}[kind]()

@@ -1,0 +1,78 @@
+"""Our own hub mirrors (zoo/mirror) as a pull source: the repo's oscar-zoo.json index names
+each version's folder, digest and tag; the bundle files are fetched at that tag's commit and
+checked against the manifest (whose sha256 is the indexed digest)."""
+
+from __future__ import annotations
+
+import json
+
+from ..catalog import CatalogEntry
+from ..errors import BundleNotFound, NotFound, VersionNotFound
+from .base import Plan, Ref
+from .download import RemoteFile, fetch
+from .hubs import hub
+
+INDEX = "oscar-zoo.json"
+MANIFEST = "bundle.json"
+
+
+class MirrorSource:
+    def __init__(self, kind: str, repo: str):
+        self.name = kind
+        self.repo = repo
+        self.hub = hub(kind)
+
+    def plan(self, entry: CatalogEntry | None, name: str, ref: Ref) -> Plan:
+        from ..cache import Cache
+
+        where = f"{self.name}:{self.repo}"
+        branch = "main" if self.name == "hf" else "master"
+        listing = self.hub.listing(self.repo, [INDEX], branch)
+        if INDEX not in listing.files:
+            raise NotFound(f"{where}: no {INDEX}, so this is not an oscar-zoo mirror")
+        cache = Cache()
+        meta = listing.files[INDEX]
+        sha = fetch(self.hub.remote(self.repo, meta, listing.commit or branch, INDEX), cache, False)
+        index = json.loads(cache.blob(sha).read_bytes())
+        slot = _model_slot(index, entry, name)
+        if slot is None:
+            raise BundleNotFound(f"{where}: the mirror has no {name}")
+        model, info = slot
+        if ref.version is not None:
+            number = ref.version
+        elif ref.alias in (None, "latest", "recommended"):
+            number = int(info["latest"])
+        else:
+            raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
+                                  f"not {ref.alias!r}")
+        e = info["versions"].get(str(number))
+        if e is None:
+            raise VersionNotFound(f"{where}: {model} v{number} is not mirrored; mirrored: "
+                                  f"{', '.join('v' + n for n in sorted(info['versions'], key=int))}")
+        names = [n for n in e["files"] if not n.endswith(".pt")]
+        paths = [f"{e['path']}/{n}" for n in names]
+        at_tag = self.hub.listing(self.repo, paths, e["tag"])
+        missing = [p for p in paths if p not in at_tag.files]
+        if missing:
+            raise BundleNotFound(f"{where}@{e['tag']}: missing {', '.join(missing)}")
+        pinned = at_tag.commit or e["tag"]
+
+        def locate(fname: str, sha256: str | None, size: int | None) -> RemoteFile:
+            remote = self.hub.remote(self.repo, at_tag.files[f"{e['path']}/{fname}"], pinned, fname)
+            remote.sha256, remote.size = sha256 or remote.sha256, size or remote.size
+            return remote
+
+        refs = [f"v{number}"] + (["latest"] if ref.version is None else [])
+        return Plan(source=self.name, model=model, origin=f"{where}/{e['path']}@{e['tag']}",
+                    kind="bundle", digest=e["digest"], version=number, refs=refs,
+                    validated=e.get("validated"), manifest=locate(MANIFEST, e["digest"], None),
+                    locate=locate)
+
+
+def _model_slot(index: dict, entry: CatalogEntry | None, name: str):
+    models = index.get("models") or {}
+    keys = {name.lower()} | ({entry.name, *entry.names} if entry is not None else set())
+    for model, info in models.items():
+        if model.lower() in keys or str(info.get("hub_id", "")).lower() in keys:
+            return model, info
+    return None

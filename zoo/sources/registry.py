@@ -1,0 +1,71 @@
+"""The oscar-zoo registry as a pull source: versions, aliases, sha256 per file, layer ranges.
+
+One request resolves a name: the model detail carries the alias map and the newest versions
+with their digests, so a warm pull (digest already cached) needs nothing more. Files are then
+fetched by their stable per-version URLs and checked against the manifest, whose own sha256 is
+the digest announced here.
+"""
+
+from __future__ import annotations
+
+from ..catalog import CatalogEntry
+from ..errors import VersionNotFound
+from ..registry_client import RegistryClient
+from .base import DEFAULT_ALIASES, Plan, Ref
+from .download import RemoteFile
+
+MANIFEST = "bundle.json"
+
+
+class RegistrySource:
+    name = "registry"
+
+    def __init__(self, client: RegistryClient | None = None):
+        self.client = client or RegistryClient()
+
+    def plan(self, entry: CatalogEntry | None, name: str, ref: Ref) -> Plan:
+        summary, model = self._resolve(entry.name if entry is not None else name, ref)
+        number, digest = int(summary["version"]), summary["digest"]
+        client = self.client
+
+        def locate(fname: str, sha256: str | None, size: int | None) -> RemoteFile:
+            return RemoteFile(fname, url=client.file_url(model, number, fname), sha256=sha256,
+                              size=size, headers=client.auth_headers, source="registry")
+
+        notes = []
+        if summary.get("status") == "yanked":
+            notes.append(f"version {number} of {model} was yanked: "
+                         f"{summary.get('yank_reason') or 'no reason given'}")
+        elif summary.get("status") == "draft":
+            notes.append(f"version {number} of {model} is a draft, not published")
+        return Plan(
+            source="registry", model=model, kind="bundle", digest=digest, version=number,
+            origin=client.url(f"/v1/models/{model}/versions/{number}"),
+            refs=[f"v{number}", *summary.get("aliases", [])], status=summary.get("status"),
+            validated=summary.get("validation_passed"),
+            manifest=locate(MANIFEST, digest, None), locate=locate, notes=notes,
+            partial=lambda spec: RemoteFile("rotations.safetensors",
+                                            url=client.layers_url(model, number, spec),
+                                            headers=client.auth_headers, source="registry"))
+
+    def _resolve(self, name: str, ref: Ref) -> tuple[dict, str]:
+        """(version summary, model name) for the ref, from the model detail when it lists it."""
+        detail = self.client.model(name)
+        model, aliases = detail["name"], detail.get("version_aliases", {})
+        where = f"registry {self.client.endpoint}: {model}"
+        if ref.version is not None:
+            number = ref.version
+        elif ref.alias is not None:
+            if ref.alias not in aliases:
+                raise VersionNotFound(f"{where} has no alias {ref.alias!r}; its aliases: "
+                                      f"{', '.join(sorted(aliases)) or 'none'}")
+            number = aliases[ref.alias]
+        else:
+            number = next((aliases[a] for a in DEFAULT_ALIASES if a in aliases), None)
+            if number is None:
+                raise VersionNotFound(f"{where} has no published version (neither "
+                                      f"{' nor '.join(DEFAULT_ALIASES)} is set)")
+        for summary in detail.get("versions", []):
+            if summary["version"] == number:
+                return summary, model
+        return self.client.version(model, number), model  # older than the detail's newest 20

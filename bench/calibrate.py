@@ -28,9 +28,13 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--batch-size", type=lambda s: None if s == "auto" else int(s), nargs="+",
+                    default=[None],
+                    help="windows per forward, or auto [the product's default: 1 on a CPU, 32K tokens' worth on "
+                         "a GPU]; several values give one table each, one model load")
     ap.add_argument("--no-clip-search", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="Print the top device ops of pass 1.")
+    ap.add_argument("--profile", action="store_true",
+                    help="print, per pass, CPU vs device time and the top ops (to stderr)")
     args = ap.parse_args(argv)
 
     from oscar_zoo.calibrate import capture
@@ -42,17 +46,32 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model, tok = load_model(resolve_source(args.model))
     load_s = time.perf_counter() - t0
+    for i, batch in enumerate(args.batch_size):
+        if i:
+            print()
+        _one(args, batch, model, tok, load_s)
+    return 0
+
+
+def _one(args, batch: int, model, tok, load_s: float) -> None:
+    from oscar_zoo.calibrate import capture
+    from oscar_zoo.calibrate.data import load_text, token_windows
+    from oscar_zoo.calibrate.pipeline import (CalibrationConfig, calibrate, forward, hardware,
+                                              windows_per_forward)
+    from oscar_zoo.zoo import bundle as B
+
     cuda = torch.cuda.is_available()
     cfg = CalibrationConfig(model=args.model, tokens=args.tokens, seq_len=args.seq_len,
-                            batch_size=args.batch_size, clip_search=not args.no_clip_search)
+                            batch_size=batch, clip_search=not args.no_clip_search)
+    batch = windows_per_forward(cfg, model.device)
     windows = token_windows(tok, load_text(cfg.data), cfg.seq_len, cfg.tokens, cfg.seed)
     tokens = len(windows) * cfg.seq_len
 
     def plain():
         model.set_attn_implementation("sdpa")       # no observer, no capture attention at all
         try:
-            for s in range(0, len(windows), cfg.batch_size):
-                forward(model, windows[s:s + cfg.batch_size])
+            for s in range(0, len(windows), batch):
+                forward(model, windows[s:s + batch])
             if cuda:
                 torch.cuda.synchronize()
         finally:
@@ -65,12 +84,14 @@ def main(argv=None) -> int:
     # Warm-up of our own path too: float64 BLAS handles, Triton JIT (one kernel per clip count
     # on GPUs, cached on disk afterwards). Timed and reported, not hidden.
     t = time.perf_counter()
-    warm = CalibrationConfig(model=args.model, tokens=cfg.seq_len, seq_len=cfg.seq_len,
-                             clip_windows=1, clip_search=cfg.clip_search)
+    warm = CalibrationConfig(model=args.model, tokens=cfg.seq_len * batch, seq_len=cfg.seq_len,
+                             batch_size=batch, clip_windows=1, clip_search=cfg.clip_search)
     calibrate(warm, loaded=(model, tok))
     warm_s = time.perf_counter() - t
     if args.profile:
-        _profile(lambda: calibrate(warm, loaded=(model, tok)))
+        _profile(f"plain forward, batch {batch}", plain)
+        _profile(f"calibration of {warm.tokens} tokens, batch {batch}",
+                 lambda: calibrate(warm, loaded=(model, tok)))
     rss_before = peak_rss_mib()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -88,7 +109,7 @@ def main(argv=None) -> int:
             ("pass 2 (score-weighted V)", tm.get("pass2", 0.0)), ("fit (eigh, H, P)", tm["fitting"]),
             ("calibration = pass 1 + pass 2 + fit", calib_s), ("clip search (held-out windows)", tm["clip_search"])]
     print(f"# Calibration cost: {args.model}, {tokens:,} tokens ({len(windows)} x {cfg.seq_len}), "
-          f"batch {cfg.batch_size}")
+          f"batch {batch}{'' if cfg.batch_size else ' (the default here)'}")
     print(f"device: {hardware()}; torch {torch.__version__}; model load {load_s:.1f} s; first "
           f"calibration call (warm-up: BLAS handles, Triton JIT) {warm_s:.1f} s, not counted below\n")
     print("| step | seconds | tokens/s | x plain forward |\n|---|---|---|---|")
@@ -103,17 +124,28 @@ def main(argv=None) -> int:
         print(f"peak GPU memory above the loaded model: {peak:,.0f} MiB")
     print(f"peak RSS: {peak_rss_mib():,.0f} MiB (after model load and plain forwards: {rss_before:,.0f} MiB)")
     print(f"bytes written: {written:,} (the bundle: rotations.safetensors, bundle.json, README.md)")
-    return 0
 
 
-def _profile(fn) -> None:
+def _profile(title: str, fn) -> None:
+    """Wall vs device busy time, and the top ops by host time: on a small model a GPU forward is
+    launch-bound, and the host column says which of our ops cost their launches."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t = time.perf_counter()
     with profile(activities=acts) as prof:
         fn()
-    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=15), file=sys.stderr)
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events) if cuda else 0
+    print(f"\n## {title}: wall {wall * 1e3:.1f} ms (profiled), device busy {device_us / 1e3:.1f} ms",
+          file=sys.stderr)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+    if cuda:
+        print(events.table(sort_by="self_cuda_time_total", row_limit=12), file=sys.stderr)
 
 
 if __name__ == "__main__":

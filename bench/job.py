@@ -45,7 +45,7 @@ def parse(argv):
     ap.add_argument("--publish-as", help="name to publish a path model under [bench/<stem>]")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, help="windows per forward [automatic]")
     ap.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--context-len", type=int, default=2048, help="validation context")
     ap.add_argument("--validation-windows", type=int, default=2)

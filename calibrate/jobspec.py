@@ -54,7 +54,7 @@ class JobSpec(Strict):
     text_field: str = Field("text", max_length=100)
     tokens: int | None = Field(None, ge=1, le=1 << 30)
     seq_len: int | None = Field(None, ge=2, le=1 << 20)
-    batch_size: int = Field(1, ge=1, le=1024)
+    batch_size: int | None = Field(None, ge=1, le=1024)   # None: automatic (pipeline.windows_per_forward)
     seed: int = Field(0, ge=0)
     k_objective: Literal["qqt", "ktk", "hadamard"] = "qqt"
     v_objective: Literal["sst", "vtv", "hadamard"] = "sst"

@@ -27,6 +27,7 @@ class LayerMoments:
     def __post_init__(self):
         self.n_q = 0      # q rows per KV head seen (tokens x g)
         self.n_k = 0      # tokens seen
+        self._c = None    # C_h, frozen at the first pass-2 update
         self._alloc(torch.device("cpu"))
 
     def _alloc(self, device: torch.device) -> None:
@@ -53,6 +54,8 @@ class LayerMoments:
 
     def update_pass1(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # q: [B, Hq, T, d]; k, v: [B, Hkv, T, d]
+        if self._c is not None:
+            raise RuntimeError("pass 1 update after pass 2 began: C would be stale")
         self._on(q.device)
         b, hq, t, d = q.shape
         g = hq // self.kv_heads
@@ -70,12 +73,14 @@ class LayerMoments:
             self.m_v += gram(v64)
 
     def update_pass2(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        # Pass 1 is over by now, so C is final: computed once, not per call (small models on a
+        # GPU are launch-bound, and every extra op per layer shows in the pass time).
+        if self._c is None:
+            self._c = self.q_cov()                                                # [H, d, d]
         k64, v64 = _heads_rows(k), _heads_rows(v)                                 # [H, rows, d]
-        c = self.q_cov()                                           # [H, d, d]
-        e = torch.einsum("hrd,hde,hre->hr", k64, c, k64).clamp_min(0)            # [H, rows]
-        w = v64 * e.sqrt()[..., None]
-        self.s_v += gram(w)
+        e = ((k64 @ self._c) * k64).sum(-1).clamp_min_(0)                         # [H, rows]
         self.e_sum += e.sum(1)
+        self.s_v += gram(v64 * e.sqrt_().unsqueeze(-1))
 
     # --- finished statistics -----------------------------------------------------------------
 

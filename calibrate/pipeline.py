@@ -39,7 +39,7 @@ class CalibrationConfig:
     text_field: str = "text"
     tokens: int = 30000
     seq_len: int = 2048
-    batch_size: int = 1
+    batch_size: int | None = None     # windows per forward; None: 1 on a CPU, GPU_TOKENS' worth on a GPU
     seed: int = 0
     k_objective: str = "qqt"          # qqt | ktk | hadamard
     v_objective: str = "sst"          # sst | vtv | hadamard
@@ -66,8 +66,21 @@ class CalibrationConfig:
             raise InvalidInput(f"composition {self.composition!r}: choose {', '.join(fit.COMPOSITIONS)}")
         if self.granularity not in ("layer", "kv_head"):
             raise InvalidInput("granularity is layer or kv_head")
-        if self.tokens <= 0 or self.seq_len <= 1 or self.batch_size <= 0:
+        if self.tokens <= 0 or self.seq_len <= 1 or (self.batch_size is not None and self.batch_size <= 0):
             raise InvalidInput("tokens, seq_len and batch_size must be positive")
+
+
+# A small model's forward on a GPU is launch-bound at one window (on an H100, SmolLM2 kept the
+# GPU busy 12% of the time at 1 x 2048 tokens); at ~32K tokens per forward the GPU work covers
+# the launches, and our extra ops per layer cost what their arithmetic costs
+# (bench/results/calibrate-h100.md). Activations of an 8B model at 32K tokens stay a few GB.
+GPU_TOKENS = 32768
+
+
+def windows_per_forward(cfg: CalibrationConfig, device: torch.device) -> int:
+    if cfg.batch_size is not None:
+        return cfg.batch_size
+    return max(1, GPU_TOKENS // cfg.seq_len) if device.type == "cuda" else 1
 
 
 def _noop(**_):
@@ -115,6 +128,8 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
 def _timed(timings, name, fn):
     t = time.perf_counter()
     out = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()   # a phase's queued GPU work is its own, not the next phase's
     timings[name] = time.perf_counter() - t
     return out
 
@@ -138,9 +153,10 @@ def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
         done += len(q)
         progress(phase=phase, done=done, total=total, layer=module.layer_idx)
 
+    batch = windows_per_forward(cfg, model.device)
     with capture.observing(observer):
-        for start in range(0, len(windows), cfg.batch_size):
-            forward(model, windows[start:start + cfg.batch_size])
+        for start in range(0, len(windows), batch):
+            forward(model, windows[start:start + batch])
 
 
 def forward(model, windows: list[list[int]]):

@@ -44,7 +44,8 @@ class PhaseBars:
 @click.option("--text-field", default="text", show_default=True, help="JSONL/dataset text field.")
 @click.option("--tokens", type=int, default=None, help="Token budget [default: 30000, OSCAR's].")
 @click.option("--seq-len", type=int, default=None, help="Tokens per window [default: 2048].")
-@click.option("--batch-size", type=int, default=1, show_default=True, help="Windows per forward pass.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Windows per forward pass [default: 1 on a CPU, 32K tokens' worth on a GPU].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--revision", help="Model revision (branch, tag or commit) when loading from a hub.")
 @click.option("--k-objective", type=click.Choice(["qqt", "ktk", "hadamard"]), default="qqt", show_default=True)

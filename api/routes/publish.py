@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -54,21 +56,11 @@ UPLOAD_SCHEMA = {
              responses={200: {"model": VersionDetail,
                                "description": "the same content was already this version"}})
 async def publish(name: str, request: Request, actor: str = Depends(require("bundles:publish"))):
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise UnsupportedMediaType("send the bundle files as multipart/form-data")
     registry = request.app.state.registry
-    staging_root = registry.data_dir / "staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
-    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
-                            max_part_size=64 * 1024) as form:
-        staging = Path(tempfile.mkdtemp(prefix="upload-", dir=staging_root))
-        try:
-            fields = await run_in_threadpool(_stage, form, staging)
-            pub = await run_in_threadpool(
-                registry.publish, staging, actor, fields.get("source_job") or None,
-                fields.get("status") or "published", name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    async with staged_upload(request, "upload-") as (staging, fields):
+        pub = await run_in_threadpool(
+            registry.publish, staging, actor, fields.get("source_job") or None,
+            fields.get("status") or "published", name)
     if pub.created:  # to the configured hub mirrors, in the background (never blocks publish)
         mirror_after_publish(registry, pub)
     with registry.db.read() as session:
@@ -76,6 +68,23 @@ async def publish(name: str, request: Request, actor: str = Depends(require("bun
     location = f"/v1/models/{body['model']}/versions/{body['version']}"
     return JSONResponse(body, status_code=201 if pub.created else 200,
                         headers={"Location": location})
+
+
+@asynccontextmanager
+async def staged_upload(request: Request, prefix: str) -> AsyncIterator[tuple[Path, dict[str, str]]]:
+    """The multipart body's files in a fresh staging dir under the data dir, and its text
+    fields; the dir is removed afterwards, whatever happened."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise UnsupportedMediaType("send the bundle files as multipart/form-data")
+    staging_root = request.app.state.registry.data_dir / "staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
+                            max_part_size=64 * 1024) as form:
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=staging_root))
+        try:
+            yield staging, await run_in_threadpool(_stage, form, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _stage(form, staging: Path) -> dict[str, str]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,11 +35,11 @@ from sqlalchemy import exists, select
 from ...registry_db import jobs as jobs_db
 from ...registry_db.models import Job
 from ...registry_db.publish import model_for, prepare_bundle, store_blobs
-from ...zoo.errors import LeaseLost, UnsupportedMediaType
+from ...zoo.errors import LeaseLost
 from ..auth import require
 from ..serialize import iso
 from .jobs import detail_of
-from .publish import MAX_FILES, _stage
+from .publish import staged_upload
 from .versions import version_body
 
 router = APIRouter(tags=["workers"])
@@ -174,21 +172,10 @@ def release(job_id: str, body: LeaseRequest, request: Request, actor: str = Depe
              summary="Upload the job's bundle (multipart, like publishing); one version per job")
 async def result(job_id: str, request: Request,
                  x_lease_token: str = Header(..., max_length=64), actor: str = Depends(work)):
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise UnsupportedMediaType("send the bundle files as multipart/form-data")
-    registry = request.app.state.registry
-    staging_root = registry.data_dir / "staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
-    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
-                            max_part_size=64 * 1024) as form:
-        staging = Path(tempfile.mkdtemp(prefix="job-", dir=staging_root))
-        try:
-            fields = await run_in_threadpool(_stage, form, staging)
-            body, created = await run_in_threadpool(
-                _record, registry, job_id, x_lease_token, staging,
-                fields.get("status") or "published", actor)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    async with staged_upload(request, "job-") as (staging, fields):
+        body, created = await run_in_threadpool(
+            _record, request.app.state.registry, job_id, x_lease_token, staging,
+            fields.get("status") or "published", actor)
     return JSONResponse(body, status_code=201 if created else 200)
 
 

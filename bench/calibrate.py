@@ -37,11 +37,7 @@ def main(argv=None) -> int:
                     help="print, per pass, CPU vs device time and the top ops (to stderr)")
     args = ap.parse_args(argv)
 
-    from oscar_zoo.calibrate import capture
-    from oscar_zoo.calibrate.data import load_text, token_windows
     from oscar_zoo.calibrate.loading import load_model, resolve_source
-    from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate, forward, hardware
-    from oscar_zoo.zoo import bundle as B
 
     t0 = time.perf_counter()
     model, tok = load_model(resolve_source(args.model))

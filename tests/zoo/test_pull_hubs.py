@@ -80,6 +80,18 @@ def test_every_name_of_the_model_gives_the_same_bundle_and_warm_pulls_download_n
         assert again.digest == first.digest and again.cached
         assert again.export.files == first.export.files
     assert len(hub.requests("GET", "/resolve/")) == downloads
+    # A warm pull asks the Hub only for the commit and hashes (HEAD), not through HfApi.
+    hub.log.clear()
+    assert pull("glm-4.7-fp8").cached
+    assert {m for m, _ in hub.log} == {"HEAD"} and all("/resolve/main/" in p for _, p in hub.log)
+
+
+def test_the_commit_date_is_best_effort_once_the_files_are_verified(seed_zoo, hub):
+    seed_zoo(("hf",))
+    hub.fail("*", r"^/api/models/", status=503, hub="hf")
+    r = pull("glm-4.7-fp8", fmt="sglang")
+    assert r.source == "hf" and not r.cached
+    assert hub.requests("GET", "/resolve/")
 
 
 def test_per_head_format_2_entry(seed_zoo, zoo_files):
@@ -109,7 +121,7 @@ def test_layers_fetches_whole_hub_files_and_exports_the_share(seed_zoo):
 
 def test_modelscope_serves_when_the_hf_hub_fails(seed_zoo, hub):
     seed_zoo()
-    hub.fail("*", r"^/api/models/", status=503, hub="hf")
+    hub.fail("*", r"^/api/models/|/resolve/", status=503, hub="hf")
     r = pull("glm-4.7-fp8", fmt="sglang")
     assert r.source == "modelscope" and r.origin.startswith(f"modelscope:{MS_ZOO}/")
     assert hub.requests("GET", "/api/v1/models/togethercomputer/OSCAR-RotationZoo/repo?")

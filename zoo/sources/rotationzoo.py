@@ -15,7 +15,7 @@ import json
 
 from .. import __version__, settings
 from ..catalog import CatalogEntry
-from ..errors import BundleNotFound, ModelNotFound, VersionNotFound
+from ..errors import BundleNotFound, ModelNotFound, OfflineError, RemoteError, VersionNotFound
 from .base import Plan, Ref
 from .hubs import Listing, hub
 
@@ -52,7 +52,7 @@ class RotationZooSource:
         zoo = entry.zoo
         revision = "main" if self.name == "hf" else "master"
         k_path, v_path = f"{zoo.folder}/{zoo.k_file}", f"{zoo.folder}/{zoo.v_file}"
-        listing = self.hub.listing(self.repo, [k_path, v_path], revision)
+        listing = self._listing([k_path, v_path], revision)
         for p in (k_path, v_path):
             if p not in listing.files:
                 raise BundleNotFound(f"{where}@{listing.commit or revision}: no file {p}")
@@ -68,7 +68,24 @@ class RotationZooSource:
         return Plan(source=self.name, model=entry.name, origin=imported_from, kind="oscar-pt",
                     refs=["rotationzoo"], files=files, notes=notes,
                     import_key=import_key(self.repo, zoo.folder, k_meta, v_meta, entry),
-                    convert=lambda blobs: _convert(blobs, entry, imported_from, listing))
+                    convert=lambda blobs: _convert(blobs, entry, imported_from,
+                                                   self._dated(listing, [k_path, v_path])))
+
+    def _listing(self, paths: list[str], revision: str) -> Listing:
+        quick = self.hub.head_listing(self.repo, paths, revision) if self.name == "hf" else None
+        return quick or self.hub.listing(self.repo, paths, revision)
+
+    def _dated(self, listing: Listing, paths: list[str]) -> Listing:
+        """The conversion stamps the commit date (so the same files give the same digest);
+        a quick listing has none, so the cold path asks for it at the pinned commit. The files
+        are verified by then: without a date the import still stands, stamped with the time
+        of conversion, as ModelScope's imports are."""
+        if listing.date or listing.commit is None:
+            return listing
+        try:
+            return self.hub.listing(self.repo, paths, listing.commit)
+        except (RemoteError, OfflineError):
+            return listing
 
 
 def import_key(repo: str, folder: str, k_meta, v_meta, entry: CatalogEntry) -> str:

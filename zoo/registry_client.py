@@ -79,15 +79,9 @@ class RegistryClient:
             raise ConfigError("no registry configured: set OSCAR_ZOO_ENDPOINT (e.g. "
                               "http://127.0.0.1:8000) or use the hub sources")
         if self._http is None:
-            from .sources.download import import_httpx, ssl_context
+            from .sources.download import new_client
 
-            httpx = import_httpx()
-
-            stall = float(settings.get("http_timeout"))
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._http = httpx.Client(base_url=self.endpoint, headers=headers,
-                                      follow_redirects=True, verify=ssl_context(),
-                                      timeout=httpx.Timeout(stall, connect=min(stall, 10.0)))
+            self._http = new_client(base_url=self.endpoint, headers=self.auth_headers)
         return self._http
 
     def close(self) -> None:

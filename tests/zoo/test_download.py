@@ -78,3 +78,58 @@ def test_a_stalled_transfer_is_abandoned_and_resumed(hf_only, hub, zoo_files, mo
     assert "stalled" in capsys.readouterr().err
     assert [rng for path, rng in hub.ranges if GLM_FILES[0] in path] == ["bytes=2000000-"]
     assert Cache().blob(k_sha(zoo_files)).read_bytes() == zoo_files[K_PATH]
+
+
+# --- TLS -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tls_server(tmp_path):
+    """An https server on loopback with a fresh self-signed certificate (Debian's openssl)."""
+    import http.server
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    server.shutdown()
+
+
+def test_https_is_verified_and_plain_http_builds_no_tls(tls_server, hub, monkeypatch):
+    import httpx
+
+    from oscar_zoo.zoo.sources import download
+
+    url, cert = tls_server
+    client = download.new_client()
+    assert client.get(f"{hub.url}/api/models/none").status_code == 404   # plain http works
+    assert client._transport._tls is None          # and never loaded a CA bundle
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        client.get(url)                            # an untrusted certificate is refused
+    client.close()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted: the same request goes through
+    monkeypatch.setattr(download.ssl_context, "ctx", None, raising=False)
+    with download.new_client() as trusting:
+        assert trusting.get(url).text == "ok"

@@ -128,8 +128,8 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
 def _timed(timings, name, fn):
     t = time.perf_counter()
     out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()   # a phase's queued GPU work is its own, not the next phase's
+    for i in range(torch.cuda.device_count()):  # every GPU of a device_map'd model
+        torch.cuda.synchronize(i)   # a phase's queued GPU work is its own, not the next phase's
     timings[name] = time.perf_counter() - t
     return out
 

@@ -77,3 +77,15 @@ def test_calibrated_bundle_writes_and_verifies(truncated_model, tmp_path):
     phases = [e["phase"] for e in events]
     assert "pass1" in phases and "pass2" not in phases and "fitting" in phases  # vtv needs no pass 2
     assert max(e["done"] for e in events if e["phase"] == "pass1") == 2        # 1 window x 2 layers
+
+
+def test_windows_per_forward_batches_on_a_gpu_only():
+    from oscar_zoo.calibrate.pipeline import GPU_TOKENS, windows_per_forward
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    cfg = CalibrationConfig(model="smollm2-135m", seq_len=2048)
+    assert windows_per_forward(cfg, cpu) == 1
+    assert windows_per_forward(cfg, cuda) == GPU_TOKENS // 2048 > 1
+    assert windows_per_forward(CalibrationConfig(model="m", seq_len=GPU_TOKENS * 2), cuda) == 1
+    assert windows_per_forward(CalibrationConfig(model="m", batch_size=3), cuda) == 3
+    assert windows_per_forward(CalibrationConfig(model="m", batch_size=3), cpu) == 3

@@ -72,6 +72,10 @@ class HFHub:
     def token(self) -> str | None:
         return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def api(self):
         from huggingface_hub import HfApi
 
@@ -103,12 +107,11 @@ class HFHub:
         No commit date: a conversion that needs it asks for the full listing."""
         from .download import http_client
 
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         files, commits = {}, set()
         try:
             for path in paths:
-                r = http_client().head(self.resolve_url(repo, path, revision), headers=headers,
-                                       follow_redirects=False)
+                r = http_client().head(self.resolve_url(repo, path, revision),
+                                       headers=self.auth_headers, follow_redirects=False)
                 sha, size = r.headers.get("X-Linked-Etag"), r.headers.get("X-Linked-Size")
                 if r.status_code not in (200, 302) or not sha or not size:
                     return None
@@ -129,11 +132,10 @@ class HFHub:
         return _retrying(call, f"hf:{repo}")
 
     def remote(self, repo: str, meta: FileMeta, commit: str, name: str | None = None) -> RemoteFile:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return RemoteFile(name=name or meta.path.rsplit("/", 1)[-1],
                           url=self.resolve_url(repo, meta.path, commit),
                           sha256=meta.sha256, size=meta.size, git_sha1=meta.git_sha1,
-                          headers=headers, source="hf")
+                          headers=self.auth_headers, source="hf")
 
     def resolve_url(self, repo: str, path: str, revision: str) -> str:
         # Built here, not with hf_hub_url: that one only swaps in `endpoint` when its template,

@@ -105,8 +105,9 @@ class HFHub:
         unless every answer is a plain 200 or 302 carrying X-Repo-Commit, one commit for all,
         and X-Linked-Etag: the caller then lists through HfApi, which also words the errors.
         No commit date: a conversion that needs it asks for the full listing."""
-        from .download import http_client
+        from .download import http_client, import_httpx
 
+        httpx = import_httpx()
         files, commits = {}, set()
         try:
             for path in paths:
@@ -118,7 +119,7 @@ class HFHub:
                 commits.add(r.headers.get("X-Repo-Commit"))
                 files[path] = FileMeta(path, int(size), sha.strip('"').removeprefix("W/"),
                                        (r.headers.get("ETag") or "").strip('"') or None)
-        except Exception:  # any transport error: the HfApi path retries and reports it
+        except (httpx.TransportError, ValueError):  # the HfApi path retries and reports it
             return None
         if len(commits) != 1 or None in commits:
             return None

@@ -45,42 +45,34 @@ class LayerMoments:
                 raise RuntimeError("a layer moved between devices during calibration")
             self._alloc(device)
 
-    def to_cpu(self) -> "LayerMoments":
-        for name in ("m_q", "k_sum", "s_v", "e_sum", "m_k", "m_v"):
-            t = getattr(self, name)
-            if t is not None:
-                setattr(self, name, t.cpu())
-        return self
-
     def update_pass1(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # q: [B, Hq, T, d]; k, v: [B, Hkv, T, d]
         if self._c is not None:
             raise RuntimeError("pass 1 update after pass 2 began: C would be stale")
         self._on(q.device)
-        b, hq, t, d = q.shape
+        b, hq, t, _ = q.shape
         g = hq // self.kv_heads
-        q64 = q.detach().to(torch.float64).reshape(b, self.kv_heads, g, t, d)
-        q64 = q64.permute(1, 0, 2, 3, 4).reshape(self.kv_heads, b * g * t, d)   # [H, rows, d]
-        self.m_q += gram(q64)
+        # One Gram product per (window, query head), then summed per KV head: no permuted copy
+        # of the float64 queries (the largest tensor of the pass) is ever made.
+        self.m_q += gram(_f64(q)).view(b, self.kv_heads, g, *self.m_q.shape[1:]).sum((0, 2))
         self.n_q += b * g * t
-        k64 = _heads_rows(k)                                                      # [H, B*T, d]
-        self.k_sum += k64.sum(1)
-        self.n_k += k64.shape[1]
+        self.k_sum += k.detach().sum((0, 2), dtype=torch.float64)
+        self.n_k += b * t
         if self.m_k is not None:
-            self.m_k += gram(k64)
+            self.m_k += _sum_windows(gram(_f64(k)), b)
         if self.m_v is not None:
-            v64 = _heads_rows(v)
-            self.m_v += gram(v64)
+            self.m_v += _sum_windows(gram(_f64(v)), b)
 
     def update_pass2(self, k: torch.Tensor, v: torch.Tensor) -> None:
         # Pass 1 is over by now, so C is final: computed once, not per call (small models on a
         # GPU are launch-bound, and every extra op per layer shows in the pass time).
         if self._c is None:
             self._c = self.q_cov()                                                # [H, d, d]
-        k64, v64 = _heads_rows(k), _heads_rows(v)                                 # [H, rows, d]
-        e = ((k64 @ self._c) * k64).sum(-1).clamp_min_(0)                         # [H, rows]
-        self.e_sum += e.sum(1)
-        self.s_v += gram(v64 * e.sqrt_().unsqueeze(-1))
+        b = k.shape[0]
+        k64, v64 = _f64(k), _f64(v)                                               # [B, H, T, d]
+        e = ((k64 @ self._c) * k64).sum(-1).clamp_min_(0)                         # [B, H, T]
+        self.e_sum += e.sum((0, 2))
+        self.s_v += _sum_windows(gram(v64 * e.sqrt_().unsqueeze(-1)), b)
 
     # --- finished statistics -----------------------------------------------------------------
 
@@ -102,28 +94,17 @@ class LayerMoments:
         return self.s_v / self.e_sum.clamp_min(1e-12)[:, None, None]
 
 
-CHUNK_ROWS = 2048
-
-
 def gram(x: torch.Tensor) -> torch.Tensor:
-    """sum over rows of x x^T per head: [H, rows, d] -> [H, d, d].
-
-    One GEMM per head has a long reduction but only H output tiles, which leaves a GPU nearly
-    idle; splitting the rows into chunks gives it H x chunks independent products to run.
-    """
-    if x.shape[1] < 2 * CHUNK_ROWS or x.device.type != "cuda":
-        return x.transpose(1, 2) @ x
-    return chunked_gram(x, CHUNK_ROWS)
+    """x^T x per leading index: [..., rows, d] -> [..., d, d] (one batched GEMM)."""
+    return x.transpose(-1, -2) @ x
 
 
-def chunked_gram(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    h, rows, d = x.shape
-    c = rows // chunk
-    head, tail = x[:, :c * chunk].reshape(h * c, chunk, d), x[:, c * chunk:]
-    return (head.transpose(1, 2) @ head).view(h, c, d, d).sum(1) + tail.transpose(1, 2) @ tail
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    # [B, H, T, d] in float64, written contiguously whatever the input's strides (attention
+    # hands q as a transposed view), so every later op is a plain batched one.
+    return x.detach().to(torch.float64, memory_format=torch.contiguous_format)
 
 
-def _heads_rows(x: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, d] -> [H, B*T, d] float64
-    b, h, t, d = x.shape
-    return x.detach().to(torch.float64).permute(1, 0, 2, 3).reshape(h, b * t, d)
+def _sum_windows(per_window: torch.Tensor, b: int) -> torch.Tensor:
+    # [B, H, d, d] -> [H, d, d]
+    return per_window.view(b, *per_window.shape[-3:]).sum(0)

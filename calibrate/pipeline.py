@@ -142,8 +142,13 @@ def _moments(moments: dict, module, k, cfg) -> LayerMoments:
     return moments[lid]
 
 
+class _LastLayerSeen(Exception):
+    """Raised by a pass's observer once the last attention layer has been captured."""
+
+
 def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
     layers = geometry.layers()
+    last = max(layers)
     total = len(windows) * len(layers)
     done = 0
 
@@ -152,11 +157,18 @@ def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
         update(module, q, k, v)
         done += len(q)
         progress(phase=phase, done=done, total=total, layer=module.layer_idx)
+        if module.layer_idx == last:
+            # Nothing after the last layer's Q/K/V feeds a moment: its attention, MLP and the LM
+            # head would be computed for nothing (a tenth of a forward on a 10-layer model).
+            raise _LastLayerSeen
 
     batch = windows_per_forward(cfg, model.device)
     with capture.observing(observer):
         for start in range(0, len(windows), batch):
-            forward(model, windows[start:start + batch])
+            try:
+                forward(model, windows[start:start + batch])
+            except _LastLayerSeen:
+                pass
 
 
 def forward(model, windows: list[list[int]]):
@@ -186,22 +198,31 @@ def _fit_all(moments, cfg, geometry, progress) -> dict[int, FittedLayer]:
     """All layers' second moments -> rotations; layers of one shape share a batched eigh."""
     per_head = cfg.granularity == "kv_head"
     layers = geometry.layers()
-    stats = {lid: _side_moments(moments[lid].to_cpu(), cfg) for lid in layers}
-    fitted: dict[int, dict] = {lid: {"mean": stats[lid]["mean"]} for lid in layers}
-    for side, objective in (("k", cfg.k_objective), ("v", cfg.v_objective)):
-        for group in _same_shape(layers, moments):
+    # Statistics stay on the layers' devices until stacked: one copy to the host per side and
+    # shape group instead of one per tensor and layer.
+    stats = {lid: _side_moments(moments[lid], cfg) for lid in layers}
+    fitted: dict[int, dict] = {lid: {} for lid in layers}
+    for group in _same_shape(layers, moments):
+        for side, objective in (("k", cfg.k_objective), ("v", cfg.v_objective)):
             m = moments[group[0]]
             if objective == "hadamard":
                 rot, eig = fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads, per_head)
-                rots, eigs = [rot] * len(group), [eig] * len(group)
+                rots, eigs = [rot.float()] * len(group), [eig.float()] * len(group)
             else:
-                rots, eigs = fit.fit_side(torch.stack([stats[lid][side] for lid in group]),
-                                          cfg.composition, per_head)
+                covs = _stack_cpu([stats[lid][side] for lid in group])
+                rots, eigs = (t.float() for t in fit.fit_side(covs, cfg.composition, per_head))
             for lid, rot, eig in zip(group, rots, eigs):
-                fitted[lid][side] = (rot.float(), eig.float())
+                fitted[lid][side] = (rot, eig)
+        means = _stack_cpu([stats[lid]["mean"] for lid in group]) if cfg.key_centering else [None] * len(group)
+        for lid, mean in zip(group, means):
+            fitted[lid]["mean"] = None if mean is None else mean.float()
     progress(phase="fitting", done=len(layers), total=len(layers))
-    return {lid: FittedLayer(*f["k"], *f["v"], None if f["mean"] is None else f["mean"].float())
-            for lid, f in fitted.items()}
+    return {lid: FittedLayer(*f["k"], *f["v"], f["mean"]) for lid, f in fitted.items()}
+
+
+def _stack_cpu(tensors: list[torch.Tensor]) -> torch.Tensor:
+    # Layers of a device_map'd model live on several GPUs; gather them where the first one is.
+    return torch.stack([t.to(tensors[0].device) for t in tensors]).cpu()
 
 
 def _side_moments(m: LayerMoments, cfg) -> dict:

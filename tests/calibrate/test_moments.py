@@ -47,13 +47,23 @@ def test_streaming_moments_equal_direct_computation(seed):
     assert m.q_cov().dtype == torch.float64
 
 
-def test_chunked_gram_equals_one_product():
-    from oscar_zoo.calibrate import moments
-
-    x = torch.randn(3, 5000, 16, dtype=torch.float64)
-    want = x.transpose(1, 2) @ x
-    torch.testing.assert_close(moments.gram(x), want)
-    torch.testing.assert_close(moments.chunked_gram(x, 2048), want, rtol=1e-12, atol=1e-9)
-    torch.testing.assert_close(moments.chunked_gram(x, 999), want, rtol=1e-12, atol=1e-9)
+def test_strided_inputs_as_attention_hands_them_give_the_same_moments():
+    # Attention receives q, k, v as [B, H, T, d] views of [B, T, H, d] projections.
+    rng = np.random.default_rng(7)
+    hq, h, d = 6, 2, 8
+    (q, k, v), = _chunks(rng, [(3, 11)], hq, h, d)
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert not strided[0].is_contiguous()
+    a, b = LayerMoments(h, d, want_ktk=True, want_vtv=True), LayerMoments(h, d, want_ktk=True, want_vtv=True)
+    a.update_pass1(q, k, v)
+    b.update_pass1(*strided)
+    a.update_pass2(k, v)
+    b.update_pass2(*strided[1:])
+    for name in ("m_q", "k_sum", "m_k", "m_v", "s_v", "e_sum"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-12, atol=1e-12)
     if torch.cuda.is_available():
-        torch.testing.assert_close(moments.gram(x.cuda()).cpu(), want, rtol=1e-12, atol=1e-9)
+        c = LayerMoments(h, d, want_ktk=True, want_vtv=True)
+        c.update_pass1(*(x.cuda() for x in strided))
+        c.update_pass2(*(x.cuda() for x in strided[1:]))
+        for name in ("m_q", "m_k", "s_v"):
+            torch.testing.assert_close(getattr(c, name).cpu(), getattr(a, name), rtol=1e-10, atol=1e-9)

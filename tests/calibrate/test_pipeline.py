@@ -67,8 +67,13 @@ def test_calibrated_bundle_writes_and_verifies(truncated_model, tmp_path):
     model, tok = truncated_model(2)
     cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_search=False,
                             granularity="kv_head", k_objective="ktk", v_objective="vtv")
-    events = []
-    bundle = calibrate(cfg, progress=lambda **e: events.append(e), loaded=(model, tok)).bundle
+    events, after_last_layer = [], []
+    hook = model.model.norm.register_forward_hook(lambda *a: after_last_layer.append(1))
+    try:
+        bundle = calibrate(cfg, progress=lambda **e: events.append(e), loaded=(model, tok)).bundle
+    finally:
+        hook.remove()
+    assert not after_last_layer       # a pass stops once the last layer's Q/K/V are captured
     B.write(bundle, tmp_path / "b")
     m = B.verify_bundle(tmp_path / "b")
     assert m.method.granularity == "kv_head" and m.calibration.tokens == 512

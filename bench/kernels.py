@@ -1,6 +1,6 @@
 """INT2 kernels on the GPU: decode attention beside BF16 SDPA, quantize beside a device copy.
 
-    python bench/kernels.py [--quick] [--sweep]
+    python bench/kernels.py [--quick] [--sweep] [--parts] [--repeat N]
 
 Qwen3-8B attention geometry (32 query heads, 8 KV heads, head_dim 128), one decode query per
 sequence, batch 1/8/32 at context 8K/32K/128K. Our cache: BF16 sink 64 + recent 256, INT2
@@ -160,6 +160,8 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="try the kernel configurations first")
     ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
     ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time each case N times, ours and SDPA interleaved; medians, and the speedup's range")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.one:
@@ -200,11 +202,13 @@ def main() -> int:
     rows = []
     for bsz, n in cases:
         cfg = best[1 if bsz == 1 else 32]
-        ti = time_int2(bsz, n, gen, cfg)
-        ts = time_sdpa(bsz, n)
+        pairs = [(time_int2(bsz, n, gen, cfg), time_sdpa(bsz, n)) for _ in range(args.repeat)]
+        ti, ts = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+        ratios = sorted(s / i for i, s in pairs)
         bi, bs = int2_bytes(bsz, n), bsz * HKV * n * D * 4
         rows.append((bsz, n, ts, bs / ts / 1e9, ti, bi / ti / 1e9, ts / ti, bs / bi, cfg))
-        print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms", flush=True)
+        spread = f", speedup of the {args.repeat} pairs {ratios[0]:.2f}x-{ratios[-1]:.2f}x" if args.repeat > 1 else ""
+        print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms{spread}", flush=True)
     if args.sweep:
         print("\nquantize sweep (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg")
         qres = []

@@ -9,8 +9,6 @@ Compositions (matrix-product order; rows are right-multiplied, stored k = k_row 
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
@@ -70,34 +68,8 @@ def fit(cov: torch.Tensor, composition: str) -> tuple[torch.Tensor, torch.Tensor
     """(rotations [..., d, d], eigenvalues [..., d] ascending) of symmetric second moments
     [..., d, d]; a stack of many layers is one batched eigh."""
     sym = (cov + cov.transpose(-1, -2)) / 2
-    eigenvalues, u = eigh(sym.to(torch.float64))
+    eigenvalues, u = torch.linalg.eigh(sym.to(torch.float64))
     return compose(u, eigenvalues, composition), eigenvalues
-
-
-def eigh(sym: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.linalg.eigh of a stack [..., d, d], its matrices spread over CPU threads.
-
-    LAPACK's eigh of one small matrix is latency-bound (~0.35 ms at d = 64) and torch runs a
-    batch one matrix after another on one core; eigh releases the GIL, so threads run in
-    parallel. On a 16-core host the fit of a 30-layer model takes 1/16 of the time.
-    """
-    d = sym.shape[-1]
-    flat = sym.reshape(-1, d, d)
-    workers = min(len(flat), _cores())
-    if sym.device.type != "cpu" or workers < 2:
-        return torch.linalg.eigh(sym)
-    parts = list(_pool(workers).map(torch.linalg.eigh, flat.tensor_split(workers)))
-    eigenvalues = torch.cat([w for w, _ in parts]).view(sym.shape[:-1])
-    return eigenvalues, torch.cat([u for _, u in parts]).view(sym.shape)
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@lru_cache(maxsize=None)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="oscar-eigh")
 
 
 def fit_side(covs: torch.Tensor, composition: str, per_head: bool):

@@ -26,6 +26,7 @@ from . import capture, clip_search, fit
 from .data import BUILTIN, load_text, token_windows
 from .int2_attention import kernel_quantizer
 from .loading import load_model, model_geometry, resolve_source
+from .fitter import Fitter
 from .moments import LayerMoments
 
 Progress = Callable[..., None]   # progress(phase=..., done=..., total=..., layer=..., **info)
@@ -111,18 +112,39 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed)
     calib, held_out = windows[:len(windows) - n_clip], windows[len(windows) - n_clip:]
 
-    moments = {}
-    _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1",
-                                           lambda m, q, k, v: _moments(moments, m, k, cfg).update_pass1(q, k, v)))
-    _check_layers(geometry, moments)
-    if cfg.v_objective == "sst":
-        _timed(timings, "pass2", lambda: _pass(model, calib, cfg, geometry, progress, "pass2",
-                                               lambda m, q, k, v: moments[m.layer_idx].update_pass2(k, v)))
-    fitted = _timed(timings, "fitting", lambda: _fit_all(moments, cfg, geometry, progress))
+    fitted = _moments_and_fit(model, calib, cfg, geometry, progress, timings)
     clips = _timed(timings, "clip_search", lambda: _clips(model, held_out, cfg, geometry, fitted, progress))
     bundle = _bundle(cfg, src, model, geometry, text, calib, fitted, clips)
     timings["total"] = time.perf_counter() - t0
     return CalibrationResult(bundle, timings, len(calib) * cfg.seq_len)
+
+
+def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int, "FittedLayer"]:
+    """Pass 1, pass 2, and each layer's fit on a host thread as soon as its statistic is final."""
+    moments: dict[int, LayerMoments] = {}
+    layers = geometry.layers()
+
+    def update1(m, q, k, v, last_forward):
+        _moments(moments, m, k, cfg).update_pass1(q, k, v)
+
+    def update2(m, q, k, v, last_forward):
+        moments[m.layer_idx].update_pass2(k, v)
+        if last_forward:
+            _submit(fitter, m.layer_idx, "v", moments[m.layer_idx], cfg)
+
+    with Fitter(cfg.composition, cfg.granularity == "kv_head") as fitter:
+        _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1", update1))
+        _check_layers(geometry, moments)
+        for lid in layers:                    # final now: fitted while pass 2 runs
+            _submit(fitter, lid, "k", moments[lid], cfg)
+        if cfg.v_objective == "sst":
+            _timed(timings, "pass2", lambda: _pass(model, calib, cfg, geometry, progress, "pass2", update2))
+        else:
+            for lid in layers:
+                _submit(fitter, lid, "v", moments[lid], cfg)
+        fitted = _timed(timings, "fitting", lambda: _collect(fitter, moments, cfg, layers, progress))
+    timings["fitting_work"] = fitter.busy_s
+    return fitted
 
 
 def _timed(timings, name, fn):
@@ -154,8 +176,8 @@ def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
 
     def observer(module, q, k, v, mask, kw):
         nonlocal done
-        update(module, q, k, v)
         done += len(q)
+        update(module, q, k, v, done > total - len(layers) * len(q))     # the last forward's call
         progress(phase=phase, done=done, total=total, layer=module.layer_idx)
         if module.layer_idx == last:
             # Nothing after the last layer's Q/K/V feeds a moment: its attention, MLP and the LM
@@ -194,56 +216,35 @@ class FittedLayer:
     mean: torch.Tensor | None
 
 
-def _fit_all(moments, cfg, geometry, progress) -> dict[int, FittedLayer]:
-    """All layers' second moments -> rotations; layers of one shape share a batched eigh."""
-    per_head = cfg.granularity == "kv_head"
-    layers = geometry.layers()
-    # Statistics stay on the layers' devices until stacked: one copy to the host per side and
-    # shape group instead of one per tensor and layer.
-    stats = {lid: _side_moments(moments[lid], cfg) for lid in layers}
-    fitted: dict[int, dict] = {lid: {} for lid in layers}
-    for group in _same_shape(layers, moments):
-        for side, objective in (("k", cfg.k_objective), ("v", cfg.v_objective)):
-            m = moments[group[0]]
-            if objective == "hadamard":
-                rot, eig = fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads, per_head)
-                rots, eigs = [rot.float()] * len(group), [eig.float()] * len(group)
-            else:
-                covs = _stack_cpu([stats[lid][side] for lid in group])
-                rots, eigs = (t.float() for t in fit.fit_side(covs, cfg.composition, per_head))
-            for lid, rot, eig in zip(group, rots, eigs):
-                fitted[lid][side] = (rot, eig)
-        means = _stack_cpu([stats[lid]["mean"] for lid in group]) if cfg.key_centering else [None] * len(group)
-        for lid, mean in zip(group, means):
-            fitted[lid]["mean"] = None if mean is None else mean.float()
-    progress(phase="fitting", done=len(layers), total=len(layers))
-    return {lid: FittedLayer(*f["k"], *f["v"], f["mean"]) for lid, f in fitted.items()}
+def _submit(fitter: Fitter, lid: int, side: str, m: LayerMoments, cfg) -> None:
+    objective = cfg.k_objective if side == "k" else cfg.v_objective
+    if objective == "hadamard":
+        fitter.fixed(lid, side, *fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads,
+                                                     cfg.granularity == "kv_head"))
+    else:
+        fitter.submit(lid, side, _side_moment(m, side, cfg))
 
 
-def _stack_cpu(tensors: list[torch.Tensor]) -> torch.Tensor:
-    # Layers of a device_map'd model live on several GPUs; gather them where the first one is.
-    return torch.stack([t.to(tensors[0].device) for t in tensors]).cpu()
+def _side_moment(m: LayerMoments, side: str, cfg) -> torch.Tensor:
+    """The second moment a side's objective diagonalises, per KV head: [H, d, d]."""
+    if side == "v":
+        return m.sst_cov() if cfg.v_objective == "sst" else m.v_cov()
+    if cfg.k_objective == "qqt":
+        return m.q_cov()
+    cov = m.k_cov()
+    if cfg.key_centering:                                          # the stored keys are centered
+        mean = m.k_mean()
+        cov = cov - mean[:, :, None] * mean[:, None, :]
+    return cov
 
 
-def _side_moments(m: LayerMoments, cfg) -> dict:
-    """The second moment each objective diagonalises, per KV head: {k, v: [H, d, d], mean}."""
-    mean = m.k_mean() if cfg.key_centering else None
-    out = {"mean": mean, "k": None, "v": None}
-    if cfg.k_objective in ("qqt", "ktk"):
-        cov = m.q_cov() if cfg.k_objective == "qqt" else m.k_cov()
-        if cfg.k_objective == "ktk" and mean is not None:
-            cov = cov - mean[:, :, None] * mean[:, None, :]       # the stored keys are centered
-        out["k"] = cov
-    if cfg.v_objective in ("sst", "vtv"):
-        out["v"] = m.sst_cov() if cfg.v_objective == "sst" else m.v_cov()
+def _collect(fitter: Fitter, moments, cfg, layers, progress) -> dict[int, FittedLayer]:
+    out = {}
+    for i, lid in enumerate(layers):
+        mean = moments[lid].k_mean().float().cpu() if cfg.key_centering else None
+        out[lid] = FittedLayer(*fitter.result(lid, "k"), *fitter.result(lid, "v"), mean)
+        progress(phase="fitting", done=i + 1, total=len(layers), layer=lid)
     return out
-
-
-def _same_shape(layers, moments) -> list[list[int]]:
-    groups: dict[tuple[int, int], list[int]] = {}
-    for lid in layers:
-        groups.setdefault((moments[lid].kv_heads, moments[lid].head_dim), []).append(lid)
-    return list(groups.values())
 
 
 def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_search.LayerClips]:

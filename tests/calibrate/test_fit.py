@@ -61,17 +61,3 @@ def test_per_layer_fit_uses_the_head_average_and_per_head_fits_each():
     rot_h, eig_h = fit.fit_side(covs, "r_h_pbr", per_head=True)
     assert rot_h.shape == (3, 16, 16) and eig_h.shape == (3, 16)
     np.testing.assert_allclose(eig_h[2].numpy(), ref.oscar_rotation(covs[2].numpy())[1], rtol=1e-10)
-
-
-@pytest.mark.parametrize("shape", [(7,), (2, 3), (1,)])
-def test_threaded_eigh_equals_one_batched_call(shape, monkeypatch):
-    # The stack is split over threads (3 here, whatever the host has); the pieces must come back
-    # in order and with the input's batch shape.
-    monkeypatch.setattr(fit, "_cores", lambda: 3)
-    rng = np.random.default_rng(sum(shape))
-    covs = torch.from_numpy(np.stack([_spd(rng, 16) for _ in range(int(np.prod(shape)))]).reshape(*shape, 16, 16))
-    w, u = fit.eigh(covs)
-    w_ref, u_ref = torch.linalg.eigh(covs)
-    assert w.shape == w_ref.shape and u.shape == u_ref.shape
-    torch.testing.assert_close(w, w_ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(u.abs(), u_ref.abs(), rtol=1e-9, atol=1e-9)   # columns up to sign

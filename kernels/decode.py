@@ -15,10 +15,11 @@ instead of M to 16. A code becomes an fp16 operand with one LOP3 per two codes: 
 masked in place and ORed into 0x6400 (1024), giving 1024 + 4^i c; quarter i of q is pre-scaled
 by 4^-i, and the 1024 * sum(q) offset starts the accumulator (V side: taken out at the end).
 
-One warp per program: the online softmax never reduces across warps. On an H100 this is 4.0x
-faster than BF16 SDPA at batch 32 / 128K and 2.85x at batch 1 / 128K
-(bench/results/kernels-h100.md): about 18 warp-instructions per (token, KV head), issued at ~44%
-of the peak rate, against a 2.25-bit byte floor of ~7x.
+One warp per program: the online softmax never reduces across warps. On Hopper the three
+launches are chained with programmatic dependent launch, so each one's start overlaps the
+previous kernel's tail. On an H100 this is 4.1x faster than BF16 SDPA at batch 32 / 128K and
+3.1x at batch 1 / 128K (bench/results/kernels-h100.md): about 18 warp-instructions per (token,
+KV head), issued at ~44% of the peak rate, against a 2.25-bit byte floor of ~7x.
 """
 
 from __future__ import annotations

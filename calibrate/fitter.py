@@ -31,12 +31,18 @@ class Fitter:
     def submit(self, layer: int, side: str, cov: torch.Tensor) -> None:
         """cov: [H, d, d] per KV head, on the layer's device; it must not change afterwards."""
         host, ready = _to_host(cov)
-        self._jobs[(layer, side)] = self._pool.submit(self._fit, host, ready)
+        self._add(layer, side, self._pool.submit(self._fit, host, ready))
 
     def fixed(self, layer: int, side: str, rot: torch.Tensor, eig: torch.Tensor) -> None:
         done: Future = Future()
         done.set_result((rot.float(), eig.float()))
-        self._jobs[(layer, side)] = done
+        self._add(layer, side, done)
+
+    def _add(self, layer: int, side: str, job: Future) -> None:
+        if (layer, side) in self._jobs:     # a statistic submitted twice was not final the first time
+            job.cancel()
+            raise RuntimeError(f"the {side} statistic of layer {layer} was submitted twice")
+        self._jobs[(layer, side)] = job
 
     def result(self, layer: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self._jobs[(layer, side)].result()

@@ -169,24 +169,27 @@ class _LastLayerSeen(Exception):
 
 
 def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
+    """One forward per batch of windows; update(module, q, k, v, last_forward) per layer call."""
     layers = geometry.layers()
-    last = max(layers)
+    last_layer = max(layers)
     total = len(windows) * len(layers)
     done = 0
+    batch = windows_per_forward(cfg, model.device)
+    last_forward = False
 
     def observer(module, q, k, v, mask, kw):
         nonlocal done
+        update(module, q, k, v, last_forward)
         done += len(q)
-        update(module, q, k, v, done > total - len(layers) * len(q))     # the last forward's call
         progress(phase=phase, done=done, total=total, layer=module.layer_idx)
-        if module.layer_idx == last:
+        if module.layer_idx == last_layer:
             # Nothing after the last layer's Q/K/V feeds a moment: its attention, MLP and the LM
             # head would be computed for nothing (a tenth of a forward on a 10-layer model).
             raise _LastLayerSeen
 
-    batch = windows_per_forward(cfg, model.device)
     with capture.observing(observer):
         for start in range(0, len(windows), batch):
+            last_forward = start + batch >= len(windows)
             try:
                 forward(model, windows[start:start + batch])
             except _LastLayerSeen:

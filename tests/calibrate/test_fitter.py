@@ -43,3 +43,5 @@ def test_fixed_rotations_and_worker_errors_reach_the_caller():
         torch.testing.assert_close(rot, fit.hadamard(16).float())
         with pytest.raises(ValueError, match="power-of-two"):
             fitter.result(1, "k")
+        with pytest.raises(RuntimeError, match="submitted twice"):
+            fitter.submit(0, "v", _covs(1, 2, 16))

@@ -20,38 +20,43 @@ from . import fit
 
 
 class Fitter:
-    """submit(layer, side, cov) as soon as a statistic is final; result(layer, side) waits."""
+    """submit(layers, side, covs) as soon as statistics are final; result(layer, side) waits."""
 
     def __init__(self, composition: str, per_head: bool):
         self.composition, self.per_head = composition, per_head
         self.busy_s = 0.0          # host time spent fitting, hidden or not
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="oscar-fit")
-        self._jobs: dict[tuple[int, str], Future] = {}
+        self._jobs: dict[tuple[int, str], tuple[Future, int]] = {}
 
-    def submit(self, layer: int, side: str, cov: torch.Tensor) -> None:
-        """cov: [H, d, d] per KV head, on the layer's device; it must not change afterwards."""
-        host, ready = _to_host(cov)
-        self._add(layer, side, self._pool.submit(self._fit, host, ready))
+    def submit(self, layers: list[int], side: str, covs: torch.Tensor) -> None:
+        """covs: [len(layers), H, d, d] per KV head, on one device; they must not change
+        afterwards. Layers submitted together share one batched eigh."""
+        host, ready = _to_host(covs)
+        job = self._pool.submit(self._fit, host, ready)
+        for i, layer in enumerate(layers):
+            self._add(layer, side, job, i)
 
     def fixed(self, layer: int, side: str, rot: torch.Tensor, eig: torch.Tensor) -> None:
         done: Future = Future()
-        done.set_result((rot.float(), eig.float()))
-        self._add(layer, side, done)
+        done.set_result((rot.float()[None], eig.float()[None]))
+        self._add(layer, side, done, 0)
 
-    def _add(self, layer: int, side: str, job: Future) -> None:
+    def result(self, layer: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+        job, i = self._jobs[(layer, side)]
+        rot, eig = job.result()
+        return rot[i], eig[i]
+
+    def _add(self, layer: int, side: str, job: Future, index: int) -> None:
         if (layer, side) in self._jobs:     # a statistic submitted twice was not final the first time
             job.cancel()
             raise RuntimeError(f"the {side} statistic of layer {layer} was submitted twice")
-        self._jobs[(layer, side)] = job
+        self._jobs[(layer, side)] = (job, index)
 
-    def result(self, layer: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._jobs[(layer, side)].result()
-
-    def _fit(self, cov: torch.Tensor, ready) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fit(self, covs: torch.Tensor, ready) -> tuple[torch.Tensor, torch.Tensor]:
         if ready is not None:
             ready.synchronize()                       # the copy has landed (releases the GIL)
         t = time.perf_counter()
-        rot, eig = fit.fit_side(cov, self.composition, self.per_head)
+        rot, eig = fit.fit_side(covs, self.composition, self.per_head)
         self.busy_s += time.perf_counter() - t
         return rot.float(), eig.float()
 

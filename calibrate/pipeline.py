@@ -130,18 +130,18 @@ def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int
     def update2(m, q, k, v, last_forward):
         moments[m.layer_idx].update_pass2(k, v)
         if last_forward:
-            _submit(fitter, m.layer_idx, "v", moments[m.layer_idx], cfg)
+            _submit(fitter, [m.layer_idx], "v", moments, cfg)
 
     with Fitter(cfg.composition, cfg.granularity == "kv_head") as fitter:
         _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1", update1))
         _check_layers(geometry, moments)
-        for lid in layers:                    # final now: fitted while pass 2 runs
-            _submit(fitter, lid, "k", moments[lid], cfg)
+        for group in _same_kind(layers, moments):     # final now: fitted while pass 2 runs
+            _submit(fitter, group, "k", moments, cfg)
         if cfg.v_objective == "sst":
             _timed(timings, "pass2", lambda: _pass(model, calib, cfg, geometry, progress, "pass2", update2))
         else:
-            for lid in layers:
-                _submit(fitter, lid, "v", moments[lid], cfg)
+            for group in _same_kind(layers, moments):
+                _submit(fitter, group, "v", moments, cfg)
         fitted = _timed(timings, "fitting", lambda: _collect(fitter, moments, cfg, layers, progress))
     timings["fitting_work"] = fitter.busy_s
     return fitted
@@ -219,13 +219,23 @@ class FittedLayer:
     mean: torch.Tensor | None
 
 
-def _submit(fitter: Fitter, lid: int, side: str, m: LayerMoments, cfg) -> None:
+def _submit(fitter: Fitter, lids: list[int], side: str, moments, cfg) -> None:
     objective = cfg.k_objective if side == "k" else cfg.v_objective
-    if objective == "hadamard":
+    for lid in lids if objective == "hadamard" else []:
+        m = moments[lid]
         fitter.fixed(lid, side, *fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads,
                                                      cfg.granularity == "kv_head"))
-    else:
-        fitter.submit(lid, side, _side_moment(m, side, cfg))
+    if objective != "hadamard":
+        fitter.submit(lids, side, torch.stack([_side_moment(moments[lid], side, cfg) for lid in lids]))
+
+
+def _same_kind(layers, moments) -> list[list[int]]:
+    """Layers that can share one batched eigh: same KV heads, head_dim and device."""
+    groups: dict[tuple, list[int]] = {}
+    for lid in layers:
+        m = moments[lid]
+        groups.setdefault((m.kv_heads, m.head_dim, m.m_q.device), []).append(lid)
+    return list(groups.values())
 
 
 def _side_moment(m: LayerMoments, side: str, cfg) -> torch.Tensor:

@@ -24,9 +24,12 @@ def test_results_equal_fitting_in_line_and_ignore_later_changes(device, per_head
     covs = {lid: _covs(lid, 3, 32).to(device) for lid in range(4)}
     want = {lid: fit.fit_side(c.cpu(), "r_h_pbr", per_head) for lid, c in covs.items()}
     with Fitter("r_h_pbr", per_head) as fitter:
-        for lid, c in covs.items():
-            fitter.submit(lid, "k", c)
-            c.mul_(-3.0)                # the pass goes on updating its accumulators
+        stack = torch.stack([covs[0], covs[1]])
+        fitter.submit([0, 1], "k", stack)                # one batched fit of two layers
+        stack.mul_(-3.0)                                 # the pass goes on updating its accumulators
+        for lid in (2, 3):
+            fitter.submit([lid], "k", covs[lid][None])
+            covs[lid].mul_(-3.0)
         got = {lid: fitter.result(lid, "k") for lid in covs}
     for lid, (rot, eig) in got.items():
         assert rot.dtype == eig.dtype == torch.float32 and rot.device.type == "cpu"
@@ -38,10 +41,10 @@ def test_results_equal_fitting_in_line_and_ignore_later_changes(device, per_head
 def test_fixed_rotations_and_worker_errors_reach_the_caller():
     with Fitter("r_h_pbr", per_head=False) as fitter:
         fitter.fixed(0, "v", *fit.fixed_rotation("hadamard", 16, 2, per_head=False))
-        fitter.submit(1, "k", _covs(0, 2, 12))                           # 12 is no power of two
+        fitter.submit([1], "k", _covs(0, 2, 12)[None])                   # 12 is no power of two
         rot, _ = fitter.result(0, "v")
         torch.testing.assert_close(rot, fit.hadamard(16).float())
         with pytest.raises(ValueError, match="power-of-two"):
             fitter.result(1, "k")
         with pytest.raises(RuntimeError, match="submitted twice"):
-            fitter.submit(0, "v", _covs(1, 2, 16))
+            fitter.submit([0], "v", _covs(1, 2, 16)[None])

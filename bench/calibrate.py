@@ -78,12 +78,6 @@ def _one(args, batch: int, model, tok, load_s: float) -> None:
             capture.install(model)
 
     plain()                                         # warm-up (kernels, allocator)
-    plains = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        plain()
-        plains.append(time.perf_counter() - t)
-    plain_s = statistics.median(plains)
     # Warm-up of our own path too: float64 BLAS handles, Triton JIT (one kernel per clip count
     # on GPUs, cached on disk afterwards). Timed and reported, not hidden.
     t = time.perf_counter()
@@ -96,13 +90,22 @@ def _one(args, batch: int, model, tok, load_s: float) -> None:
         _profile(f"calibration of {warm.tokens} tokens, batch {batch}",
                  lambda: calibrate(warm, loaded=(model, tok)))
     rss_before = peak_rss_mib()
-    if cuda:
+    # Plain forward and calibration alternate, so both see the same clocks and neighbours.
+    plains, runs = [], []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        plain()
+        plains.append(time.perf_counter() - t)
+        runs.append(calibrate(cfg, loaded=(model, tok)))
+    plain_s = statistics.median(plains)
+    if cuda:                                        # memory of one calibration on its own
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base_alloc = torch.cuda.memory_allocated()
-    runs = [calibrate(cfg, loaded=(model, tok)) for _ in range(args.repeat)]
-    result = runs[-1]
-    if cuda:
+        result = calibrate(cfg, loaded=(model, tok))
         torch.cuda.synchronize()
+    else:
+        result = runs[-1]
     with tempfile.TemporaryDirectory() as d:
         B.write(result.bundle, Path(d) / "bundle")
         written = sum(p.stat().st_size for p in (Path(d) / "bundle").iterdir())
@@ -129,12 +132,12 @@ def _one(args, batch: int, model, tok, load_s: float) -> None:
           f"{'met' if ratio <= 2.5 else 'MISSED'}")
     if args.repeat > 1:
         pairs = sorted(c / p for c, p in zip(calib, plains))
-        print(f"medians of {args.repeat} timings each; the ratio of the i-th pair ranges "
+        print(f"medians of {args.repeat} timings each, plain and calibration alternating; the ratio of a pair ranges "
               f"{pairs[0]:.2f}x-{pairs[-1]:.2f}x")
     if cuda:
         peak = (torch.cuda.max_memory_allocated() - base_alloc) / 2**20
         print(f"peak GPU memory above the loaded model: {peak:,.0f} MiB")
-    print(f"peak RSS: {peak_rss_mib():,.0f} MiB (after model load and plain forwards: {rss_before:,.0f} MiB)")
+    print(f"peak RSS: {peak_rss_mib():,.0f} MiB (after model load and the warm-ups: {rss_before:,.0f} MiB)")
     print(f"bytes written: {written:,} (the bundle: rotations.safetensors, bundle.json, README.md)")
 
 

@@ -5,8 +5,9 @@ host), so a 10-layer model's two sides cost ~7 ms of eigh alone, and a whole for
 model over 32K tokens on an H100 is only ~24 ms. Each layer's statistic becomes final at a known
 moment: the keys' (from C) when pass 1 ends, the values' (S_v) once pass 2's last forward has
 passed that layer. It is then copied to the host without stalling the GPU stream, and one worker
-thread fits it while the GPU runs the remaining layers. What is left to wait for at the end is
-the last layer's fit.
+thread fits it while the GPU runs the remaining layers; the values' fits start once the host has
+launched the whole forward (release()), so they do not take the GIL from the launching thread.
+What is left to wait for at the end is the last layer's fit.
 """
 
 from __future__ import annotations
@@ -27,43 +28,60 @@ class Fitter:
         self.busy_s = 0.0          # host time spent fitting, hidden or not
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="oscar-fit")
         self._jobs: dict[tuple[int, str], tuple[Future, int]] = {}
+        self._held: list = []
 
-    def submit(self, layers: list[int], side: str, covs: torch.Tensor) -> None:
+    def submit(self, layers: list[int], side: str, covs: torch.Tensor, hold: bool = False) -> None:
         """covs: [len(layers), H, d, d] per KV head, on one device; they must not change
-        afterwards. Layers submitted together share one batched eigh."""
+        afterwards. Layers submitted together share one batched eigh. The copy to the host is
+        queued on the GPU stream now; with hold=True the fit starts only at release()."""
+        taken = [layer for layer in layers if (layer, side) in self._jobs]
+        if taken:           # a statistic submitted twice was not final the first time
+            raise RuntimeError(f"the {side} statistic of layers {taken} was submitted twice")
         host, ready = _to_host(covs)
-        job = self._pool.submit(self._fit, host, ready)
+        job: Future = Future()
         for i, layer in enumerate(layers):
-            self._add(layer, side, job, i)
+            self._jobs[(layer, side)] = (job, i)
+        self._held.append((job, host, ready))
+        if not hold:
+            self.release()
+
+    def release(self) -> None:
+        """Start the held fits. While the main thread is still launching a forward, a fit on the
+        worker would compete with it for the GIL (every small torch op takes it) and slow the
+        launches down; once the host waits for the GPU, the GIL is free."""
+        for job, host, ready in self._held:
+            self._pool.submit(self._fit_into, job, host, ready)
+        self._held.clear()
 
     def fixed(self, layer: int, side: str, rot: torch.Tensor, eig: torch.Tensor) -> None:
         done: Future = Future()
         done.set_result((rot.float()[None], eig.float()[None]))
-        self._add(layer, side, done, 0)
+        self._jobs[(layer, side)] = (done, 0)
 
     def result(self, layer: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
         job, i = self._jobs[(layer, side)]
         rot, eig = job.result()
         return rot[i], eig[i]
 
-    def _add(self, layer: int, side: str, job: Future, index: int) -> None:
-        if (layer, side) in self._jobs:     # a statistic submitted twice was not final the first time
-            job.cancel()
-            raise RuntimeError(f"the {side} statistic of layer {layer} was submitted twice")
-        self._jobs[(layer, side)] = (job, index)
-
-    def _fit(self, covs: torch.Tensor, ready) -> tuple[torch.Tensor, torch.Tensor]:
-        if ready is not None:
-            ready.synchronize()                       # the copy has landed (releases the GIL)
-        t = time.perf_counter()
-        rot, eig = fit.fit_side(covs, self.composition, self.per_head)
-        self.busy_s += time.perf_counter() - t
-        return rot.float(), eig.float()
+    def _fit_into(self, job: Future, covs: torch.Tensor, ready) -> None:
+        if not job.set_running_or_notify_cancel():
+            return
+        try:
+            if ready is not None:
+                ready.synchronize()                   # the copy has landed (releases the GIL)
+            t = time.perf_counter()
+            rot, eig = fit.fit_side(covs, self.composition, self.per_head)
+            self.busy_s += time.perf_counter() - t
+            job.set_result((rot.float(), eig.float()))
+        except BaseException as e:                   # reaches whoever waits on result()
+            job.set_exception(e)
 
     def __enter__(self) -> "Fitter":
         return self
 
     def __exit__(self, *exc) -> None:
+        for job, _, _ in self._held:
+            job.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

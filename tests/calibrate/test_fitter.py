@@ -27,9 +27,10 @@ def test_results_equal_fitting_in_line_and_ignore_later_changes(device, per_head
         stack = torch.stack([covs[0], covs[1]])
         fitter.submit([0, 1], "k", stack)                # one batched fit of two layers
         stack.mul_(-3.0)                                 # the pass goes on updating its accumulators
-        for lid in (2, 3):
-            fitter.submit([lid], "k", covs[lid][None])
+        for lid in (2, 3):              # held until release(), as pass 2 does
+            fitter.submit([lid], "k", covs[lid][None], hold=True)
             covs[lid].mul_(-3.0)
+        fitter.release()
         got = {lid: fitter.result(lid, "k") for lid in covs}
     for lid, (rot, eig) in got.items():
         assert rot.dtype == eig.dtype == torch.float32 and rot.device.type == "cpu"

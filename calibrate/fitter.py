@@ -13,7 +13,8 @@ What is left to wait for at the end is the last layer's fit.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import lru_cache
 
 import torch
 
@@ -26,9 +27,10 @@ class Fitter:
     def __init__(self, composition: str, per_head: bool):
         self.composition, self.per_head = composition, per_head
         self.busy_s = 0.0          # host time spent fitting, hidden or not
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="oscar-fit")
+        self._pool = _worker()
         self._jobs: dict[tuple[int, str], tuple[Future, int]] = {}
         self._held: list = []
+        self._started: list[Future] = []
 
     def submit(self, layers: list[int], side: str, covs: torch.Tensor, hold: bool = False) -> None:
         """covs: [len(layers), H, d, d] per KV head, on one device; they must not change
@@ -50,7 +52,7 @@ class Fitter:
         worker would compete with it for the GIL (every small torch op takes it) and slow the
         launches down; once the host waits for the GPU, the GIL is free."""
         for job, host, ready in self._held:
-            self._pool.submit(self._fit_into, job, host, ready)
+            self._started.append(self._pool.submit(self._fit_into, job, host, ready))
         self._held.clear()
 
     def fixed(self, layer: int, side: str, rot: torch.Tensor, eig: torch.Tensor) -> None:
@@ -82,7 +84,16 @@ class Fitter:
     def __exit__(self, *exc) -> None:
         for job, _, _ in self._held:
             job.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for started in self._started:     # nothing of this calibration runs on after it
+            started.cancel()
+        wait(self._started)
+
+
+@lru_cache(maxsize=1)
+def _worker() -> ThreadPoolExecutor:
+    # One thread for the whole process: a new thread per calibration would also build a new
+    # OpenMP team inside LAPACK on its first eigh (16 threads on the H100 host).
+    return ThreadPoolExecutor(1, thread_name_prefix="oscar-fit")
 
 
 def _to_host(x: torch.Tensor):

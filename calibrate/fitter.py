@@ -36,13 +36,9 @@ class Fitter:
         """covs: [len(layers), H, d, d] per KV head, on one device; they must not change
         afterwards. Layers submitted together share one batched eigh. The copy to the host is
         queued on the GPU stream now; with hold=True the fit starts only at release()."""
-        taken = [layer for layer in layers if (layer, side) in self._jobs]
-        if taken:           # a statistic submitted twice was not final the first time
-            raise RuntimeError(f"the {side} statistic of layers {taken} was submitted twice")
-        host, ready = _to_host(covs)
         job: Future = Future()
-        for i, layer in enumerate(layers):
-            self._jobs[(layer, side)] = (job, i)
+        self._register(layers, side, job)
+        host, ready = _to_host(covs)
         self._held.append((job, host, ready))
         if not hold:
             self.release()
@@ -58,7 +54,14 @@ class Fitter:
     def fixed(self, layer: int, side: str, rot: torch.Tensor, eig: torch.Tensor) -> None:
         done: Future = Future()
         done.set_result((rot.float()[None], eig.float()[None]))
-        self._jobs[(layer, side)] = (done, 0)
+        self._register([layer], side, done)
+
+    def _register(self, layers: list[int], side: str, job: Future) -> None:
+        taken = [layer for layer in layers if (layer, side) in self._jobs]
+        if taken:           # a statistic submitted twice was not final the first time
+            raise RuntimeError(f"the {side} statistic of layers {taken} was submitted twice")
+        for i, layer in enumerate(layers):
+            self._jobs[(layer, side)] = (job, i)
 
     def result(self, layer: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
         job, i = self._jobs[(layer, side)]

@@ -59,20 +59,19 @@ class LayerMoments:
         self.k_sum += k.detach().sum((0, 2), dtype=torch.float64)
         self.n_k += b * t
         if self.m_k is not None:
-            self.m_k += _sum_windows(gram(_f64(k)), b)
+            self.m_k += gram(_f64(k)).sum(0)
         if self.m_v is not None:
-            self.m_v += _sum_windows(gram(_f64(v)), b)
+            self.m_v += gram(_f64(v)).sum(0)
 
     def update_pass2(self, k: torch.Tensor, v: torch.Tensor) -> None:
         # Pass 1 is over by now, so C is final: computed once, not per call (small models on a
         # GPU are launch-bound, and every extra op per layer shows in the pass time).
         if self._c is None:
             self._c = self.q_cov()                                                # [H, d, d]
-        b = k.shape[0]
         k64, v64 = _f64(k), _f64(v)                                               # [B, H, T, d]
         e = ((k64 @ self._c) * k64).sum(-1).clamp_min_(0)                         # [B, H, T]
         self.e_sum += e.sum((0, 2))
-        self.s_v += _sum_windows(gram(v64 * e.sqrt_().unsqueeze(-1)), b)
+        self.s_v += gram(v64 * e.sqrt_().unsqueeze(-1)).sum(0)                  # [B, H, d, d] summed
 
     # --- finished statistics -----------------------------------------------------------------
 
@@ -103,8 +102,3 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
     # [B, H, T, d] in float64, written contiguously whatever the input's strides (attention
     # hands q as a transposed view), so every later op is a plain batched one.
     return x.detach().to(torch.float64, memory_format=torch.contiguous_format)
-
-
-def _sum_windows(per_window: torch.Tensor, b: int) -> torch.Tensor:
-    # [B, H, d, d] -> [H, d, d]
-    return per_window.view(b, *per_window.shape[-3:]).sum(0)

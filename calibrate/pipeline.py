@@ -132,14 +132,17 @@ def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int
         if last_forward:    # the copy is queued behind this layer; the fit waits for release()
             _submit(fitter, [m.layer_idx], "v", moments, cfg, hold=True)
 
+    def pass2():
+        _pass(model, calib, cfg, geometry, progress, "pass2", update2)
+        fitter.release()    # the host has launched the last forward; the GPU is still running it
+
     with Fitter(cfg.composition, cfg.granularity == "kv_head") as fitter:
         _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1", update1))
         _check_layers(geometry, moments)
         for group in _same_kind(layers, moments):     # final now: fitted while pass 2 runs
             _submit(fitter, group, "k", moments, cfg)
         if cfg.v_objective == "sst":
-            _timed(timings, "pass2", lambda: (_pass(model, calib, cfg, geometry, progress, "pass2", update2),
-                                              fitter.release()))
+            _timed(timings, "pass2", pass2)
         else:
             for group in _same_kind(layers, moments):
                 _submit(fitter, group, "v", moments, cfg)
@@ -222,12 +225,13 @@ class FittedLayer:
 
 def _submit(fitter: Fitter, lids: list[int], side: str, moments, cfg, hold: bool = False) -> None:
     objective = cfg.k_objective if side == "k" else cfg.v_objective
-    for lid in lids if objective == "hadamard" else []:
+    if objective != "hadamard":
+        fitter.submit(lids, side, torch.stack([_side_moment(moments[lid], side, cfg) for lid in lids]), hold)
+        return
+    for lid in lids:
         m = moments[lid]
         fitter.fixed(lid, side, *fit.fixed_rotation("hadamard", m.head_dim, m.kv_heads,
                                                      cfg.granularity == "kv_head"))
-    if objective != "hadamard":
-        fitter.submit(lids, side, torch.stack([_side_moment(moments[lid], side, cfg) for lid in lids]), hold)
 
 
 def _same_kind(layers, moments) -> list[list[int]]:

@@ -24,6 +24,7 @@ KV head), issued at ~44% of the peak rate, against a 2.25-bit byte floor of ~7x.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -436,8 +437,14 @@ def _sms(device: torch.device) -> int:
 
 
 def _pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: Hopper or later, and a Triton that passes it to the driver."""
-    if not USE_PDL or torch.cuda.get_device_capability(device)[0] < 9:
+    return USE_PDL and _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(index: int) -> bool:
+    """Programmatic dependent launch: Hopper or later, and a Triton that passes it to the driver.
+    Asked once per GPU, not on every decode step."""
+    if torch.cuda.get_device_capability(index)[0] < 9:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -497,7 +504,8 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
     extra = {} if interp else {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
     if MAXNREG and not interp:
         extra["maxnreg"] = MAXNREG
-    one_wave = not interp and bsz * hkv * ns <= RESIDENT_PER_SM * _sms(dev)
+    sms = 0 if interp else _sms(dev)
+    one_wave = not interp and bsz * hkv * ns <= RESIDENT_PER_SM * sms
     _stage1.on(dev)[(bsz * hkv, ns)](
         q_rot, qh, qv, cache.seq_lens, cache.block_table, cache.block_table.stride(0),
         cache.k_packed, cache.k_sz, cache.v_packed, cache.v_sz, cache.hp_k, cache.hp_v,
@@ -514,7 +522,7 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
         o_part, lse, rv if rv is not None else o_part, res, hq, ns,
         D=d, GQA=gqa, BLOCK_S=min(STAGE2_BLOCK_S, triton.next_power_of_2(ns)),
         HAS_RV=rv is not None, RV_PER_HEAD=rv is not None and rv.dim() == 3, STAGES=STAGE2_STAGES, PDL=pdl,
-        **({} if interp else {"num_warps": STAGE2_WARPS if bsz * hq < 2 * _sms(dev) else STAGE2_WARPS_MANY}),
+        **({} if interp else {"num_warps": STAGE2_WARPS if bsz * hq < 2 * sms else STAGE2_WARPS_MANY}),
         **({"launch_pdl": True} if pdl else {}),
     )
     if out is None or direct:

@@ -1,6 +1,6 @@
 """INT2 kernels on the GPU: decode attention beside BF16 SDPA, quantize beside a device copy.
 
-    python bench/kernels.py [--quick] [--sweep] [--parts] [--repeat N]
+    python bench/kernels.py [--quick] [--sweep] [--prefetch] [--parts] [--repeat N]
 
 Qwen3-8B attention geometry (32 query heads, 8 KV heads, head_dim 128), one decode query per
 sequence, batch 1/8/32 at context 8K/32K/128K. Our cache: BF16 sink 64 + recent 256, INT2
@@ -149,6 +149,31 @@ def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+PF_CONFIGS = [(0, 0), (4, 1), (4, 2), (4, 4), (2, 2), (2, 4)]   # stage 1 L2 prefetch: tiles per chunk, chunks ahead
+Q_AHEAD = [0, 256, 512, 1024, 2048]                               # quantize: L2 prefetch this many tiles ahead
+
+
+def prefetch_sweep(gen) -> None:
+    """Time the L2 prefetch settings; keep the best (decode by batch 32 / 128K, quantize at 0.96)."""
+    print("\nstage 1 L2 prefetch sweep (ms): tiles per chunk, chunks ahead", flush=True)
+    res = []
+    for pf in PF_CONFIGS:
+        decode.PF_CHUNK, decode.PF_AHEAD = pf
+        t32, t1 = time_int2(32, 131072, gen), time_int2(1, 131072, gen)
+        res.append((t32, t1, pf))
+        print(f"  {pf}: batch 32 / 128K {t32:.4f}, batch 1 / 128K {t1:.4f}", flush=True)
+    decode.PF_CHUNK, decode.PF_AHEAD = min(res)[2]
+    print("\nquantize L2 prefetch sweep (ms at clip 0.96, 0.85): tiles ahead", flush=True)
+    qres = []
+    for ahead in Q_AHEAD:
+        quantize_mod.AHEAD = ahead
+        t96, t85 = bench_quantize()[0], bench_quantize(clip=0.85)[0]
+        qres.append((t96, ahead))
+        print(f"  {ahead}: {t96:.4f}  {t85:.4f}", flush=True)
+    quantize_mod.AHEAD = min(qres)[1]
+    print(f"chosen: stage 1 prefetch {decode.PF_CHUNK, decode.PF_AHEAD}, quantize ahead {quantize_mod.AHEAD}")
+
+
 CONFIGS = [  # BLOCK_N, warps, stages, split programs per SM, register cap (first: the module defaults)
     (32, 1, 2, 32, 128), (32, 1, 2, 16, 128), (32, 1, 2, 24, 128), (64, 1, 2, 16, None), (64, 1, 2, 8, None),
 ]
@@ -159,6 +184,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="only batch 32 / 128K and batch 1 / 128K")
     ap.add_argument("--sweep", action="store_true", help="try the kernel configurations first")
     ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
+    ap.add_argument("--prefetch", action="store_true", help="try the L2 prefetch settings first")
     ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time each case N times, ours and SDPA interleaved; medians, and the speedup's range")
@@ -175,6 +201,8 @@ def main() -> int:
     print(f"device: {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB; "
           f"torch {torch.__version__}", flush=True)
     best = {1: CONFIGS[0], 32: CONFIGS[0]}
+    if args.prefetch:
+        prefetch_sweep(gen)
     if args.parts:
         for bsz in (1, 32):
             print(f"\nkernels of one decode step, batch {bsz} / 128K (us, mean of 20):")

@@ -53,6 +53,8 @@ RESIDENT_PER_SM = 16   # one-warp stage-1 programs an SM holds at MAXNREG 128 (6
 USE_PDL = True       # programmatic dependent launch (Hopper and later): a launch overlaps the previous kernel's tail
 STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
+PF_CHUNK = 4         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
+PF_AHEAD = 2         # ...this many chunks ahead of the tile it reads
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
@@ -63,6 +65,11 @@ UNPACK0 = tl.constexpr(_ASM % ("0x00030003", "0x00030003"))
 UNPACK1 = tl.constexpr(_ASM % ("0x000C000C", "0x000C000C"))
 UNPACK2 = tl.constexpr(_ASM % ("0x00300030", "0x00300030"))
 UNPACK3 = tl.constexpr(_ASM % ("0x00C000C0", "0x00C000C0"))
+# L2 bulk prefetch of four byte ranges ($1..$4; sizes $5 for the codes, $6 for scale/zero), lane 0 only
+PREFETCH_L2 = tl.constexpr(
+    "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
+    "@p cp.async.bulk.prefetch.L2.global [$1], $5; @p cp.async.bulk.prefetch.L2.global [$2], $5; "
+    "@p cp.async.bulk.prefetch.L2.global [$3], $6; @p cp.async.bulk.prefetch.L2.global [$4], $6; mov.u32 $0, 0; }")
 
 
 @kernel
@@ -73,7 +80,7 @@ def _stage1(
     D: tl.constexpr, GQA: tl.constexpr, BLOCK_H: tl.constexpr, NG: tl.constexpr, P: tl.constexpr,
     SINK: tl.constexpr, RECENT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_HP: tl.constexpr, INTERP: tl.constexpr,
-    PDL: tl.constexpr, TRIGGER: tl.constexpr,
+    PDL: tl.constexpr, TRIGGER: tl.constexpr, PF_CHUNK: tl.constexpr, PF_AHEAD: tl.constexpr,
 ):
     # q: [B, Hq, D] f32, already @ R_k; qh: [B*Hkv, 4, D/4, BH] f16 and qv: [B*Hkv, 8, BH] f32, the
     # tensor-core operand _rotate_q made of it (compiled only); lens: [B] i32; bt: [B, *] i32
@@ -212,12 +219,38 @@ def _stage1(
         acc2 = tl.zeros([Q, BLOCK_H], tl.float32)
         acc3 = tl.zeros([Q, BLOCK_H], tl.float32)
         tn = tl.arange(0, BLOCK_N)
+        if PF_CHUNK > 0:
+            # Each tile's loads wait for DRAM once per warp (cp.async one tile ahead, the scales when
+            # used), too little in flight to hide its latency. So every PF_CHUNK tiles, the chunk of
+            # PF_CHUNK tiles PF_AHEAD chunks ahead goes to L2 (one bulk prefetch per array), and the
+            # loads wait for L2. Chunks are aligned (they never cross a page); the first PF_AHEAD here.
+            CT: tl.constexpr = PF_CHUNK * BLOCK_N
+            c0 = start - start % CT
+            for c in tl.static_range(PF_AHEAD):
+                if c0 + c * CT < end:
+                    pg = tl.load(bt_ptr + b * stride_bt + (c0 + c * CT) // P)
+                    row = (pg.to(tl.int64) * Hkv + hk) * P + (c0 + c * CT) % P
+                    tl.inline_asm_elementwise(PREFETCH_L2, "=r,l,l,l,l,r,r", [
+                        (kq_ptr + row * Q).to(tl.int64), (vq_ptr + row * Q).to(tl.int64),
+                        (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
+                        CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
+                        dtype=tl.int32, is_pure=False, pack=1)
         for t0 in range(start, end, BLOCK_N):
             # a tile never crosses a page (page_size % BLOCK_N == 0, splits are whole tiles):
             # one page lookup, then BLOCK_N * d/4 contiguous bytes
             tmask = t0 + tn < end
             page = tl.load(bt_ptr + b * stride_bt + t0 // P)
             base = (page.to(tl.int64) * Hkv + hk) * P + t0 % P                       # first (page, head, slot) row
+            if PF_CHUNK > 0:
+                tc = t0 + PF_AHEAD * CT
+                if (t0 % CT == 0) & (tc < end):
+                    pg = tl.load(bt_ptr + b * stride_bt + tc // P)
+                    row = (pg.to(tl.int64) * Hkv + hk) * P + tc % P
+                    tl.inline_asm_elementwise(PREFETCH_L2, "=r,l,l,l,l,r,r", [
+                        (kq_ptr + row * Q).to(tl.int64), (vq_ptr + row * Q).to(tl.int64),
+                        (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
+                        CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
+                        dtype=tl.int32, is_pure=False, pack=1)
             kb = tl.load(kq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
             vb = tl.load(vq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
             sz_row = (base + tn) * (2 * NG)                                              # [BN]
@@ -453,6 +486,12 @@ def _pdl_capable(index: int) -> bool:
     return "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 
+def _pf_chunk(page_size: int, block_n: int) -> int:
+    """Tiles per L2 prefetch: at most PF_CHUNK, and a chunk never crosses a page."""
+    tiles = page_size // block_n
+    return next((c for c in range(min(PF_CHUNK, tiles), 0, -1) if tiles % c == 0), 0)
+
+
 def _splits(cache: Int2KVCache, pairs: int, block_n: int, device: torch.device) -> tuple[int, int]:
     """(number of INT2 splits, tokens per split): enough programs to fill the GPU."""
     n = cache.max_int2_len
@@ -513,7 +552,8 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
         D=d, GQA=gqa, BLOCK_H=block_h, NG=ng, P=cache.page_size, SINK=cache.sink, RECENT=cache.recent,
         BLOCK_N=block_n,
         BLOCK_HP=16 if not interp else max(16, min(64, triton.next_power_of_2(max(cache.sink + cache.recent, 1)))),
-        INTERP=interp, PDL=pdl, TRIGGER=one_wave, **extra, **({"launch_pdl": True} if pdl else {}),
+        INTERP=interp, PDL=pdl, TRIGGER=one_wave, PF_CHUNK=0 if interp else _pf_chunk(cache.page_size, block_n),
+        PF_AHEAD=PF_AHEAD, **extra, **({"launch_pdl": True} if pdl else {}),
     )
     direct = out is not None and out.is_contiguous() and out.shape == q.shape and out.device == dev
     res = out if direct else new_buffer((bsz, hq, d), q.dtype, dev)

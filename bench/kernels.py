@@ -1,6 +1,6 @@
 """INT2 kernels on the GPU: decode attention beside BF16 SDPA, quantize beside a device copy.
 
-    python bench/kernels.py [--quick] [--sweep] [--prefetch] [--parts] [--repeat N]
+    python bench/kernels.py [--quick] [--sweep] [--variants] [--parts] [--repeat N]
 
 Qwen3-8B attention geometry (32 query heads, 8 KV heads, head_dim 128), one decode query per
 sequence, batch 1/8/32 at context 8K/32K/128K. Our cache: BF16 sink 64 + recent 256, INT2
@@ -149,29 +149,32 @@ def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-PF_CONFIGS = [(0, 0), (4, 1), (4, 2), (4, 4), (2, 2), (2, 4)]   # stage 1 L2 prefetch: tiles per chunk, chunks ahead
-Q_AHEAD = [0, 256, 512, 1024, 2048]                               # quantize: L2 prefetch this many tiles ahead
+# stage 1 variants for --variants: scale/zero a tile ahead, pipeline stages, register cap, L2 prefetch
+# (tiles per chunk, chunks ahead; 0: off)
+VARIANTS = [dict(SZ_AHEAD=sz, NUM_STAGES=st, MAXNREG=nr, PF_CHUNK=pc, PF_AHEAD=1) for sz, st, nr, pc in (
+    (False, 2, 128, 0), (False, 2, 128, 2), (True, 2, 144, 0), (True, 2, 144, 2), (False, 3, 144, 0),
+    (True, 3, 144, 0), (True, 3, 160, 0), (True, 3, 144, 2), (True, 3, 128, 0))]
 
 
-def prefetch_sweep(gen) -> None:
-    """Time the L2 prefetch settings; keep the best (decode by batch 32 / 128K, quantize at 0.96)."""
-    print("\nstage 1 L2 prefetch sweep (ms): tiles per chunk, chunks ahead", flush=True)
+def settings() -> str:
+    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "SPLIT_PROGRAMS_PER_SM", "MAXNREG", "SZ_AHEAD", "PF_CHUNK", "PF_AHEAD")
+    return ", ".join(f"{n}={getattr(decode, n)}" for n in names)
+
+
+def variant_sweep(gen) -> None:
+    """Time each stage-1 variant at batch 32 and 1 / 128K; keep the best at batch 32."""
+    print("\nstage 1 variants (ms)", flush=True)
     res = []
-    for pf in PF_CONFIGS:
-        decode.PF_CHUNK, decode.PF_AHEAD = pf
+    for i, var in enumerate(VARIANTS):
+        for k, v in var.items():
+            setattr(decode, k, v)
         t32, t1 = time_int2(32, 131072, gen), time_int2(1, 131072, gen)
-        res.append((t32, t1, pf))
-        print(f"  {pf}: batch 32 / 128K {t32:.4f}, batch 1 / 128K {t1:.4f}", flush=True)
-    decode.PF_CHUNK, decode.PF_AHEAD = min(res)[2]
-    print("\nquantize L2 prefetch sweep (ms at clip 0.96, 0.85): tiles ahead", flush=True)
-    qres = []
-    for ahead in Q_AHEAD:
-        quantize_mod.AHEAD = ahead
-        t96, t85 = bench_quantize()[0], bench_quantize(clip=0.85)[0]
-        qres.append((t96, ahead))
-        print(f"  {ahead}: {t96:.4f}  {t85:.4f}", flush=True)
-    quantize_mod.AHEAD = min(qres)[1]
-    print(f"chosen: stage 1 prefetch {decode.PF_CHUNK, decode.PF_AHEAD}, quantize ahead {quantize_mod.AHEAD}")
+        res.append((t32, t1, i))
+        print(f"  {var}: batch 32 / 128K {t32:.4f}, batch 1 / 128K {t1:.4f}", flush=True)
+    best = VARIANTS[min(res)[2]]
+    for k, v in best.items():
+        setattr(decode, k, v)
+    print(f"chosen: {best}", flush=True)
 
 
 CONFIGS = [  # BLOCK_N, warps, stages, split programs per SM, register cap (first: the module defaults)
@@ -184,7 +187,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="only batch 32 / 128K and batch 1 / 128K")
     ap.add_argument("--sweep", action="store_true", help="try the kernel configurations first")
     ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
-    ap.add_argument("--prefetch", action="store_true", help="try the L2 prefetch settings first")
+    ap.add_argument("--variants", action="store_true", help="try the stage-1 variants first (VARIANTS)")
     ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time each case N times, ours and SDPA interleaved; medians, and the speedup's range")
@@ -200,9 +203,9 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB; "
           f"torch {torch.__version__}", flush=True)
-    best = {1: CONFIGS[0], 32: CONFIGS[0]}
-    if args.prefetch:
-        prefetch_sweep(gen)
+    best = {1: None, 32: None}     # None: the module's settings
+    if args.variants:
+        variant_sweep(gen)
     if args.parts:
         for bsz in (1, 32):
             print(f"\nkernels of one decode step, batch {bsz} / 128K (us, mean of 20):")
@@ -234,7 +237,7 @@ def main() -> int:
         ti, ts = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
         ratios = sorted(s / i for i, s in pairs)
         bi, bs = int2_bytes(bsz, n), bsz * HKV * n * D * 4
-        rows.append((bsz, n, ts, bs / ts / 1e9, ti, bi / ti / 1e9, ts / ti, bs / bi, cfg))
+        rows.append((bsz, n, ts, bs / ts / 1e9, ti, bi / ti / 1e9, ts / ti, bs / bi, cfg or settings()))
         spread = f", speedup of the {args.repeat} pairs {ratios[0]:.2f}x-{ratios[-1]:.2f}x" if args.repeat > 1 else ""
         print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms{spread}", flush=True)
     if args.sweep:
@@ -249,7 +252,7 @@ def main() -> int:
     tq, tc, qb, cb = bench_quantize()
     tq85 = bench_quantize(clip=0.85)[0]
     print("\n| batch | context | BF16 SDPA ms | SDPA TB/s | INT2 decode ms | INT2 TB/s | speedup | byte ratio "
-          "(floor) | config (BLOCK_N, warps, stages, programs/SM, maxnreg) |")
+          "(floor) | stage 1 config |")
     print("|---|---|---|---|---|---|---|---|---|")
     for bsz, n, ts, bws, ti, bwi, sp, br, cfg in rows:
         print(f"| {bsz} | {n // 1024}K | {ts:.3f} | {bws:.2f} | {ti:.3f} | {bwi:.2f} | {sp:.2f}x | {br:.2f}x | {cfg} |")

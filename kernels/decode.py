@@ -43,18 +43,18 @@ LOG2E = 1.4426950408889634
 # SPLIT_PROGRAMS_PER_SM programs per SM in all.
 BLOCK_N = 32
 NUM_WARPS = 1
-NUM_STAGES = 2
+NUM_STAGES = 3
 SPLIT_PROGRAMS_PER_SM = 32
 MIN_SPLIT = 512
-MAXNREG = 128        # register cap per thread: 16 one-warp programs per SM (None: the compiler's choice)
+MAXNREG = 144        # register cap per thread: 16 one-warp programs per SM (None: the compiler's choice)
 STAGE2_WARPS = 8     # stage 2: warps, splits per step, pipelined steps
 STAGE2_WARPS_MANY = 4  # stage 2 warps when there are at least 2 query rows per SM (batch 32: 34 -> 12-17 us)
-RESIDENT_PER_SM = 16   # one-warp stage-1 programs an SM holds at MAXNREG 128 (65,536 registers / 4,096)
 USE_PDL = True       # programmatic dependent launch (Hopper and later): a launch overlaps the previous kernel's tail
 STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
-PF_CHUNK = 4         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
-PF_AHEAD = 2         # ...this many chunks ahead of the tile it reads
+PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
+PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
+SZ_AHEAD = True      # stage 1 loads a tile's (first group) scale/zero one tile ahead
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
@@ -81,6 +81,7 @@ def _stage1(
     SINK: tl.constexpr, RECENT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_HP: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr, TRIGGER: tl.constexpr, PF_CHUNK: tl.constexpr, PF_AHEAD: tl.constexpr,
+    SZ_AHEAD: tl.constexpr,
 ):
     # q: [B, Hq, D] f32, already @ R_k; qh: [B*Hkv, 4, D/4, BH] f16 and qv: [B*Hkv, 8, BH] f32, the
     # tensor-core operand _rotate_q made of it (compiled only); lens: [B] i32; bt: [B, *] i32
@@ -235,11 +236,40 @@ def _stage1(
                         (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
                         CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
                         dtype=tl.int32, is_pure=False, pack=1)
+        if SZ_AHEAD:
+            # A tile's first-group scale/zero are loaded a tile ahead, into registers: loaded where
+            # used, the warp waited for them twice per tile (the largest stalls in a profile after
+            # the codes' own wait). The codes stay with Triton's pipelining: in registers they would
+            # reach the tensor cores through byte transposes (+35% instructions).
+            nmask = start + tn < end
+            nrow = ((tl.load(bt_ptr + b * stride_bt + start // P, mask=start < end, other=0).to(tl.int64) * Hkv
+                     + hk) * P + start % P + tn) * (2 * NG)                                    # [BN]
+            ks_n = tl.load(ksz_ptr + nrow, mask=nmask, other=0.0)
+            kz_n = tl.load(ksz_ptr + nrow + 1, mask=nmask, other=0.0)
+            vs_n = tl.load(vsz_ptr + nrow, mask=nmask, other=0.0)
+            vz_n = tl.load(vsz_ptr + nrow + 1, mask=nmask, other=0.0)
         for t0 in range(start, end, BLOCK_N):
+            if SZ_AHEAD:
+                ks_c = ks_n
+                kz_c = kz_n
+                vs_c = vs_n
+                vz_c = vz_n
+                t1 = t0 + BLOCK_N
+                nmask = t1 + tn < end
+                nrow = ((tl.load(bt_ptr + b * stride_bt + t1 // P, mask=t1 < end, other=0).to(tl.int64) * Hkv
+                         + hk) * P + t1 % P + tn) * (2 * NG)
+                ks_n = tl.load(ksz_ptr + nrow, mask=nmask, other=0.0)
+                kz_n = tl.load(ksz_ptr + nrow + 1, mask=nmask, other=0.0)
+                vs_n = tl.load(vsz_ptr + nrow, mask=nmask, other=0.0)
+                vz_n = tl.load(vsz_ptr + nrow + 1, mask=nmask, other=0.0)
             # a tile never crosses a page (page_size % BLOCK_N == 0, splits are whole tiles):
             # one page lookup, then BLOCK_N * d/4 contiguous bytes
             tmask = t0 + tn < end
-            page = tl.load(bt_ptr + b * stride_bt + t0 // P)
+            if INTERP:
+                page = tl.load(bt_ptr + b * stride_bt + t0 // P)
+            else:   # not a tl.load: Triton's pipeliner would chain the code loads behind it (one tile ahead)
+                page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [bt_ptr + b * stride_bt + t0 // P],
+                                                 dtype=tl.int32, is_pure=True, pack=1)
             base = (page.to(tl.int64) * Hkv + hk) * P + t0 % P                       # first (page, head, slot) row
             if PF_CHUNK > 0:
                 tc = t0 + PF_AHEAD * CT
@@ -267,8 +297,12 @@ def _stage1(
                 k2 = tl.inline_asm_elementwise(UNPACK2, '=r,=r,r', [kb], dtype=tl.float16, is_pure=True, pack=4)
                 k3 = tl.inline_asm_elementwise(UNPACK3, '=r,=r,r', [kb], dtype=tl.float16, is_pure=True, pack=4)
             bias = tl.where(tmask, 0.0, float("-inf"))[:, None]                           # masked tokens: -inf
-            ks0 = tl.load(ksz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32) * ksc
-            kz0 = tl.load(ksz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
+            if SZ_AHEAD:
+                ks0 = ks_c.to(tl.float32) * ksc
+                kz0 = kz_c.to(tl.float32)
+            else:
+                ks0 = tl.load(ksz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32) * ksc
+                kz0 = tl.load(ksz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
             if NG == 1:
                 s = tl.dot(k3, q3, tl.dot(k2, q2, tl.dot(k1, q1, tl.dot(k0, q0, init0))))
                 s = (s - kz0[:, None] * zq0[None, :]) * ks0[:, None] + bias
@@ -306,8 +340,12 @@ def _stage1(
                 v1 = tl.inline_asm_elementwise(UNPACK1, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
                 v2 = tl.inline_asm_elementwise(UNPACK2, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
                 v3 = tl.inline_asm_elementwise(UNPACK3, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
-            vs0 = tl.load(vsz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32)
-            vz0 = tl.load(vsz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
+            if SZ_AHEAD:
+                vs0 = vs_c.to(tl.float32)
+                vz0 = vz_c.to(tl.float32)
+            else:
+                vs0 = tl.load(vsz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32)
+                vz0 = tl.load(vsz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
             if INTERP:
                 pa = p * vs0[:, None]
             else:
@@ -544,7 +582,8 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
     if MAXNREG and not interp:
         extra["maxnreg"] = MAXNREG
     sms = 0 if interp else _sms(dev)
-    one_wave = not interp and bsz * hkv * ns <= RESIDENT_PER_SM * sms
+    resident = 65536 // (32 * NUM_WARPS * (MAXNREG or 255))     # stage-1 programs an SM holds (registers)
+    one_wave = not interp and bsz * hkv * ns <= resident * sms
     _stage1.on(dev)[(bsz * hkv, ns)](
         q_rot, qh, qv, cache.seq_lens, cache.block_table, cache.block_table.stride(0),
         cache.k_packed, cache.k_sz, cache.v_packed, cache.v_sz, cache.hp_k, cache.hp_v,
@@ -553,7 +592,7 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
         BLOCK_N=block_n,
         BLOCK_HP=16 if not interp else max(16, min(64, triton.next_power_of_2(max(cache.sink + cache.recent, 1)))),
         INTERP=interp, PDL=pdl, TRIGGER=one_wave, PF_CHUNK=0 if interp else _pf_chunk(cache.page_size, block_n),
-        PF_AHEAD=PF_AHEAD, **extra, **({"launch_pdl": True} if pdl else {}),
+        PF_AHEAD=PF_AHEAD, SZ_AHEAD=SZ_AHEAD, **extra, **({"launch_pdl": True} if pdl else {}),
     )
     direct = out is not None and out.is_contiguous() and out.shape == q.shape and out.device == dev
     res = out if direct else new_buffer((bsz, hq, d), q.dtype, dev)

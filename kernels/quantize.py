@@ -309,7 +309,7 @@ def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
 BLOCK_T = 64
 NUM_WARPS = 4
 MAXNREG = None
-AHEAD = 512      # a program prefetches to L2 the rows of the program this many tiles later (0: off)
+AHEAD = 0        # a program prefetches to L2 the rows of the program this many tiles later (0: off)
 KFAST = 8       # clip counts above this bisect to a bracket first (ratios below ~0.94 at d=128)
 NBIS = 5
 

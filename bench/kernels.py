@@ -149,15 +149,14 @@ def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-# stage 1 variants for --variants: scale/zero a tile ahead, pipeline stages, register cap, L2 prefetch
-# (tiles per chunk, chunks ahead; 0: off)
-VARIANTS = [dict(SZ_AHEAD=sz, NUM_STAGES=st, MAXNREG=nr, PF_CHUNK=pc, PF_AHEAD=1) for sz, st, nr, pc in (
-    (False, 2, 128, 0), (False, 2, 128, 2), (True, 2, 144, 0), (True, 2, 144, 2), (False, 3, 144, 0),
-    (True, 3, 144, 0), (True, 3, 160, 0), (True, 3, 144, 2), (True, 3, 128, 0))]
+# stage 1 variants for --variants: lazy-rescale threshold (0: off), L2 prefetch (tiles per chunk, 0: off;
+# chunks ahead), register cap
+VARIANTS = [dict(TAU=tau, PF_CHUNK=pc, PF_AHEAD=1, MAXNREG=nr) for tau, pc, nr in (
+    (0.0, 0, 128), (0.0, 2, 128), (6.0, 2, 128), (8.0, 2, 128), (6.0, 0, 128), (6.0, 2, 120), (8.0, 2, 120))]
 
 
 def settings() -> str:
-    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "SPLIT_PROGRAMS_PER_SM", "MAXNREG", "SZ_AHEAD", "PF_CHUNK", "PF_AHEAD")
+    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "SPLIT_PROGRAMS_PER_SM", "MAXNREG", "TAU", "PF_CHUNK", "PF_AHEAD")
     return ", ".join(f"{n}={getattr(decode, n)}" for n in names)
 
 

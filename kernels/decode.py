@@ -43,10 +43,10 @@ LOG2E = 1.4426950408889634
 # SPLIT_PROGRAMS_PER_SM programs per SM in all.
 BLOCK_N = 32
 NUM_WARPS = 1
-NUM_STAGES = 3
+NUM_STAGES = 2
 SPLIT_PROGRAMS_PER_SM = 32
 MIN_SPLIT = 512
-MAXNREG = 144        # register cap per thread: 16 one-warp programs per SM (None: the compiler's choice)
+MAXNREG = 128        # register cap per thread: 16 one-warp programs per SM (None: the compiler's choice)
 STAGE2_WARPS = 8     # stage 2: warps, splits per step, pipelined steps
 STAGE2_WARPS_MANY = 4  # stage 2 warps when there are at least 2 query rows per SM (batch 32: 34 -> 12-17 us)
 USE_PDL = True       # programmatic dependent launch (Hopper and later): a launch overlaps the previous kernel's tail
@@ -54,7 +54,7 @@ STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
 PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
 PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
-SZ_AHEAD = True      # stage 1 loads a tile's (first group) scale/zero one tile ahead
+TAU = 6.0            # stage 1 rescales its running sums only when the max grows by more than 2^TAU (0: always)
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
@@ -81,7 +81,7 @@ def _stage1(
     SINK: tl.constexpr, RECENT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_HP: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr, TRIGGER: tl.constexpr, PF_CHUNK: tl.constexpr, PF_AHEAD: tl.constexpr,
-    SZ_AHEAD: tl.constexpr,
+    TAU: tl.constexpr,
 ):
     # q: [B, Hq, D] f32, already @ R_k; qh: [B*Hkv, 4, D/4, BH] f16 and qv: [B*Hkv, 8, BH] f32, the
     # tensor-core operand _rotate_q made of it (compiled only); lens: [B] i32; bt: [B, *] i32
@@ -236,40 +236,11 @@ def _stage1(
                         (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
                         CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
                         dtype=tl.int32, is_pure=False, pack=1)
-        if SZ_AHEAD:
-            # A tile's first-group scale/zero are loaded a tile ahead, into registers: loaded where
-            # used, the warp waited for them twice per tile (the largest stalls in a profile after
-            # the codes' own wait). The codes stay with Triton's pipelining: in registers they would
-            # reach the tensor cores through byte transposes (+35% instructions).
-            nmask = start + tn < end
-            nrow = ((tl.load(bt_ptr + b * stride_bt + start // P, mask=start < end, other=0).to(tl.int64) * Hkv
-                     + hk) * P + start % P + tn) * (2 * NG)                                    # [BN]
-            ks_n = tl.load(ksz_ptr + nrow, mask=nmask, other=0.0)
-            kz_n = tl.load(ksz_ptr + nrow + 1, mask=nmask, other=0.0)
-            vs_n = tl.load(vsz_ptr + nrow, mask=nmask, other=0.0)
-            vz_n = tl.load(vsz_ptr + nrow + 1, mask=nmask, other=0.0)
         for t0 in range(start, end, BLOCK_N):
-            if SZ_AHEAD:
-                ks_c = ks_n
-                kz_c = kz_n
-                vs_c = vs_n
-                vz_c = vz_n
-                t1 = t0 + BLOCK_N
-                nmask = t1 + tn < end
-                nrow = ((tl.load(bt_ptr + b * stride_bt + t1 // P, mask=t1 < end, other=0).to(tl.int64) * Hkv
-                         + hk) * P + t1 % P + tn) * (2 * NG)
-                ks_n = tl.load(ksz_ptr + nrow, mask=nmask, other=0.0)
-                kz_n = tl.load(ksz_ptr + nrow + 1, mask=nmask, other=0.0)
-                vs_n = tl.load(vsz_ptr + nrow, mask=nmask, other=0.0)
-                vz_n = tl.load(vsz_ptr + nrow + 1, mask=nmask, other=0.0)
             # a tile never crosses a page (page_size % BLOCK_N == 0, splits are whole tiles):
             # one page lookup, then BLOCK_N * d/4 contiguous bytes
             tmask = t0 + tn < end
-            if INTERP:
-                page = tl.load(bt_ptr + b * stride_bt + t0 // P)
-            else:   # not a tl.load: Triton's pipeliner would chain the code loads behind it (one tile ahead)
-                page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [bt_ptr + b * stride_bt + t0 // P],
-                                                 dtype=tl.int32, is_pure=True, pack=1)
+            page = tl.load(bt_ptr + b * stride_bt + t0 // P)
             base = (page.to(tl.int64) * Hkv + hk) * P + t0 % P                       # first (page, head, slot) row
             if PF_CHUNK > 0:
                 tc = t0 + PF_AHEAD * CT
@@ -297,12 +268,8 @@ def _stage1(
                 k2 = tl.inline_asm_elementwise(UNPACK2, '=r,=r,r', [kb], dtype=tl.float16, is_pure=True, pack=4)
                 k3 = tl.inline_asm_elementwise(UNPACK3, '=r,=r,r', [kb], dtype=tl.float16, is_pure=True, pack=4)
             bias = tl.where(tmask, 0.0, float("-inf"))[:, None]                           # masked tokens: -inf
-            if SZ_AHEAD:
-                ks0 = ks_c.to(tl.float32) * ksc
-                kz0 = kz_c.to(tl.float32)
-            else:
-                ks0 = tl.load(ksz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32) * ksc
-                kz0 = tl.load(ksz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
+            ks0 = tl.load(ksz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32) * ksc
+            kz0 = tl.load(ksz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
             if NG == 1:
                 s = tl.dot(k3, q3, tl.dot(k2, q2, tl.dot(k1, q1, tl.dot(k0, q0, init0))))
                 s = (s - kz0[:, None] * zq0[None, :]) * ks0[:, None] + bias
@@ -324,12 +291,39 @@ def _stage1(
                      + (tl.dot(k1, q1, init1) - kz1[:, None] * zq1[None, :]) * ks1[:, None]
                      + (tl.dot(k2, q2, init2) - kz2[:, None] * zq2[None, :]) * ks2[:, None]
                      + (tl.dot(k3, q3, init3) - kz3[:, None] * zq3[None, :]) * ks3[:, None] + bias)
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            m_i = m_new
+            if TAU > 0:
+                # The running max moves only when a score exceeds it by more than TAU (base 2): most
+                # tiles skip the rescale, and p <= 2^TAU stays well inside fp16 once multiplied by
+                # the V scale. Exact either way: the max cancels between numerator and l.
+                m_tile = tl.max(s, 0)
+                if tl.max(m_tile - m_i, 0) > TAU:
+                    m_new = tl.maximum(m_i, m_tile)
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2(tl.where(m_i == float("-inf"), 0.0, m_i) - m_use)
+                    l_i = l_i * alpha
+                    w1a = w1a * alpha
+                    w1b = w1b * alpha
+                    w1c = w1c * alpha
+                    w1d = w1d * alpha
+                    w2a = w2a * alpha
+                    w2b = w2b * alpha
+                    w2c = w2c * alpha
+                    w2d = w2d * alpha
+                    acc0 = acc0 * alpha[None, :]
+                    acc1 = acc1 * alpha[None, :]
+                    acc2 = acc2 * alpha[None, :]
+                    acc3 = acc3 * alpha[None, :]
+                    m_i = m_new
+                alpha = tl.full([BLOCK_H], 1.0, tl.float32)
+                p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+                l_i = l_i + tl.sum(p, 0)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[None, :])
+                l_i = l_i * alpha + tl.sum(p, 0)
+                m_i = m_new
             if INTERP:
                 v0 = (vb & 3).to(tl.float32)
                 v1 = ((vb >> 2) & 3).to(tl.float32)
@@ -340,12 +334,8 @@ def _stage1(
                 v1 = tl.inline_asm_elementwise(UNPACK1, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
                 v2 = tl.inline_asm_elementwise(UNPACK2, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
                 v3 = tl.inline_asm_elementwise(UNPACK3, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
-            if SZ_AHEAD:
-                vs0 = vs_c.to(tl.float32)
-                vz0 = vz_c.to(tl.float32)
-            else:
-                vs0 = tl.load(vsz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32)
-                vz0 = tl.load(vsz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
+            vs0 = tl.load(vsz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32)
+            vz0 = tl.load(vsz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
             if INTERP:
                 pa = p * vs0[:, None]
             else:
@@ -592,7 +582,7 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
         BLOCK_N=block_n,
         BLOCK_HP=16 if not interp else max(16, min(64, triton.next_power_of_2(max(cache.sink + cache.recent, 1)))),
         INTERP=interp, PDL=pdl, TRIGGER=one_wave, PF_CHUNK=0 if interp else _pf_chunk(cache.page_size, block_n),
-        PF_AHEAD=PF_AHEAD, SZ_AHEAD=SZ_AHEAD, **extra, **({"launch_pdl": True} if pdl else {}),
+        PF_AHEAD=PF_AHEAD, TAU=TAU, **extra, **({"launch_pdl": True} if pdl else {}),
     )
     direct = out is not None and out.is_contiguous() and out.shape == q.shape and out.device == dev
     res = out if direct else new_buffer((bsz, hq, d), q.dtype, dev)

@@ -39,7 +39,7 @@ def _quantize_kernel(
     D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr, KMAX: tl.constexpr,
     HAS_R: tl.constexpr, R_PER_HEAD: tl.constexpr, HAS_MEAN: tl.constexpr,
     SZ_KIND: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr, BRACKET: tl.constexpr,
-    NBIS: tl.constexpr, AHEAD: tl.constexpr,
+    NBIS: tl.constexpr,
 ):
     # x: [T, H, D]; r: [D, D] or [H, D, D]; mr (mean @ R): [H, D] f32; k: [H] i32 clip counts
     # out: [T, H, D/4] u8; sz: [T, H, 2*NG]
@@ -55,17 +55,6 @@ def _quantize_kernel(
     rows64 = rows.to(tl.int64)
     cq = tl.arange(0, Q)
     x_row = x_ptr + rows64[:, None] * stride_xt + h * stride_xh   # [BT, 1]
-
-    if AHEAD > 0:
-        # a program waits for its rows from DRAM before any work; the programs resident beside it
-        # hide only part of that. So thread i puts line i of the tile AHEAD programs later in L2,
-        # and that program finds its rows there.
-        LPR: tl.constexpr = max(D * x_ptr.dtype.element_ty.primitive_bitwidth // 1024, 1)   # 128-byte lines a row
-        li = tl.arange(0, BLOCK_T * LPR)
-        pf = tl.minimum((pid_t + AHEAD) * BLOCK_T + li // LPR, T - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [x_ptr + pf * stride_xt + h * stride_xh + li % LPR * (D // LPR)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
     # ---- rotate: v_i = x @ R[:, iQ:(i+1)Q] - (mean @ R)[iQ:(i+1)Q] ------------------- [BT, Q]
     if HAS_R:
@@ -309,7 +298,6 @@ def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
 BLOCK_T = 64
 NUM_WARPS = 4
 MAXNREG = None
-AHEAD = 0        # a program prefetches to L2 the rows of the program this many tiles later (0: off)
 KFAST = 8       # clip counts above this bisect to a bracket first (ratios below ~0.94 at d=128)
 NBIS = 5
 
@@ -353,7 +341,7 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         D=d, NG=ng, BLOCK_T=bt, KMAX=int(kk.max()), HAS_R=r is not None, R_PER_HEAD=r is not None and r.dim() == 3,
         HAS_MEAN=mr is not None, SZ_KIND=_SZ_KIND[scale_dtype],
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", INTERP=interpreted(dev),
-        BRACKET=int(kk.max()) > KFAST, NBIS=NBIS, AHEAD=0 if interpreted(dev) else AHEAD,
+        BRACKET=int(kk.max()) > KFAST, NBIS=NBIS,
         **({} if interpreted(dev) else {"num_warps": NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG else {})}),
     )
     return packed, sz

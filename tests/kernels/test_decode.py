@@ -87,6 +87,25 @@ def test_key_centering_is_exact_and_helps_int2(device):
     assert errs["centered"] < 0.5 * errs["plain"], errs
 
 
+@pytest.mark.parametrize("late", [3.0, 12.0, 40.0])
+def test_running_max_that_grows_late(device, late):
+    # Scores near 0, then one key whose score (base 2) is `late` higher in a later tile: below the
+    # lazy-rescale threshold the kernel keeps a stale max, above it it must rescale what it summed.
+    gen = torch.Generator().manual_seed(int(late))
+    d, n = 64, 400
+    q = torch.randn(1, 2, d, generator=gen)
+    keys = torch.randn(n, 1, d, generator=gen) * 0.05
+    values = torch.randn(n, 1, d, generator=gen)
+    unit = q[0, 0] / q[0, 0].norm()
+    keys[100, 0] = unit * (2.0 / (1.4426950408889634 * q[0, 0].norm()))       # +2 in base 2
+    keys[300, 0] = unit * (late / (1.4426950408889634 * q[0, 0].norm()))
+    cache = Int2KVCache.from_dense([keys.to(device)], [values.to(device)], None, None, 0.0, 0.0,
+                                   sink=SINK, recent=RECENT, page_size=PAGE)
+    out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
+    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0)
+    assert _rel(out, want) < 2e-2
+
+
 def test_out_argument_and_bad_input(device):
     gen = torch.Generator().manual_seed(9)
     keys, values = _data([100], 1, 64, gen)

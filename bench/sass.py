@@ -44,7 +44,7 @@ def stage1(pdl: bool = True):
                  hk_ptr=p("bf16"), hv_ptr=p("bf16"), o_ptr=p("fp32"), lse_ptr=p("fp32"), Hkv=i32,
                  qk_scale="fp32", SPLIT_LEN=i32, NSPL=i32)
     consts = dict(D=128, GQA=4, BLOCK_H=8, NG=1, P=256, SINK=64, RECENT=256, BLOCK_N=decode.BLOCK_N,
-                  BLOCK_HP=16, INTERP=False, PDL=pdl, TRIGGER=False, PF_CHUNK=decode.PF_CHUNK, PF_AHEAD=decode.PF_AHEAD, TAU=decode.TAU)
+                  BLOCK_HP=16, INTERP=False, PDL=pdl, TRIGGER=False, PF_CHUNK=decode.PF_CHUNK, PF_AHEAD=decode.PF_AHEAD)
     consts = {k: v for k, v in consts.items() if k in decode._stage1._compiled.arg_names}
     opts = dict(num_warps=decode.NUM_WARPS, num_stages=decode.NUM_STAGES)
     if decode.MAXNREG:

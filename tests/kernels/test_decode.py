@@ -95,7 +95,7 @@ def test_running_max_that_grows_late(device, late):
     d, n = 64, 400
     q = torch.randn(1, 2, d, generator=gen)
     keys = torch.randn(n, 1, d, generator=gen) * 0.05
-    values = torch.randn(n, 1, d, generator=gen)
+    values = torch.randn(n, 1, d, generator=gen) * 0.5 + torch.randn(d, generator=gen)    # outputs of norm ~ 8
     unit = q[0, 0] / q[0, 0].norm()
     keys[100, 0] = unit * (2.0 / (1.4426950408889634 * q[0, 0].norm()))       # +2 in base 2
     keys[300, 0] = unit * (late / (1.4426950408889634 * q[0, 0].norm()))
@@ -103,7 +103,7 @@ def test_running_max_that_grows_late(device, late):
                                    sink=SINK, recent=RECENT, page_size=PAGE)
     out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
     want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0)
-    assert _rel(out, want) < 2e-2
+    assert _rel(out, want) < 5e-3
 
 
 def test_out_argument_and_bad_input(device):

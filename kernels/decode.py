@@ -218,22 +218,6 @@ def _stage1(
         acc2 = tl.zeros([Q, BLOCK_H], tl.float32)
         acc3 = tl.zeros([Q, BLOCK_H], tl.float32)
         tn = tl.arange(0, BLOCK_N)
-        if PF_CHUNK > 0:
-            # Each tile's loads wait for DRAM once per warp (cp.async one tile ahead, the scales when
-            # used), too little in flight to hide its latency. So every PF_CHUNK tiles, the chunk of
-            # PF_CHUNK tiles PF_AHEAD chunks ahead goes to L2 (one bulk prefetch per array), and the
-            # loads wait for L2. Chunks are aligned (they never cross a page); the first PF_AHEAD here.
-            CT: tl.constexpr = PF_CHUNK * BLOCK_N
-            c0 = start - start % CT
-            for c in tl.static_range(PF_AHEAD):
-                if c0 + c * CT < end:
-                    pg = tl.load(bt_ptr + b * stride_bt + (c0 + c * CT) // P)
-                    row = (pg.to(tl.int64) * Hkv + hk) * P + (c0 + c * CT) % P
-                    tl.inline_asm_elementwise(PREFETCH_L2, "=r,l,l,l,l,r,r", [
-                        (kq_ptr + row * Q).to(tl.int64), (vq_ptr + row * Q).to(tl.int64),
-                        (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
-                        CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
-                        dtype=tl.int32, is_pure=False, pack=1)
         for t0 in range(start, end, BLOCK_N):
             # a tile never crosses a page (page_size % BLOCK_N == 0, splits are whole tiles):
             # one page lookup, then BLOCK_N * d/4 contiguous bytes
@@ -241,15 +225,23 @@ def _stage1(
             page = tl.load(bt_ptr + b * stride_bt + t0 // P)
             base = (page.to(tl.int64) * Hkv + hk) * P + t0 % P                       # first (page, head, slot) row
             if PF_CHUNK > 0:
-                tc = t0 + PF_AHEAD * CT
-                if (t0 % CT == 0) & (tc < end):
-                    pg = tl.load(bt_ptr + b * stride_bt + tc // P)
-                    row = (pg.to(tl.int64) * Hkv + hk) * P + tc % P
-                    tl.inline_asm_elementwise(PREFETCH_L2, "=r,l,l,l,l,r,r", [
-                        (kq_ptr + row * Q).to(tl.int64), (vq_ptr + row * Q).to(tl.int64),
-                        (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
-                        CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
-                        dtype=tl.int32, is_pure=False, pack=1)
+                # A warp waits for each tile's loads (cp.async one tile ahead, the scales where used)
+                # with too little in flight to hide DRAM's latency. So at each chunk of PF_CHUNK tiles
+                # (and at the first tile, for the chunks before that) the chunk PF_AHEAD ahead goes to
+                # L2, one bulk prefetch per array, and the loads wait for L2 instead. Chunks are
+                # aligned, so they never cross a page.
+                CT: tl.constexpr = PF_CHUNK * BLOCK_N
+                if (t0 % CT == 0) | (t0 == start):
+                    for c in tl.static_range(PF_AHEAD + 1):
+                        tc = t0 - t0 % CT + c * CT
+                        if ((c == PF_AHEAD) | (t0 == start)) & (tc < end):
+                            pg = tl.load(bt_ptr + b * stride_bt + tc // P)
+                            row = (pg.to(tl.int64) * Hkv + hk) * P + tc % P
+                            tl.inline_asm_elementwise(PREFETCH_L2, "=r,l,l,l,l,r,r", [
+                                (kq_ptr + row * Q).to(tl.int64), (vq_ptr + row * Q).to(tl.int64),
+                                (ksz_ptr + row * 2 * NG).to(tl.int64), (vsz_ptr + row * 2 * NG).to(tl.int64),
+                                CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
+                                dtype=tl.int32, is_pure=False, pack=1)
             kb = tl.load(kq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
             vb = tl.load(vq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
             sz_row = (base + tn) * (2 * NG)                                              # [BN]

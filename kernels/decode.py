@@ -15,11 +15,13 @@ instead of M to 16. A code becomes an fp16 operand with one LOP3 per two codes: 
 masked in place and ORed into 0x6400 (1024), giving 1024 + 4^i c; quarter i of q is pre-scaled
 by 4^-i, and the 1024 * sum(q) offset starts the accumulator (V side: taken out at the end).
 
-One warp per program: the online softmax never reduces across warps. On Hopper the three
-launches are chained with programmatic dependent launch, so each one's start overlaps the
-previous kernel's tail. On an H100 this is 4.1x faster than BF16 SDPA at batch 32 / 128K and
-3.1x at batch 1 / 128K (bench/results/kernels-h100.md): about 18 warp-instructions per (token,
-KV head), issued at ~44% of the peak rate, against a 2.25-bit byte floor of ~7x.
+One warp per program: the online softmax never reduces across warps. Stage 1 prefetches the
+INT2 history into L2 a chunk of tiles ahead, so its loads wait for L2 rather than DRAM. On
+Hopper the three launches are chained with programmatic dependent launch, so each one's start
+overlaps the previous kernel's tail. On an H100 this is 4.5x faster than BF16 SDPA at batch 32 /
+128K and 3.2x at batch 1 / 128K (bench/results/kernels-h100.md), against a 2.25-bit byte floor of
+~7x: stage 1 is bound by the shared-memory pipe, two thirds of whose traffic is V's codes
+reaching the tensor cores transposed, as fp16, through shared memory.
 """
 
 from __future__ import annotations

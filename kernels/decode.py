@@ -66,6 +66,20 @@ UNPACK0 = tl.constexpr(_ASM % ("0x00030003", "0x00030003"))
 UNPACK1 = tl.constexpr(_ASM % ("0x000C000C", "0x000C000C"))
 UNPACK2 = tl.constexpr(_ASM % ("0x00300030", "0x00300030"))
 UNPACK3 = tl.constexpr(_ASM % ("0x00C000C0", "0x00C000C0"))
+# V's codes reach the tensor cores as 16-bit pairs of bytes, transposed by ldmatrix: a register then
+# holds bytes [b(n, 2c), b(n, 2c+1), b(n+1, 2c), b(n+1, 2c+1)] of tokens n, n+1. The even dim 2c of
+# quarter i is crumb i of bytes 0 and 2, the odd dim 2c+1 crumb i of bytes 1 and 3: one byte spread
+# and one LOP3 give the fp16 token pair the operand needs. Each output half depends only on its own
+# 16-bit input half, so this is elementwise whatever the packing.
+_VASM = "{ .reg .b32 t; prmt.b32 t, $1, 0, %s; lop3.b32 $0, t, %s, 0x64006400, 0xEA; }"
+VE0 = tl.constexpr(_VASM % ("0x4240", "0x00030003"))
+VE1 = tl.constexpr(_VASM % ("0x4240", "0x000C000C"))
+VE2 = tl.constexpr(_VASM % ("0x4240", "0x00300030"))
+VE3 = tl.constexpr(_VASM % ("0x4240", "0x00C000C0"))
+VO0 = tl.constexpr(_VASM % ("0x4341", "0x00030003"))
+VO1 = tl.constexpr(_VASM % ("0x4341", "0x000C000C"))
+VO2 = tl.constexpr(_VASM % ("0x4341", "0x00300030"))
+VO3 = tl.constexpr(_VASM % ("0x4341", "0x00C000C0"))
 # L2 bulk prefetch of four byte ranges ($1..$4; sizes $5 for the codes, $6 for scale/zero), lane 0 only
 PREFETCH_L2 = tl.constexpr(
     "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
@@ -215,10 +229,17 @@ def _stage1(
         w2b = tl.zeros([BLOCK_H], tl.float32)
         w2c = tl.zeros([BLOCK_H], tl.float32)
         w2d = tl.zeros([BLOCK_H], tl.float32)
-        acc0 = tl.zeros([Q, BLOCK_H], tl.float32)                               # o^T per quarter
-        acc1 = tl.zeros([Q, BLOCK_H], tl.float32)
-        acc2 = tl.zeros([Q, BLOCK_H], tl.float32)
-        acc3 = tl.zeros([Q, BLOCK_H], tl.float32)
+        Q2: tl.constexpr = Q // 2
+        acc0 = tl.zeros([Q2, BLOCK_H], tl.float32)              # o^T per quarter, its even dims (acc0: 0, 2, ...)
+        acc1 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        acc2 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        acc3 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        odd0 = tl.zeros([Q2, BLOCK_H], tl.float32)              # ... and its odd dims
+        odd1 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        odd2 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        odd3 = tl.zeros([Q2, BLOCK_H], tl.float32)
+        cq2 = tl.arange(0, Q2)
+        vq16 = vq_ptr.to(tl.pointer_type(tl.uint16))
         tn = tl.arange(0, BLOCK_N)
         for t0 in range(start, end, BLOCK_N):
             # a tile never crosses a page (page_size % BLOCK_N == 0, splits are whole tiles):
@@ -245,11 +266,11 @@ def _stage1(
                                 CT * Q, CT * 2 * NG * (ksz_ptr.dtype.element_ty.primitive_bitwidth // 8)],
                                 dtype=tl.int32, is_pure=False, pack=1)
             kb = tl.load(kq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
-            vb = tl.load(vq_ptr + base * Q + tn[:, None] * Q + cq[None, :], mask=tmask[:, None], other=0)
+            # [Q2, BN]: loaded transposed, so the 16-bit pairs reach the operand through ldmatrix.trans
+            vt = tl.load(vq16 + base * Q2 + tn[None, :] * Q2 + cq2[:, None], mask=tmask[None, :], other=0)
             sz_row = (base + tn) * (2 * NG)                                              # [BN]
             if INTERP:
                 kb = kb.to(tl.int32)
-                vb = vb.to(tl.int32)
                 k0 = (kb & 3).to(tl.float32)
                 k1 = ((kb >> 2) & 3).to(tl.float32)
                 k2 = ((kb >> 4) & 3).to(tl.float32)
@@ -290,15 +311,24 @@ def _stage1(
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
             if INTERP:
-                v0 = (vb & 3).to(tl.float32)
-                v1 = ((vb >> 2) & 3).to(tl.float32)
-                v2 = ((vb >> 4) & 3).to(tl.float32)
-                v3 = ((vb >> 6) & 3).to(tl.float32)
-            else:   # not pure: keeps Triton from moving the transpose below in front of the unpack
-                v0 = tl.inline_asm_elementwise(UNPACK0, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
-                v1 = tl.inline_asm_elementwise(UNPACK1, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
-                v2 = tl.inline_asm_elementwise(UNPACK2, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
-                v3 = tl.inline_asm_elementwise(UNPACK3, '=r,=r,r', [vb], dtype=tl.float16, is_pure=False, pack=4)
+                vt = vt.to(tl.int32)
+                e0 = (vt & 3).to(tl.float32)
+                e1 = ((vt >> 2) & 3).to(tl.float32)
+                e2 = ((vt >> 4) & 3).to(tl.float32)
+                e3 = ((vt >> 6) & 3).to(tl.float32)
+                o0 = ((vt >> 8) & 3).to(tl.float32)
+                o1 = ((vt >> 10) & 3).to(tl.float32)
+                o2 = ((vt >> 12) & 3).to(tl.float32)
+                o3 = ((vt >> 14) & 3).to(tl.float32)
+            else:
+                e0 = tl.inline_asm_elementwise(VE0, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                e1 = tl.inline_asm_elementwise(VE1, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                e2 = tl.inline_asm_elementwise(VE2, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                e3 = tl.inline_asm_elementwise(VE3, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                o0 = tl.inline_asm_elementwise(VO0, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                o1 = tl.inline_asm_elementwise(VO1, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                o2 = tl.inline_asm_elementwise(VO2, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
+                o3 = tl.inline_asm_elementwise(VO3, '=r,r', [vt], dtype=tl.float16, is_pure=True, pack=2)
             vs0 = tl.load(vsz_ptr + sz_row, mask=tmask, other=0.0).to(tl.float32)
             vz0 = tl.load(vsz_ptr + sz_row + 1, mask=tmask, other=0.0).to(tl.float32)
             if INTERP:
@@ -308,11 +338,15 @@ def _stage1(
             paf = pa.to(tl.float32)
             w1a = w1a * alpha + tl.sum(paf, 0)
             w2a = w2a * alpha + tl.sum(paf * vz0[:, None], 0)
-            acc0 = tl.dot(tl.trans(v0), pa, acc0 * alpha[None, :])
+            acc0 = tl.dot(e0, pa, acc0 * alpha[None, :])
+            odd0 = tl.dot(o0, pa, odd0 * alpha[None, :])
             if NG == 1:
-                acc1 = tl.dot(tl.trans(v1), pa, acc1 * alpha[None, :])
-                acc2 = tl.dot(tl.trans(v2), pa, acc2 * alpha[None, :])
-                acc3 = tl.dot(tl.trans(v3), pa, acc3 * alpha[None, :])
+                acc1 = tl.dot(e1, pa, acc1 * alpha[None, :])
+                odd1 = tl.dot(o1, pa, odd1 * alpha[None, :])
+                acc2 = tl.dot(e2, pa, acc2 * alpha[None, :])
+                odd2 = tl.dot(o2, pa, odd2 * alpha[None, :])
+                acc3 = tl.dot(e3, pa, acc3 * alpha[None, :])
+                odd3 = tl.dot(o3, pa, odd3 * alpha[None, :])
             else:
                 vs1 = tl.load(vsz_ptr + sz_row + 2, mask=tmask, other=0.0).to(tl.float32)
                 vz1 = tl.load(vsz_ptr + sz_row + 3, mask=tmask, other=0.0).to(tl.float32)
@@ -324,9 +358,12 @@ def _stage1(
                 w1b = w1b * alpha + tl.sum(pbf, 0)
                 w2b = w2b * alpha + tl.sum(pbf * vz1[:, None], 0)
                 if NG == 2:
-                    acc1 = tl.dot(tl.trans(v1), pa, acc1 * alpha[None, :])
-                    acc2 = tl.dot(tl.trans(v2), pb, acc2 * alpha[None, :])
-                    acc3 = tl.dot(tl.trans(v3), pb, acc3 * alpha[None, :])
+                    acc1 = tl.dot(e1, pa, acc1 * alpha[None, :])
+                    odd1 = tl.dot(o1, pa, odd1 * alpha[None, :])
+                    acc2 = tl.dot(e2, pb, acc2 * alpha[None, :])
+                    odd2 = tl.dot(o2, pb, odd2 * alpha[None, :])
+                    acc3 = tl.dot(e3, pb, acc3 * alpha[None, :])
+                    odd3 = tl.dot(o3, pb, odd3 * alpha[None, :])
                 else:
                     vs2 = tl.load(vsz_ptr + sz_row + 4, mask=tmask, other=0.0).to(tl.float32)
                     vz2 = tl.load(vsz_ptr + sz_row + 5, mask=tmask, other=0.0).to(tl.float32)
@@ -344,9 +381,12 @@ def _stage1(
                     w2c = w2c * alpha + tl.sum(pcf * vz2[:, None], 0)
                     w1d = w1d * alpha + tl.sum(pdf, 0)
                     w2d = w2d * alpha + tl.sum(pdf * vz3[:, None], 0)
-                    acc1 = tl.dot(tl.trans(v1), pb, acc1 * alpha[None, :])
-                    acc2 = tl.dot(tl.trans(v2), pc, acc2 * alpha[None, :])
-                    acc3 = tl.dot(tl.trans(v3), pd, acc3 * alpha[None, :])
+                    acc1 = tl.dot(e1, pb, acc1 * alpha[None, :])
+                    odd1 = tl.dot(o1, pb, odd1 * alpha[None, :])
+                    acc2 = tl.dot(e2, pc, acc2 * alpha[None, :])
+                    odd2 = tl.dot(o2, pc, odd2 * alpha[None, :])
+                    acc3 = tl.dot(e3, pd, acc3 * alpha[None, :])
+                    odd3 = tl.dot(o3, pd, odd3 * alpha[None, :])
         # quarter i: (acc_i - 1024 w1) 4^-i - w2 over the quarter's group, then / l
         if NG == 1:
             w1b = w1a
@@ -363,13 +403,20 @@ def _stage1(
             w2c = w2b
             w2b = w2a
         l_use = tl.where(l_i == 0.0, 1.0, l_i)
-        o_q = o_row[None, :] + cq[:, None]                                                # [Q, BH]
+        o_q = o_row[None, :] + 2 * cq2[:, None]                                           # [Q2, BH]: even dims
         tl.store(o_q + 0 * Q, ((acc0 - MAGIC * w1a[None, :]) - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 0 * Q + 1, ((odd0 - MAGIC * w1a[None, :]) - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
         tl.store(o_q + 1 * Q, ((acc1 - MAGIC * w1b[None, :]) * F1 - w2b[None, :]) / l_use[None, :],
+                 mask=hmask[None, :])
+        tl.store(o_q + 1 * Q + 1, ((odd1 - MAGIC * w1b[None, :]) * F1 - w2b[None, :]) / l_use[None, :],
                  mask=hmask[None, :])
         tl.store(o_q + 2 * Q, ((acc2 - MAGIC * w1c[None, :]) * F2 - w2c[None, :]) / l_use[None, :],
                  mask=hmask[None, :])
+        tl.store(o_q + 2 * Q + 1, ((odd2 - MAGIC * w1c[None, :]) * F2 - w2c[None, :]) / l_use[None, :],
+                 mask=hmask[None, :])
         tl.store(o_q + 3 * Q, ((acc3 - MAGIC * w1d[None, :]) * F3 - w2d[None, :]) / l_use[None, :],
+                 mask=hmask[None, :])
+        tl.store(o_q + 3 * Q + 1, ((odd3 - MAGIC * w1d[None, :]) * F3 - w2d[None, :]) / l_use[None, :],
                  mask=hmask[None, :])
         tl.store(lse_row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_use)), mask=hmask)
 

@@ -149,13 +149,14 @@ def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-# stage 1 variants for --variants: split programs per SM, L2 prefetch (tiles per chunk, 0: off; chunks ahead)
-VARIANTS = [dict(SPLIT_PROGRAMS_PER_SM=sp, PF_CHUNK=pc, PF_AHEAD=pa) for sp, pc, pa in (
-    (32, 0, 1), (32, 2, 1), (16, 2, 1), (24, 2, 1), (48, 2, 1), (32, 1, 1), (32, 1, 2))]
+# stage 1 variants for --variants: lazy-rescale threshold (0: off), L2 prefetch (tiles per chunk,
+# 0: off; chunks ahead), register cap
+VARIANTS = [dict(TAU=tau, PF_CHUNK=pc, PF_AHEAD=pa, MAXNREG=nr) for tau, pc, pa, nr in (
+    (0.0, 2, 1, 128), (8.0, 2, 1, 128), (6.0, 2, 1, 128), (8.0, 1, 2, 128), (8.0, 2, 1, 120), (8.0, 0, 1, 128))]
 
 
 def settings() -> str:
-    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "SPLIT_PROGRAMS_PER_SM", "MAXNREG", "PF_CHUNK", "PF_AHEAD")
+    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "SPLIT_PROGRAMS_PER_SM", "MAXNREG", "TAU", "PF_CHUNK", "PF_AHEAD")
     return ", ".join(f"{n}={getattr(decode, n)}" for n in names)
 
 

@@ -1,5 +1,6 @@
 """Compile the INT2 kernels for sm_90 without a GPU; print registers, shared memory, spills and
-the instruction mix of the hottest loop. Needs the Triton the GPU image has (3.6) on the path:
+the instruction mix of the two largest loops (a conditional block inside a loop counts in full).
+Needs the Triton the GPU image has (3.6) on the path:
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
     PYTHONPATH=/tmp/t36 .venv/bin/python -P bench/sass.py [decode|quantize] [--dump DIR]
@@ -44,7 +45,7 @@ def stage1(pdl: bool = True):
                  hk_ptr=p("bf16"), hv_ptr=p("bf16"), o_ptr=p("fp32"), lse_ptr=p("fp32"), Hkv=i32,
                  qk_scale="fp32", SPLIT_LEN=i32, NSPL=i32)
     consts = dict(D=128, GQA=4, BLOCK_H=8, NG=1, P=256, SINK=64, RECENT=256, BLOCK_N=decode.BLOCK_N,
-                  BLOCK_HP=16, INTERP=False, PDL=pdl, TRIGGER=False, PF_CHUNK=decode.PF_CHUNK, PF_AHEAD=decode.PF_AHEAD)
+                  BLOCK_HP=16, INTERP=False, PDL=pdl, TRIGGER=False, PF_CHUNK=decode.PF_CHUNK, PF_AHEAD=decode.PF_AHEAD, TAU=decode.TAU)
     consts = {k: v for k, v in consts.items() if k in decode._stage1._compiled.arg_names}
     opts = dict(num_warps=decode.NUM_WARPS, num_stages=decode.NUM_STAGES)
     if decode.MAXNREG:
@@ -57,8 +58,7 @@ def quant():
     types = dict(x_ptr=p("bf16"), r_ptr=p("bf16"), mr_ptr=p("fp32"), k_ptr=p("i32"), out_ptr=p("u8"),
                  sz_ptr=p("fp16"), T=i32, stride_xt=i32, stride_xh=i32, H=i32)
     consts = dict(D=128, NG=1, BLOCK_T=quantize.BLOCK_T, KMAX=6, HAS_R=True, R_PER_HEAD=True, HAS_MEAN=True,
-                  SZ_KIND=1, DOT_PREC="tf32", INTERP=False, BRACKET=False, NBIS=quantize.NBIS,
-                  AHEAD=quantize.AHEAD)
+                  SZ_KIND=1, DOT_PREC="tf32", INTERP=False, BRACKET=False, NBIS=quantize.NBIS)
     names = quantize._quantize_kernel._compiled.arg_names
     types = {k: v for k, v in types.items() if k in names}
     consts = {k: v for k, v in consts.items() if k in names}

@@ -56,6 +56,7 @@ STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
 PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
 PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
+TAU = 8.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: every tile)
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
@@ -96,6 +97,7 @@ def _stage1(
     SINK: tl.constexpr, RECENT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_HP: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr, TRIGGER: tl.constexpr, PF_CHUNK: tl.constexpr, PF_AHEAD: tl.constexpr,
+    TAU: tl.constexpr,
 ):
     # q: [B, Hq, D] f32, already @ R_k; qh: [B*Hkv, 4, D/4, BH] f16 and qv: [B*Hkv, 8, BH] f32, the
     # tensor-core operand _rotate_q made of it (compiled only); lens: [B] i32; bt: [B, *] i32
@@ -304,12 +306,42 @@ def _stage1(
                      + (tl.dot(k1, q1, init1) - kz1[:, None] * zq1[None, :]) * ks1[:, None]
                      + (tl.dot(k2, q2, init2) - kz2[:, None] * zq2[None, :]) * ks2[:, None]
                      + (tl.dot(k3, q3, init3) - kz3[:, None] * zq3[None, :]) * ks3[:, None] + bias)
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            m_i = m_new
+            if TAU > 0:
+                # The running max moves only when a score passes it by more than TAU (base 2), so
+                # most tiles skip the rescale; p <= 2^TAU stays well inside fp16 once multiplied by
+                # the V scale. Exact either way: the max cancels between the sums and l.
+                m_tile = tl.max(s, 0)
+                if tl.max(m_tile - m_i, 0) > TAU:
+                    m_new = tl.maximum(m_i, m_tile)
+                    alpha = tl.exp2(tl.where(m_i == float("-inf"), 0.0, m_i) - m_new)
+                    l_i = l_i * alpha
+                    w1a = w1a * alpha
+                    w1b = w1b * alpha
+                    w1c = w1c * alpha
+                    w1d = w1d * alpha
+                    w2a = w2a * alpha
+                    w2b = w2b * alpha
+                    w2c = w2c * alpha
+                    w2d = w2d * alpha
+                    acc0 = acc0 * alpha[None, :]
+                    acc1 = acc1 * alpha[None, :]
+                    acc2 = acc2 * alpha[None, :]
+                    acc3 = acc3 * alpha[None, :]
+                    odd0 = odd0 * alpha[None, :]
+                    odd1 = odd1 * alpha[None, :]
+                    odd2 = odd2 * alpha[None, :]
+                    odd3 = odd3 * alpha[None, :]
+                    m_i = m_new
+                alpha = tl.full([BLOCK_H], 1.0, tl.float32)
+                p = tl.exp2(s - m_i[None, :])
+                l_i = l_i + tl.sum(p, 0)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(s - m_use[None, :])
+                l_i = l_i * alpha + tl.sum(p, 0)
+                m_i = m_new
             if INTERP:
                 vt = vt.to(tl.int32)
                 e0 = (vt & 3).to(tl.float32)
@@ -594,7 +626,7 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
         BLOCK_N=block_n,
         BLOCK_HP=16 if not interp else max(16, min(64, triton.next_power_of_2(max(cache.sink + cache.recent, 1)))),
         INTERP=interp, PDL=pdl, TRIGGER=one_wave, PF_CHUNK=0 if interp else _pf_chunk(cache.page_size, block_n),
-        PF_AHEAD=PF_AHEAD, **extra, **({"launch_pdl": True} if pdl else {}),
+        PF_AHEAD=PF_AHEAD, TAU=TAU, **extra, **({"launch_pdl": True} if pdl else {}),
     )
     direct = out is not None and out.is_contiguous() and out.shape == q.shape and out.device == dev
     res = out if direct else new_buffer((bsz, hq, d), q.dtype, dev)

@@ -152,7 +152,7 @@ def decode_parts(bsz: int, n: int, gen) -> list[tuple[str, float]]:
 # stage 1 variants for --variants: lazy-rescale threshold (0: off), L2 prefetch (tiles per chunk,
 # 0: off; chunks ahead), register cap
 VARIANTS = [dict(TAU=tau, PF_CHUNK=pc, PF_AHEAD=pa, MAXNREG=nr) for tau, pc, pa, nr in (
-    (0.0, 2, 1, 128), (8.0, 2, 1, 128), (6.0, 2, 1, 128), (8.0, 1, 2, 128), (8.0, 2, 1, 120), (8.0, 0, 1, 128))]
+    (0.0, 2, 1, 128), (3.0, 2, 1, 128), (6.0, 2, 1, 128), (3.0, 0, 1, 128))]
 
 
 def settings() -> str:

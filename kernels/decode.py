@@ -56,7 +56,7 @@ STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
 PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
 PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
-TAU = 8.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: every tile)
+TAU = 3.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: every tile)
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.

@@ -106,6 +106,23 @@ def test_running_max_that_grows_late(device, late):
     assert _rel(out, want) < 5e-3
 
 
+def test_large_values_under_a_stale_max(device):
+    # The running max moves only past 2^TAU, so p reaches up to 2^TAU times the V scale in fp16 on
+    # the tensor cores: with values in the thousands (a V range of ~20,000) that must stay finite.
+    gen = torch.Generator().manual_seed(11)
+    d, n = 64, 400
+    q = torch.randn(1, 2, d, generator=gen)
+    keys = torch.randn(n, 1, d, generator=gen) * 0.05
+    values = torch.randn(n, 1, d, generator=gen) * 2000 + torch.randn(d, generator=gen) * 2000
+    unit = q[0, 0] / q[0, 0].norm()
+    keys[300, 0] = unit * (2.5 / (1.4426950408889634 * q[0, 0].norm()))      # the max grows by 2.5 late
+    cache = Int2KVCache.from_dense([keys.to(device)], [values.to(device)], None, None, 0.0, 0.0,
+                                   sink=SINK, recent=RECENT, page_size=PAGE)
+    out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
+    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0)
+    assert _rel(out, want) < 5e-3
+
+
 def test_out_argument_and_bad_input(device):
     gen = torch.Generator().manual_seed(9)
     keys, values = _data([100], 1, 64, gen)

@@ -13,15 +13,17 @@ so the tensor cores multiply raw codes c (0..3) and the scale/zero work is per t
 the MMA's M dimension (s^T = codes @ q^T, o^T = codes^T @ (p s)^T), so the 4 GQA heads pad N to 8
 instead of M to 16. A code becomes an fp16 operand with one LOP3 per two codes: crumb i is
 masked in place and ORed into 0x6400 (1024), giving 1024 + 4^i c; quarter i of q is pre-scaled
-by 4^-i, and the 1024 * sum(q) offset starts the accumulator (V side: taken out at the end).
+by 4^-i, and the 1024 * sum(q) offset starts the accumulator (V side: taken out at the end). V's
+operand needs token pairs where a byte holds dims: its codes are loaded as 16-bit byte pairs,
+transposed by ldmatrix, and each quarter is split into even and odd dims (VE*/VO* below), so V
+never goes through shared memory as fp16.
 
-One warp per program: the online softmax never reduces across warps. Stage 1 prefetches the
-INT2 history into L2 a chunk of tiles ahead, so its loads wait for L2 rather than DRAM. On
-Hopper the three launches are chained with programmatic dependent launch, so each one's start
-overlaps the previous kernel's tail. On an H100 this is 4.5x faster than BF16 SDPA at batch 32 /
-128K and 3.2x at batch 1 / 128K (bench/results/kernels-h100.md), against a 2.25-bit byte floor of
-~7x: stage 1 is bound by the shared-memory pipe, two thirds of whose traffic is V's codes
-reaching the tensor cores transposed, as fp16, through shared memory.
+One warp per program: the online softmax never reduces across warps, and the sums are rescaled
+only when the running max grows by more than 2^TAU. Stage 1 prefetches the INT2 history into L2
+a chunk of tiles ahead, so its loads wait for L2 rather than DRAM. On Hopper the three launches
+are chained with programmatic dependent launch, so each one's start overlaps the previous
+kernel's tail. On an H100 this is 5.1x faster than BF16 SDPA at batch 32 / 128K and 3.4x at
+batch 1 / 128K (bench/results/kernels-h100.md), against a 2.25-bit byte floor of ~7x.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ def _stage1(
     else:
         # ---------------- INT2 history, tokens [start, end) ----------------
         # Scores with tokens as the MMA's M dimension: s^T [BN, BH] = codes [BN, D] @ q^T [D, BH],
-        # output transposed too: o^T [D, BH] += codes^T [D, BN] @ (p * scale)^T [BN, BH].
+        # output transposed too: o^T [D, BH] += codes^T [D, BN] @ (p * scale)^T [BN, BH], per
+        # quarter as its even and its odd dims ([D/8, BN] operands from 16-bit byte pairs).
         # Compiled, a code enters the tensor cores as fp16 1024 + 4^i c (quarter i): quarter i
         # of q is pre-scaled by 4^-i (and the program by a power of two sig so max |q| < 2^14),
         # the 1024 * sum(q) it adds starts the accumulator negative, and the V side's

@@ -87,40 +87,34 @@ def test_key_centering_is_exact_and_helps_int2(device):
     assert errs["centered"] < 0.5 * errs["plain"], errs
 
 
-@pytest.mark.parametrize("late", [3.0, 12.0, 40.0])
-def test_running_max_that_grows_late(device, late):
-    # Scores near 0, then one key whose score (base 2) is `late` higher in a later tile: below the
-    # lazy-rescale threshold the kernel keeps a stale max, above it it must rescale what it summed.
-    gen = torch.Generator().manual_seed(int(late))
+def _late_max(device, late: float, value_scale: float, seed: int) -> float:
+    """Scores near 0, one key +2 (base 2) at token 100 and one `late` higher at token 300 (a later
+    tile); values of size `value_scale` around a common offset. Relative error vs the reference."""
+    gen = torch.Generator().manual_seed(seed)
     d, n = 64, 400
     q = torch.randn(1, 2, d, generator=gen)
     keys = torch.randn(n, 1, d, generator=gen) * 0.05
-    values = torch.randn(n, 1, d, generator=gen) * 0.5 + torch.randn(d, generator=gen)    # outputs of norm ~ 8
-    unit = q[0, 0] / q[0, 0].norm()
-    keys[100, 0] = unit * (2.0 / (1.4426950408889634 * q[0, 0].norm()))       # +2 in base 2
-    keys[300, 0] = unit * (late / (1.4426950408889634 * q[0, 0].norm()))
+    values = (torch.randn(n, 1, d, generator=gen) * 0.5 + torch.randn(d, generator=gen)) * value_scale
+    unit = q[0, 0] / q[0, 0].norm() / (1.4426950408889634 * q[0, 0].norm())     # score +1 in base 2
+    keys[100, 0] = unit * 2.0
+    keys[300, 0] = unit * late
     cache = Int2KVCache.from_dense([keys.to(device)], [values.to(device)], None, None, 0.0, 0.0,
                                    sink=SINK, recent=RECENT, page_size=PAGE)
     out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
-    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0)
-    assert _rel(out, want) < 5e-3
+    return _rel(out, ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0))
+
+
+@pytest.mark.parametrize("late", [3.0, 12.0, 40.0])
+def test_running_max_that_grows_late(device, late):
+    # Below the lazy-rescale threshold the kernel keeps a stale max; above it it must rescale what
+    # it has summed.
+    assert _late_max(device, late, 1.0, int(late)) < 5e-3
 
 
 def test_large_values_under_a_stale_max(device):
     # The running max moves only past 2^TAU, so p reaches up to 2^TAU times the V scale in fp16 on
-    # the tensor cores: with values in the thousands (a V range of ~20,000) that must stay finite.
-    gen = torch.Generator().manual_seed(11)
-    d, n = 64, 400
-    q = torch.randn(1, 2, d, generator=gen)
-    keys = torch.randn(n, 1, d, generator=gen) * 0.05
-    values = torch.randn(n, 1, d, generator=gen) * 2000 + torch.randn(d, generator=gen) * 2000
-    unit = q[0, 0] / q[0, 0].norm()
-    keys[300, 0] = unit * (2.5 / (1.4426950408889634 * q[0, 0].norm()))      # the max grows by 2.5 late
-    cache = Int2KVCache.from_dense([keys.to(device)], [values.to(device)], None, None, 0.0, 0.0,
-                                   sink=SINK, recent=RECENT, page_size=PAGE)
-    out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
-    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=1.0)
-    assert _rel(out, want) < 5e-3
+    # the tensor cores: values in the thousands (a V range of ~20,000) must stay finite and exact.
+    assert _late_max(device, 2.5, 3000.0, 11) < 5e-3
 
 
 def test_out_argument_and_bad_input(device):

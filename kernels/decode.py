@@ -316,7 +316,7 @@ def _stage1(
                 m_tile = tl.max(s, 0)
                 if tl.max(m_tile - m_i, 0) > TAU:
                     m_new = tl.maximum(m_i, m_tile)
-                    alpha = tl.exp2(tl.where(m_i == float("-inf"), 0.0, m_i) - m_new)
+                    alpha = tl.exp2(m_i - m_new)          # 0 at the first tile (m_i = -inf)
                     l_i = l_i * alpha
                     w1a = w1a * alpha
                     w1b = w1b * alpha

@@ -87,17 +87,18 @@ def test_key_centering_is_exact_and_helps_int2(device):
     assert errs["centered"] < 0.5 * errs["plain"], errs
 
 
-def _late_max(device, late: float, value_scale: float, seed: int) -> float:
-    """Scores near 0, one key +2 (base 2) at token 100 and one `late` higher at token 300 (a later
-    tile); values of size `value_scale` around a common offset. Relative error vs the reference."""
+def _late_max(device, late: float, value_scale: float, seed: int, shift: float = 0.0) -> float:
+    """Scores near `shift`, one key +2 (base 2) at token 100 and one `late` higher at token 300 (a
+    later tile); values of size `value_scale` around a common offset. Relative error vs the reference."""
     gen = torch.Generator().manual_seed(seed)
     d, n = 64, 400
     q = torch.randn(1, 2, d, generator=gen)
     keys = torch.randn(n, 1, d, generator=gen) * 0.05
     values = (torch.randn(n, 1, d, generator=gen) * 0.5 + torch.randn(d, generator=gen)) * value_scale
     unit = q[0, 0] / q[0, 0].norm() / (1.4426950408889634 * q[0, 0].norm())     # score +1 in base 2
-    keys[100, 0] = unit * 2.0
-    keys[300, 0] = unit * late
+    keys += unit * shift
+    keys[100, 0] = unit * (shift + 2.0)
+    keys[300, 0] = unit * (shift + late)
     cache = Int2KVCache.from_dense([keys.to(device)], [values.to(device)], None, None, 0.0, 0.0,
                                    sink=SINK, recent=RECENT, page_size=PAGE)
     out = run_poisoned(lambda: decode_attention(q.to(device), cache, sm_scale=1.0)).cpu()
@@ -109,6 +110,12 @@ def test_running_max_that_grows_late(device, late):
     # Below the lazy-rescale threshold the kernel keeps a stale max; above it it must rescale what
     # it has summed.
     assert _late_max(device, late, 1.0, int(late)) < 5e-3
+
+
+def test_scores_far_below_zero(device):
+    # Softmax is shift-invariant: every score near -300 (base 2) must give the same weights as
+    # scores near 0, with no overflow when the first tile sets the running max.
+    assert _late_max(device, 3.0, 1.0, 5, shift=-300.0) < 5e-3
 
 
 def test_large_values_under_a_stale_max(device):

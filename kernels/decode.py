@@ -58,7 +58,7 @@ STAGE2_BLOCK_S = 32
 STAGE2_STAGES = 3
 PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of this many tiles (0: off)...
 PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
-TAU = 3.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: every tile)
+TAU = 3.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: whenever it grows)
 
 # crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
 # spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
@@ -309,42 +309,33 @@ def _stage1(
                      + (tl.dot(k1, q1, init1) - kz1[:, None] * zq1[None, :]) * ks1[:, None]
                      + (tl.dot(k2, q2, init2) - kz2[:, None] * zq2[None, :]) * ks2[:, None]
                      + (tl.dot(k3, q3, init3) - kz3[:, None] * zq3[None, :]) * ks3[:, None] + bias)
-            if TAU > 0:
-                # The running max moves only when a score passes it by more than TAU (base 2), so
-                # most tiles skip the rescale; p <= 2^TAU stays well inside fp16 once multiplied by
-                # the V scale. Exact either way: the max cancels between the sums and l.
-                m_tile = tl.max(s, 0)
-                if tl.max(m_tile - m_i, 0) > TAU:
-                    m_new = tl.maximum(m_i, m_tile)
-                    alpha = tl.exp2(m_i - m_new)          # 0 at the first tile (m_i = -inf)
-                    l_i = l_i * alpha
-                    w1a = w1a * alpha
-                    w1b = w1b * alpha
-                    w1c = w1c * alpha
-                    w1d = w1d * alpha
-                    w2a = w2a * alpha
-                    w2b = w2b * alpha
-                    w2c = w2c * alpha
-                    w2d = w2d * alpha
-                    acc0 = acc0 * alpha[None, :]
-                    acc1 = acc1 * alpha[None, :]
-                    acc2 = acc2 * alpha[None, :]
-                    acc3 = acc3 * alpha[None, :]
-                    odd0 = odd0 * alpha[None, :]
-                    odd1 = odd1 * alpha[None, :]
-                    odd2 = odd2 * alpha[None, :]
-                    odd3 = odd3 * alpha[None, :]
-                    m_i = m_new
-                alpha = tl.full([BLOCK_H], 1.0, tl.float32)
-                p = tl.exp2(s - m_i[None, :])
-                l_i = l_i + tl.sum(p, 0)
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 0))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(s - m_use[None, :])
-                l_i = l_i * alpha + tl.sum(p, 0)
+            # The running max moves only when a score passes it by more than TAU (base 2), so most
+            # tiles skip the rescale (TAU 0: whenever it grows); p <= 2^TAU stays well inside fp16
+            # once multiplied by the V scale. Exact either way: the max cancels between sums and l.
+            m_tile = tl.max(s, 0)
+            if tl.max(m_tile - m_i, 0) > TAU:
+                m_new = tl.maximum(m_i, m_tile)
+                alpha = tl.exp2(m_i - m_new)          # 0 at the first tile (m_i = -inf)
+                l_i = l_i * alpha
+                w1a = w1a * alpha
+                w1b = w1b * alpha
+                w1c = w1c * alpha
+                w1d = w1d * alpha
+                w2a = w2a * alpha
+                w2b = w2b * alpha
+                w2c = w2c * alpha
+                w2d = w2d * alpha
+                acc0 = acc0 * alpha[None, :]
+                acc1 = acc1 * alpha[None, :]
+                acc2 = acc2 * alpha[None, :]
+                acc3 = acc3 * alpha[None, :]
+                odd0 = odd0 * alpha[None, :]
+                odd1 = odd1 * alpha[None, :]
+                odd2 = odd2 * alpha[None, :]
+                odd3 = odd3 * alpha[None, :]
                 m_i = m_new
+            p = tl.exp2(s - m_i[None, :])
+            l_i = l_i + tl.sum(p, 0)
             if INTERP:
                 vt = vt.to(tl.int32)
                 e0 = (vt & 3).to(tl.float32)
@@ -371,17 +362,17 @@ def _stage1(
             else:
                 pa = (p * vs0[:, None]).to(tl.float16)
             paf = pa.to(tl.float32)
-            w1a = w1a * alpha + tl.sum(paf, 0)
-            w2a = w2a * alpha + tl.sum(paf * vz0[:, None], 0)
-            acc0 = tl.dot(e0, pa, acc0 * alpha[None, :])
-            odd0 = tl.dot(o0, pa, odd0 * alpha[None, :])
+            w1a = w1a + tl.sum(paf, 0)
+            w2a = w2a + tl.sum(paf * vz0[:, None], 0)
+            acc0 = tl.dot(e0, pa, acc0)
+            odd0 = tl.dot(o0, pa, odd0)
             if NG == 1:
-                acc1 = tl.dot(e1, pa, acc1 * alpha[None, :])
-                odd1 = tl.dot(o1, pa, odd1 * alpha[None, :])
-                acc2 = tl.dot(e2, pa, acc2 * alpha[None, :])
-                odd2 = tl.dot(o2, pa, odd2 * alpha[None, :])
-                acc3 = tl.dot(e3, pa, acc3 * alpha[None, :])
-                odd3 = tl.dot(o3, pa, odd3 * alpha[None, :])
+                acc1 = tl.dot(e1, pa, acc1)
+                odd1 = tl.dot(o1, pa, odd1)
+                acc2 = tl.dot(e2, pa, acc2)
+                odd2 = tl.dot(o2, pa, odd2)
+                acc3 = tl.dot(e3, pa, acc3)
+                odd3 = tl.dot(o3, pa, odd3)
             else:
                 vs1 = tl.load(vsz_ptr + sz_row + 2, mask=tmask, other=0.0).to(tl.float32)
                 vz1 = tl.load(vsz_ptr + sz_row + 3, mask=tmask, other=0.0).to(tl.float32)
@@ -390,15 +381,15 @@ def _stage1(
                 else:
                     pb = (p * vs1[:, None]).to(tl.float16)
                 pbf = pb.to(tl.float32)
-                w1b = w1b * alpha + tl.sum(pbf, 0)
-                w2b = w2b * alpha + tl.sum(pbf * vz1[:, None], 0)
+                w1b = w1b + tl.sum(pbf, 0)
+                w2b = w2b + tl.sum(pbf * vz1[:, None], 0)
                 if NG == 2:
-                    acc1 = tl.dot(e1, pa, acc1 * alpha[None, :])
-                    odd1 = tl.dot(o1, pa, odd1 * alpha[None, :])
-                    acc2 = tl.dot(e2, pb, acc2 * alpha[None, :])
-                    odd2 = tl.dot(o2, pb, odd2 * alpha[None, :])
-                    acc3 = tl.dot(e3, pb, acc3 * alpha[None, :])
-                    odd3 = tl.dot(o3, pb, odd3 * alpha[None, :])
+                    acc1 = tl.dot(e1, pa, acc1)
+                    odd1 = tl.dot(o1, pa, odd1)
+                    acc2 = tl.dot(e2, pb, acc2)
+                    odd2 = tl.dot(o2, pb, odd2)
+                    acc3 = tl.dot(e3, pb, acc3)
+                    odd3 = tl.dot(o3, pb, odd3)
                 else:
                     vs2 = tl.load(vsz_ptr + sz_row + 4, mask=tmask, other=0.0).to(tl.float32)
                     vz2 = tl.load(vsz_ptr + sz_row + 5, mask=tmask, other=0.0).to(tl.float32)
@@ -412,16 +403,16 @@ def _stage1(
                         pd = (p * vs3[:, None]).to(tl.float16)
                     pcf = pc.to(tl.float32)
                     pdf = pd.to(tl.float32)
-                    w1c = w1c * alpha + tl.sum(pcf, 0)
-                    w2c = w2c * alpha + tl.sum(pcf * vz2[:, None], 0)
-                    w1d = w1d * alpha + tl.sum(pdf, 0)
-                    w2d = w2d * alpha + tl.sum(pdf * vz3[:, None], 0)
-                    acc1 = tl.dot(e1, pb, acc1 * alpha[None, :])
-                    odd1 = tl.dot(o1, pb, odd1 * alpha[None, :])
-                    acc2 = tl.dot(e2, pc, acc2 * alpha[None, :])
-                    odd2 = tl.dot(o2, pc, odd2 * alpha[None, :])
-                    acc3 = tl.dot(e3, pd, acc3 * alpha[None, :])
-                    odd3 = tl.dot(o3, pd, odd3 * alpha[None, :])
+                    w1c = w1c + tl.sum(pcf, 0)
+                    w2c = w2c + tl.sum(pcf * vz2[:, None], 0)
+                    w1d = w1d + tl.sum(pdf, 0)
+                    w2d = w2d + tl.sum(pdf * vz3[:, None], 0)
+                    acc1 = tl.dot(e1, pb, acc1)
+                    odd1 = tl.dot(o1, pb, odd1)
+                    acc2 = tl.dot(e2, pc, acc2)
+                    odd2 = tl.dot(o2, pc, odd2)
+                    acc3 = tl.dot(e3, pd, acc3)
+                    odd3 = tl.dot(o3, pd, odd3)
         # quarter i: (acc_i - 1024 w1) 4^-i - w2 over the quarter's group, then / l
         if NG == 1:
             w1b = w1a

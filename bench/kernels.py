@@ -129,7 +129,7 @@ def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, flo
     return tq, tc, q_bytes, 2 * x.numel() * 2
 
 
-QCONFIGS = [(64, 4, None)]   # BLOCK_T, warps, register cap
+QCONFIGS = [(64, 4, 128, 4), (64, 4, 168, 3), (64, 4, None, 2), (64, 4, 128, 64)]   # BLOCK_T, warps, register cap, programs/SM
 S2CONFIGS = [(8, 32, 3), (8, 64, 3), (8, 32, 4), (8, 16, 4)]   # stage 2: warps, splits per step, stages
 
 
@@ -188,6 +188,7 @@ def main() -> int:
     ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
     ap.add_argument("--variants", action="store_true", help="try the stage-1 variants first (VARIANTS)")
     ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
+    ap.add_argument("--quantize", action="store_true", help="only quantize (with --sweep: its configurations)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time each case N times, ours and SDPA interleaved; medians, and the speedup's range")
     args = ap.parse_args()
@@ -210,7 +211,7 @@ def main() -> int:
             print(f"\nkernels of one decode step, batch {bsz} / 128K (us, mean of 20):")
             for name, us in decode_parts(bsz, 131072, gen):
                 print(f"  {us:8.1f}  {name}")
-    if args.sweep:
+    if args.sweep and not args.quantize:
         print("\nsweep (ms): BLOCK_N, warps, stages, programs/SM, maxnreg")
         for bsz in (32, 1):
             res = []
@@ -228,7 +229,7 @@ def main() -> int:
             res2.append((t, s2))
             print(f"  {s2}: {t:.4f} ms", flush=True)
         decode.STAGE2_WARPS, decode.STAGE2_BLOCK_S, decode.STAGE2_STAGES = min(res2)[1]
-    cases = [(32, 131072), (1, 131072)] if args.quick else CASES
+    cases = [] if args.quantize else [(32, 131072), (1, 131072)] if args.quick else CASES
     rows = []
     for bsz, n in cases:
         cfg = best[1 if bsz == 1 else 32]
@@ -240,14 +241,14 @@ def main() -> int:
         spread = f", speedup of the {args.repeat} pairs {ratios[0]:.2f}x-{ratios[-1]:.2f}x" if args.repeat > 1 else ""
         print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms{spread}", flush=True)
     if args.sweep:
-        print("\nquantize sweep (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg")
+        print("\nquantize sweep (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg, programs per SM")
         qres = []
         for qc in QCONFIGS:
-            quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG = qc
+            quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG, quantize_mod.PROGRAMS_PER_SM = qc
             t96, t85 = bench_quantize()[0], bench_quantize(clip=0.85)[0]
             qres.append((t96, qc))
             print(f"  {qc}: {t96:.4f}  {t85:.4f}", flush=True)
-        quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG = min(qres)[1]
+        quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG, quantize_mod.PROGRAMS_PER_SM = min(qres)[1]
     tq, tc, qb, cb = bench_quantize()
     tq85 = bench_quantize(clip=0.85)[0]
     print("\n| batch | context | BF16 SDPA ms | SDPA TB/s | INT2 decode ms | INT2 TB/s | speedup | byte ratio "

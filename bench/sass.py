@@ -56,7 +56,7 @@ def stage1(pdl: bool = True):
 def quant():
     i32, p = "i32", lambda t: f"*{t}"  # noqa: E731
     types = dict(x_ptr=p("bf16"), r_ptr=p("bf16"), mr_ptr=p("fp32"), k_ptr=p("i32"), out_ptr=p("u8"),
-                 sz_ptr=p("fp16"), T=i32, stride_xt=i32, stride_xh=i32, H=i32)
+                 sz_ptr=p("fp16"), T=i32, stride_xt=i32, stride_xh=i32, H=i32, NTB=i32)
     consts = dict(D=128, NG=1, BLOCK_T=quantize.BLOCK_T, KMAX=6, HAS_R=True, R_PER_HEAD=True, HAS_MEAN=True,
                   SZ_KIND=1, DOT_PREC="tf32", INTERP=False, BRACKET=False, NBIS=quantize.NBIS)
     names = quantize._quantize_kernel._compiled.arg_names

@@ -23,43 +23,43 @@ from . import _args
 from ._launch import interpreted, kernel, new_buffer
 
 
-# packed + code * 4^i in float32 (exact small integers): three compares to 1.0 / 0.0, three FMAs
+# packed + code * 4^i in float32 (exact small integers): three compares to 1.0 / 0.0, three FMAs.
+# FSET runs on the ALU pipe (half rate) and FFMA on the FMA pipes: the split keeps both busy.
 _CODES = ("{ .reg .f32 a, b, c, p; set.ge.f32.f32 a, $1, $2; set.ge.f32.f32 b, $1, $3; set.ge.f32.f32 c, $1, $4; "
           "fma.rn.f32 p, a, %s, $5; fma.rn.f32 p, b, %s, p; fma.rn.f32 $0, c, %s, p; }")
 CODES0 = tl.constexpr(_CODES % (("0f3F800000",) * 3))   # 1.0
 CODES1 = tl.constexpr(_CODES % (("0f40800000",) * 3))   # 4.0
 CODES2 = tl.constexpr(_CODES % (("0f41800000",) * 3))   # 16.0
 CODES3 = tl.constexpr(_CODES % (("0f42800000",) * 3))   # 64.0
+# |v| - u as int32 bits (FADD with an abs operand), and |v| >= u as 1.0 / 0.0: written as asm so
+# that the compiler cannot hoist |v| out of the pass loop into 64 more registers
+ABS_SUB = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; sub.f32 t, t, $2; mov.b32 $0, t; }")
+ABS_GE = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; set.ge.f32.f32 $0, t, $2; }")
 
 
 @kernel
 def _quantize_kernel(
     x_ptr, r_ptr, mr_ptr, k_ptr, out_ptr, sz_ptr,
-    T, stride_xt, stride_xh, H,
+    T, stride_xt, stride_xh, H, NTB,
     D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr, KMAX: tl.constexpr,
     HAS_R: tl.constexpr, R_PER_HEAD: tl.constexpr, HAS_MEAN: tl.constexpr,
     SZ_KIND: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr, BRACKET: tl.constexpr,
     NBIS: tl.constexpr,
 ):
     # x: [T, H, D]; r: [D, D] or [H, D, D]; mr (mean @ R): [H, D] f32; k: [H] i32 clip counts
-    # out: [T, H, D/4] u8; sz: [T, H, 2*NG]
+    # out: [T, H, D/4] u8; sz: [T, H, 2*NG]. Program (p, h) quantizes head h's token blocks p,
+    # p + P, p + 2P, ... of NTB, with R loaded once into shared memory.
     Q: tl.constexpr = D // 4
     GS: tl.constexpr = D // NG                 # group size
     SUB: tl.constexpr = GS if GS < Q else Q    # group part inside one quarter
     NSUB: tl.constexpr = Q // SUB              # groups per quarter (1 when a group spans quarters)
     QPG: tl.constexpr = GS // SUB              # quarters per group (1 when groups are <= a quarter)
+    INF_BITS: tl.constexpr = 0x7F800000
     pid_t = tl.program_id(0)
     h = tl.program_id(1)
-    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)                # [BT]
-    rmask = rows < T
-    rows64 = rows.to(tl.int64)
     cq = tl.arange(0, Q)
-    x_row = x_ptr + rows64[:, None] * stride_xt + h * stride_xh   # [BT, 1]
-
-    # ---- rotate: v_i = x @ R[:, iQ:(i+1)Q] - (mean @ R)[iQ:(i+1)Q] ------------------- [BT, Q]
+    cd = tl.arange(0, D)
     if HAS_R:
-        cd = tl.arange(0, D)
-        x = tl.load(x_row + cd[None, :], mask=rmask[:, None], other=0.0)       # [BT, D]
         r_base = r_ptr + (h * D * D if R_PER_HEAD else 0)
         r_rows = r_base + cd[:, None] * D + cq[None, :]                          # [D, Q]
         r0 = tl.load(r_rows + 0 * Q)      # R comes in x's dtype (16-bit x: the tensor cores' dtype)
@@ -67,204 +67,269 @@ def _quantize_kernel(
         r2 = tl.load(r_rows + 2 * Q)
         r3 = tl.load(r_rows + 3 * Q)
         if INTERP:    # the interpreter multiplies bf16 bit patterns as integers: upcast first
-            x = x.to(tl.float32)
             r0 = r0.to(tl.float32)
             r1 = r1.to(tl.float32)
             r2 = r2.to(tl.float32)
             r3 = r3.to(tl.float32)
-        v0 = tl.dot(x, r0, input_precision=DOT_PREC)
-        v1 = tl.dot(x, r1, input_precision=DOT_PREC)
-        v2 = tl.dot(x, r2, input_precision=DOT_PREC)
-        v3 = tl.dot(x, r3, input_precision=DOT_PREC)
-    else:
-        v0 = tl.load(x_row + 0 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-        v1 = tl.load(x_row + 1 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-        v2 = tl.load(x_row + 2 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-        v3 = tl.load(x_row + 3 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    if HAS_MEAN:
-        m_row = mr_ptr + h * D + cq
-        v0 = v0 - tl.load(m_row + 0 * Q)[None, :]
-        v1 = v1 - tl.load(m_row + 1 * Q)[None, :]
-        v2 = v2 - tl.load(m_row + 2 * Q)[None, :]
-        v3 = v3 - tl.load(m_row + 3 * Q)[None, :]
-
-    # ---- clip threshold: k-th largest |v| of the row (k = 0: no clip) ---------------------- [BT]
-    # Work on the bit patterns of |v| (int32; non-negative floats order like their bits). One
-    # "pass" finds the next distinct value below `up` as a minimum of (up - 1 - a) in uint32:
-    # values at or above `up` wrap to huge numbers, so a pass is a subtract and a min per value.
-    a0 = tl.abs(v0).to(tl.int32, bitcast=True)
-    a1 = tl.abs(v1).to(tl.int32, bitcast=True)
-    a2 = tl.abs(v2).to(tl.int32, bitcast=True)
-    a3 = tl.abs(v3).to(tl.int32, bitcast=True)
     kk = tl.load(k_ptr + h)
-    INF_BITS: tl.constexpr = 0x7F800000
-    if BRACKET:
-        # large k: bisect on the bit pattern from [max / 8, max] (a factor 2^(3 / 2^NBIS) in value at
-        # the end) to a
-        # bracket [lo, hi) holding the threshold, count(>= hi) = chi < k; passes start at hi
-        mx = tl.maximum(tl.maximum(tl.max(a0, axis=1), tl.max(a1, axis=1)),
-                        tl.maximum(tl.max(a2, axis=1), tl.max(a3, axis=1)))
-        hi = mx + 1
-        chi = tl.zeros([BLOCK_T], tl.int32)
-        lo = tl.maximum(mx - (3 << 23), 0)
-        clo = (tl.sum((a0 >= lo[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= lo[:, None]).to(tl.int32), axis=1)
-               + tl.sum((a2 >= lo[:, None]).to(tl.int32), axis=1) + tl.sum((a3 >= lo[:, None]).to(tl.int32), axis=1))
-        lo = tl.where(clo >= kk, lo, 0)            # a row with outliers: bisect from 0 (slower, exact)
-        for _ in tl.static_range(NBIS):
-            mid = lo + ((hi - lo) >> 1)
-            c = (tl.sum((a0 >= mid[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= mid[:, None]).to(tl.int32), axis=1)
-                 + tl.sum((a2 >= mid[:, None]).to(tl.int32), axis=1)
-                 + tl.sum((a3 >= mid[:, None]).to(tl.int32), axis=1))
-            ge = c >= kk
-            lo = tl.where(ge, mid, lo)
-            hi = tl.where(ge, hi, mid)
-            chi = tl.where(ge, chi, c)
-        up = hi
-        need = kk - chi
-    else:
-        up = tl.full([BLOCK_T], INF_BITS, tl.int32)
-        need = tl.zeros([BLOCK_T], tl.int32) + kk
-    npass = tl.max(tl.where(rmask, need, 0), axis=0)
-    n0 = -a0
-    n1 = -a1
-    n2 = -a2
-    n3 = -a3
-    for it in range(npass):     # next distinct value below `up`, `need` times
-        um = up - 1
-        mu = tl.minimum(tl.minimum(tl.min((um[:, None] + n0).to(tl.uint32, bitcast=True), axis=1),
-                                   tl.min((um[:, None] + n1).to(tl.uint32, bitcast=True), axis=1)),
-                        tl.minimum(tl.min((um[:, None] + n2).to(tl.uint32, bitcast=True), axis=1),
-                                   tl.min((um[:, None] + n3).to(tl.uint32, bitcast=True), axis=1)))
-        m = tl.where(mu < 0x80000000, um - mu.to(tl.int32, bitcast=True), -1)
-        up = tl.where(it < need, m, up)
-    up = tl.where(kk > 0, up, INF_BITS)
-    cnt = (tl.sum((a0 >= up[:, None]).to(tl.int32), axis=1) + tl.sum((a1 >= up[:, None]).to(tl.int32), axis=1)
-           + tl.sum((a2 >= up[:, None]).to(tl.int32), axis=1) + tl.sum((a3 >= up[:, None]).to(tl.int32), axis=1))
-    thr = up.to(tl.float32, bitcast=True)
-    if tl.max(tl.where(rmask & (kk > 0) & ((cnt != kk) | (up < 0)), 1, 0), axis=0) > 0:
-        # a tie among the top k values (or fewer distinct values than k): the threshold is the
-        # first distinct value, from the top, with at least k values at or above it
-        f0 = tl.abs(v0)
-        f1 = tl.abs(v1)
-        f2 = tl.abs(v2)
-        f3 = tl.abs(v3)
-        upper = tl.full([BLOCK_T], float("inf"), tl.float32)
-        thr = tl.full([BLOCK_T], float("inf"), tl.float32)
-        for it in range(KMAX):
-            m = tl.max(tl.where(f0 < upper[:, None], f0, -1.0), axis=1)
-            m = tl.maximum(m, tl.max(tl.where(f1 < upper[:, None], f1, -1.0), axis=1))
-            m = tl.maximum(m, tl.max(tl.where(f2 < upper[:, None], f2, -1.0), axis=1))
-            m = tl.maximum(m, tl.max(tl.where(f3 < upper[:, None], f3, -1.0), axis=1))
-            c = (tl.sum((f0 >= m[:, None]).to(tl.int32), axis=1) + tl.sum((f1 >= m[:, None]).to(tl.int32), axis=1)
-                 + tl.sum((f2 >= m[:, None]).to(tl.int32), axis=1) + tl.sum((f3 >= m[:, None]).to(tl.int32), axis=1))
-            thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
-            upper = m
+    for tb in range(pid_t, NTB, tl.num_programs(0)):
+        rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)                           # [BT]
+        rmask = rows < T
+        rows64 = rows.to(tl.int64)
+        x_row = x_ptr + rows64[:, None] * stride_xt + h * stride_xh           # [BT, 1]
 
-    # ---- group min / max of the clamped row: clamp(max) and clamp(min) -------------- [BT, NSUB]
-    mx0 = tl.minimum(tl.max(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
-    mx1 = tl.minimum(tl.max(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
-    mx2 = tl.minimum(tl.max(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
-    mx3 = tl.minimum(tl.max(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2), thr[:, None])
-    mn0 = tl.maximum(tl.min(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
-    mn1 = tl.maximum(tl.min(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
-    mn2 = tl.maximum(tl.min(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
-    mn3 = tl.maximum(tl.min(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2), -thr[:, None])
-    if QPG == 4:    # one group spans the row
-        mx0 = tl.maximum(tl.maximum(mx0, mx1), tl.maximum(mx2, mx3))
-        mn0 = tl.minimum(tl.minimum(mn0, mn1), tl.minimum(mn2, mn3))
-        mx1 = mx0
-        mx2 = mx0
-        mx3 = mx0
-        mn1 = mn0
-        mn2 = mn0
-        mn3 = mn0
-    if QPG == 2:    # quarters (0, 1) and (2, 3)
-        mx0 = tl.maximum(mx0, mx1)
-        mx2 = tl.maximum(mx2, mx3)
-        mn0 = tl.minimum(mn0, mn1)
-        mn2 = tl.minimum(mn2, mn3)
-        mx1 = mx0
-        mx3 = mx2
-        mn1 = mn0
-        mn3 = mn2
+        # ---- rotate: v_i = x @ R[:, iQ:(i+1)Q] - (mean @ R)[iQ:(i+1)Q] --------------- [BT, Q]
+        if HAS_R:
+            x = tl.load(x_row + cd[None, :], mask=rmask[:, None], other=0.0)   # [BT, D]
+            if INTERP:
+                x = x.to(tl.float32)
+            v0 = tl.dot(x, r0, input_precision=DOT_PREC)
+            v1 = tl.dot(x, r1, input_precision=DOT_PREC)
+            v2 = tl.dot(x, r2, input_precision=DOT_PREC)
+            v3 = tl.dot(x, r3, input_precision=DOT_PREC)
+        else:
+            v0 = tl.load(x_row + 0 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            v1 = tl.load(x_row + 1 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            v2 = tl.load(x_row + 2 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            v3 = tl.load(x_row + 3 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        if HAS_MEAN:
+            m_row = mr_ptr + h * D + cq
+            v0 = v0 - tl.load(m_row + 0 * Q)[None, :]
+            v1 = v1 - tl.load(m_row + 1 * Q)[None, :]
+            v2 = v2 - tl.load(m_row + 2 * Q)[None, :]
+            v3 = v3 - tl.load(m_row + 3 * Q)[None, :]
 
-    # ---- per quarter: scale/zero, codes; store groups that start in this quarter -------------
-    sz_row = sz_ptr + (rows64[:, None] * H + h) * (2 * NG)                      # [BT, 1]
-    gsub = tl.arange(0, NSUB)[None, :]                                           # [1, NSUB]
-    smask = rmask[:, None] & (gsub >= 0)
-    packed = tl.zeros([BLOCK_T, Q], dtype=tl.int32)
-    packed_f = tl.full([BLOCK_T, Q], 8388608.0, tl.float32)
-    for i in tl.static_range(4):
-        if i == 0:
-            v = v0
-            mx = mx0
-            mn = mn0
-        elif i == 1:
-            v = v1
-            mx = mx1
-            mn = mn1
-        elif i == 2:
-            v = v2
-            mx = mx2
-            mn = mn2
+        # ---- row (or group) max and min of v ----------------------------------------------------
+        # One group per row: through the bit patterns as int32, a 3-input integer max per two
+        # values instead of one float min or max per value. Among non-negative floats the bits
+        # order like signed ints, among negative ones like unsigned ints, so the signed max is
+        # max(v) when the row holds a value >= +0 and the unsigned max is min(v) when it holds
+        # one with the sign bit set; other rows are marked and redone below.
+        if QPG == 4:
+            b0 = v0.to(tl.int32, bitcast=True)
+            b1 = v1.to(tl.int32, bitcast=True)
+            b2 = v2.to(tl.int32, bitcast=True)
+            b3 = v3.to(tl.int32, bitcast=True)
+            smax = tl.max(tl.maximum(tl.maximum(b0, b1), tl.maximum(b2, b3)), axis=1)
+            umax = tl.max(tl.maximum(tl.maximum(b0.to(tl.uint32, bitcast=True), b1.to(tl.uint32, bitcast=True)),
+                                     tl.maximum(b2.to(tl.uint32, bitcast=True), b3.to(tl.uint32, bitcast=True))), axis=1)
+            vmax = smax.to(tl.float32, bitcast=True)                                # [BT]
+            vmin = umax.to(tl.float32, bitcast=True)
+            good = (smax >= 0) & (umax >= 0x80000000)
+            top = tl.maximum(vmax, -vmin)                                           # max |v|
         else:
-            v = v3
-            mx = mx3
-            mn = mn3
-        scale = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), 1e-8) / 3.0         # [BT, NSUB] f64
-        scale32 = scale.to(tl.float32)
-        if SZ_KIND == 1:      # float16: keep scale a normal number, zero finite
-            scale32 = tl.minimum(tl.maximum(scale32, 6.103515625e-05), 65504.0)
-            scale_s = scale32.to(tl.float16)
-        elif SZ_KIND == 2:    # bfloat16, rounded to nearest even by hand: Triton's interpreter truncates
-            b = scale32.to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-            scale_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            gmx0 = tl.max(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2)             # [BT, NSUB]
+            gmx1 = tl.max(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmx2 = tl.max(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmx3 = tl.max(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmn0 = tl.min(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmn1 = tl.min(tl.reshape(v1, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmn2 = tl.min(tl.reshape(v2, [BLOCK_T, NSUB, SUB]), axis=2)
+            gmn3 = tl.min(tl.reshape(v3, [BLOCK_T, NSUB, SUB]), axis=2)
+            top = tl.max(tl.maximum(tl.maximum(tl.maximum(gmx0, -gmn0), tl.maximum(gmx1, -gmn1)),
+                                    tl.maximum(tl.maximum(gmx2, -gmn2), tl.maximum(gmx3, -gmn3))), axis=1)
+            good = rows >= 0
+
+        # ---- clip threshold: the k-th largest |v| of the row (k = 0: no clip) -------------- [BT]
+        if BRACKET:
+            # large k: on the bit patterns of |v| (int32, ordered like the values), bisect from
+            # [max / 8, max] (a factor 2^(3 / 2^NBIS) in value at the end) to a bracket [lo, hi)
+            # holding the threshold, count(>= hi) = chi < k; then passes from hi. A pass takes
+            # the largest value below `up` as up + max(a - up) in uint32: values below `up` wrap
+            # to >= 2^31, the others stay below.
+            a0 = v0.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            a1 = v1.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            a2 = v2.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            a3 = v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            mx = tl.max(tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3)), axis=1)
+            hi = mx + 1
+            chi = tl.zeros([BLOCK_T], tl.int32)
+            lo = tl.maximum(mx - (3 << 23), 0)
+            clo = tl.sum((a0 >= lo[:, None]).to(tl.int32) + (a1 >= lo[:, None]).to(tl.int32)
+                         + (a2 >= lo[:, None]).to(tl.int32) + (a3 >= lo[:, None]).to(tl.int32), axis=1)
+            lo = tl.where(clo >= kk, lo, 0)        # a row with outliers: bisect from 0 (slower, exact)
+            for _ in tl.static_range(NBIS):
+                mid = lo + ((hi - lo) >> 1)
+                c = tl.sum((a0 >= mid[:, None]).to(tl.int32) + (a1 >= mid[:, None]).to(tl.int32)
+                           + (a2 >= mid[:, None]).to(tl.int32) + (a3 >= mid[:, None]).to(tl.int32), axis=1)
+                ge = c >= kk
+                lo = tl.where(ge, mid, lo)
+                hi = tl.where(ge, hi, mid)
+                chi = tl.where(ge, chi, c)
+            up = hi
+            need = kk - chi
+            for it in range(tl.max(tl.where(rmask, need, 0), axis=0)):
+                nu = (-up)[:, None]
+                w = tl.maximum((a1 + nu).to(tl.uint32, bitcast=True), (a0 + nu).to(tl.uint32, bitcast=True))
+                w = tl.maximum((a2 + nu).to(tl.uint32, bitcast=True), w)
+                w = tl.maximum((a3 + nu).to(tl.uint32, bitcast=True), w)
+                mu = tl.max(w, axis=1)
+                m = tl.where(mu >= 0x80000000, up + mu.to(tl.int32, bitcast=True), -1)
+                up = tl.where(it < need, m, up)
+            good = good & (up >= 0)
+            thr = up.to(tl.float32, bitcast=True)
         else:
-            scale_s = scale32
-        s64 = scale_s.to(tl.float32).to(tl.float64)
-        zero32 = (-(mn.to(tl.float64)) / s64).to(tl.float32)
-        if SZ_KIND == 1:
-            zero32 = tl.minimum(tl.maximum(zero32, -65504.0), 65504.0)
-            zero_s = zero32.to(tl.float16)
-        elif SZ_KIND == 2:
-            b = zero32.to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-            zero_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            zero_s = zero32
-        z64 = zero_s.to(tl.float32).to(tl.float64)
-        # code = #{j : clamp(v) >= t_j}; a t_j outside (-thr, thr] is always / never passed
-        t1 = ((0.5 - z64) * s64).to(tl.float32)
-        t2 = ((1.5 - z64) * s64).to(tl.float32)
-        t3 = ((2.5 - z64) * s64).to(tl.float32)
-        t1 = tl.where(t1 <= -thr[:, None], float("-inf"), tl.where(t1 > thr[:, None], float("inf"), t1))
-        t2 = tl.where(t2 <= -thr[:, None], float("-inf"), tl.where(t2 > thr[:, None], float("inf"), t2))
-        t3 = tl.where(t3 <= -thr[:, None], float("-inf"), tl.where(t3 > thr[:, None], float("inf"), t3))
-        v3d = tl.reshape(v, [BLOCK_T, NSUB, SUB])
+            # k - 1 passes down from max |v|, each the next distinct value below `up`, found in
+            # float: d = |v| - up (FMA pipe, sign exact) is negative exactly for the values below
+            # `up`, and as int32 the negative floats order by -|d|, so the signed min picks the
+            # one closest below. up + d is that value exactly when it is >= up / 2 (Sterbenz);
+            # rows where that fails are marked and redone below.
+            thr = top
+            for it in range(kk - 1):
+                u = tl.broadcast_to(thr[:, None], [BLOCK_T, Q])
+                if INTERP:
+                    d0 = (tl.abs(v0) - u).to(tl.int32, bitcast=True)
+                    d1 = (tl.abs(v1) - u).to(tl.int32, bitcast=True)
+                    d2 = (tl.abs(v2) - u).to(tl.int32, bitcast=True)
+                    d3 = (tl.abs(v3) - u).to(tl.int32, bitcast=True)
+                else:
+                    d0 = tl.inline_asm_elementwise(ABS_SUB, "=r,f,f", [v0, u], dtype=tl.int32, is_pure=True, pack=1)
+                    d1 = tl.inline_asm_elementwise(ABS_SUB, "=r,f,f", [v1, u], dtype=tl.int32, is_pure=True, pack=1)
+                    d2 = tl.inline_asm_elementwise(ABS_SUB, "=r,f,f", [v2, u], dtype=tl.int32, is_pure=True, pack=1)
+                    d3 = tl.inline_asm_elementwise(ABS_SUB, "=r,f,f", [v3, u], dtype=tl.int32, is_pure=True, pack=1)
+                dm = tl.min(tl.minimum(tl.minimum(d0, d1), tl.minimum(d2, d3)), axis=1)
+                d = dm.to(tl.float32, bitcast=True)
+                m = thr + d
+                good = good & (d > -0.5 * thr) & (m < thr)   # m < thr: some value was below
+                thr = m
+        thr = tl.where(kk > 0, thr, float("inf"))
+        # ties among the top k (or fewer than k distinct values) leave more than k values >= thr
+        u = tl.broadcast_to(thr[:, None], [BLOCK_T, Q])
         if INTERP:
-            code = ((v3d >= t1[:, :, None]).to(tl.int32) + (v3d >= t2[:, :, None]).to(tl.int32)
-                    + (v3d >= t3[:, :, None]).to(tl.int32))
-            packed = packed | (tl.reshape(code, [BLOCK_T, Q]) << (2 * i))
-        else:   # packed_f = 2^23 + sum_i code_i 4^i: its low mantissa byte is the packed byte
-            ins = [v3d, t1[:, :, None], t2[:, :, None], t3[:, :, None], tl.reshape(packed_f, [BLOCK_T, NSUB, SUB])]
+            ge = ((tl.abs(v0) >= u).to(tl.float32) + (tl.abs(v1) >= u).to(tl.float32)
+                  + (tl.abs(v2) >= u).to(tl.float32) + (tl.abs(v3) >= u).to(tl.float32))
+        else:
+            ge = (tl.inline_asm_elementwise(ABS_GE, "=f,f,f", [v0, u], dtype=tl.float32, is_pure=True, pack=1)
+                  + tl.inline_asm_elementwise(ABS_GE, "=f,f,f", [v1, u], dtype=tl.float32, is_pure=True, pack=1)
+                  + tl.inline_asm_elementwise(ABS_GE, "=f,f,f", [v2, u], dtype=tl.float32, is_pure=True, pack=1)
+                  + tl.inline_asm_elementwise(ABS_GE, "=f,f,f", [v3, u], dtype=tl.float32, is_pure=True, pack=1))
+        cnt = tl.sum(ge, axis=1).to(tl.int32)
+        good = good & ((kk == 0) | (cnt == kk))
+        if tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
+            # a rare row (ties, one-signed row, a wide spread among the top k) in the block: the
+            # float path, exact for all of them. The threshold is the first distinct value, from
+            # the top, with at least k values at or above it.
+            if QPG == 4:
+                vmax = tl.max(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), axis=1)
+                vmin = tl.min(tl.minimum(tl.minimum(v0, v1), tl.minimum(v2, v3)), axis=1)
+            upper = tl.full([BLOCK_T], float("inf"), tl.float32)
+            thr = tl.full([BLOCK_T], float("inf"), tl.float32)
+            for it in range(KMAX):
+                m = tl.max(tl.maximum(tl.maximum(tl.where(tl.abs(v0) < upper[:, None], tl.abs(v0), -1.0),
+                                                 tl.where(tl.abs(v1) < upper[:, None], tl.abs(v1), -1.0)),
+                                      tl.maximum(tl.where(tl.abs(v2) < upper[:, None], tl.abs(v2), -1.0),
+                                                 tl.where(tl.abs(v3) < upper[:, None], tl.abs(v3), -1.0))), axis=1)
+                c = tl.sum((tl.abs(v0) >= m[:, None]).to(tl.int32) + (tl.abs(v1) >= m[:, None]).to(tl.int32)
+                           + (tl.abs(v2) >= m[:, None]).to(tl.int32) + (tl.abs(v3) >= m[:, None]).to(tl.int32), axis=1)
+                thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
+                upper = m
+
+        # ---- group min / max of the clamped row: clamp(max) and clamp(min) ---------- [BT, NSUB]
+        if QPG == 4:
+            mx0 = tl.minimum(vmax, thr)[:, None]
+            mn0 = tl.maximum(vmin, -thr)[:, None]
+            mx1 = mx0
+            mx2 = mx0
+            mx3 = mx0
+            mn1 = mn0
+            mn2 = mn0
+            mn3 = mn0
+        else:
+            mx0 = tl.minimum(gmx0, thr[:, None])
+            mx1 = tl.minimum(gmx1, thr[:, None])
+            mx2 = tl.minimum(gmx2, thr[:, None])
+            mx3 = tl.minimum(gmx3, thr[:, None])
+            mn0 = tl.maximum(gmn0, -thr[:, None])
+            mn1 = tl.maximum(gmn1, -thr[:, None])
+            mn2 = tl.maximum(gmn2, -thr[:, None])
+            mn3 = tl.maximum(gmn3, -thr[:, None])
+            if QPG == 2:    # quarters (0, 1) and (2, 3)
+                mx0 = tl.maximum(mx0, mx1)
+                mx2 = tl.maximum(mx2, mx3)
+                mn0 = tl.minimum(mn0, mn1)
+                mn2 = tl.minimum(mn2, mn3)
+                mx1 = mx0
+                mx3 = mx2
+                mn1 = mn0
+                mn3 = mn2
+
+        # ---- per quarter: scale/zero, codes; store groups that start in this quarter ---------
+        sz_row = sz_ptr + (rows64[:, None] * H + h) * (2 * NG)                  # [BT, 1]
+        gsub = tl.arange(0, NSUB)[None, :]                                       # [1, NSUB]
+        smask = rmask[:, None] & (gsub >= 0)
+        packed = tl.zeros([BLOCK_T, Q], dtype=tl.int32)
+        packed_f = tl.full([BLOCK_T, Q], 8388608.0, tl.float32)
+        for i in tl.static_range(4):
             if i == 0:
-                p3 = tl.inline_asm_elementwise(CODES0, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                v = v0
+                mx = mx0
+                mn = mn0
             elif i == 1:
-                p3 = tl.inline_asm_elementwise(CODES1, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                v = v1
+                mx = mx1
+                mn = mn1
             elif i == 2:
-                p3 = tl.inline_asm_elementwise(CODES2, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                v = v2
+                mx = mx2
+                mn = mn2
             else:
-                p3 = tl.inline_asm_elementwise(CODES3, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
-            packed_f = tl.reshape(p3, [BLOCK_T, Q])
-        if i % QPG == 0:
-            grp = (i // QPG) * NSUB + gsub                                        # [1, NSUB]
-            tl.store(sz_row + 2 * grp, scale_s, mask=smask)
-            tl.store(sz_row + 2 * grp + 1, zero_s, mask=smask)
-    out_row = out_ptr + (rows64[:, None] * H + h) * Q
-    if not INTERP:
-        packed = packed_f.to(tl.int32, bitcast=True) & 0xFF
-    tl.store(out_row + cq[None, :], packed.to(tl.uint8), mask=rmask[:, None])
+                v = v3
+                mx = mx3
+                mn = mn3
+            scale = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), 1e-8) / 3.0     # [BT, NSUB] f64
+            scale32 = scale.to(tl.float32)
+            if SZ_KIND == 1:      # float16: keep scale a normal number, zero finite
+                scale32 = tl.minimum(tl.maximum(scale32, 6.103515625e-05), 65504.0)
+                scale_s = scale32.to(tl.float16)
+            elif SZ_KIND == 2:    # bfloat16, rounded to nearest even by hand: the interpreter truncates
+                b = scale32.to(tl.uint32, bitcast=True)
+                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+                scale_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            else:
+                scale_s = scale32
+            s64 = scale_s.to(tl.float32).to(tl.float64)
+            zero32 = (-(mn.to(tl.float64)) / s64).to(tl.float32)
+            if SZ_KIND == 1:
+                zero32 = tl.minimum(tl.maximum(zero32, -65504.0), 65504.0)
+                zero_s = zero32.to(tl.float16)
+            elif SZ_KIND == 2:
+                b = zero32.to(tl.uint32, bitcast=True)
+                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+                zero_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            else:
+                zero_s = zero32
+            z64 = zero_s.to(tl.float32).to(tl.float64)
+            # code = #{j : clamp(v) >= t_j}; a t_j outside (-thr, thr] is always / never passed
+            t1 = ((0.5 - z64) * s64).to(tl.float32)
+            t2 = ((1.5 - z64) * s64).to(tl.float32)
+            t3 = ((2.5 - z64) * s64).to(tl.float32)
+            t1 = tl.where(t1 <= -thr[:, None], float("-inf"), tl.where(t1 > thr[:, None], float("inf"), t1))
+            t2 = tl.where(t2 <= -thr[:, None], float("-inf"), tl.where(t2 > thr[:, None], float("inf"), t2))
+            t3 = tl.where(t3 <= -thr[:, None], float("-inf"), tl.where(t3 > thr[:, None], float("inf"), t3))
+            v3d = tl.reshape(v, [BLOCK_T, NSUB, SUB])
+            if INTERP:
+                code = ((v3d >= t1[:, :, None]).to(tl.int32) + (v3d >= t2[:, :, None]).to(tl.int32)
+                        + (v3d >= t3[:, :, None]).to(tl.int32))
+                packed = packed | (tl.reshape(code, [BLOCK_T, Q]) << (2 * i))
+            else:   # packed_f = 2^23 + sum_i code_i 4^i: its low mantissa byte is the packed byte
+                ins = [v3d, t1[:, :, None], t2[:, :, None], t3[:, :, None], tl.reshape(packed_f, [BLOCK_T, NSUB, SUB])]
+                if i == 0:
+                    p3 = tl.inline_asm_elementwise(CODES0, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                elif i == 1:
+                    p3 = tl.inline_asm_elementwise(CODES1, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                elif i == 2:
+                    p3 = tl.inline_asm_elementwise(CODES2, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                else:
+                    p3 = tl.inline_asm_elementwise(CODES3, "=f,f,f,f,f,f", ins, dtype=tl.float32, is_pure=True, pack=1)
+                packed_f = tl.reshape(p3, [BLOCK_T, Q])
+            if i % QPG == 0:
+                grp = (i // QPG) * NSUB + gsub                                    # [1, NSUB]
+                tl.store(sz_row + 2 * grp, scale_s, mask=smask)
+                tl.store(sz_row + 2 * grp + 1, zero_s, mask=smask)
+        out_row = out_ptr + (rows64[:, None] * H + h) * Q
+        if not INTERP:
+            packed = packed_f.to(tl.int32, bitcast=True) & 0xFF
+        tl.store(out_row + cq[None, :], packed.to(tl.uint8), mask=rmask[:, None])
 
 
 _SZ_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -294,10 +359,12 @@ def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return _COUNTS[key]
 
 
-# Tuning (CUDA): rows per program, warps, register cap (None: the compiler's choice)
+# Tuning (CUDA): rows per program step, warps, register cap (None: the compiler's choice), and
+# programs per SM in the grid (persistent programs; 128 registers let 4 of 4 warps reside)
 BLOCK_T = 64
 NUM_WARPS = 4
-MAXNREG = None
+MAXNREG = 128   # the fast path (k <= KFAST) only: the bracket's integer path spills under it
+PROGRAMS_PER_SM = 64
 KFAST = 8       # clip counts above this bisect to a bracket first (ratios below ~0.94 at d=128)
 NBIS = 5
 
@@ -306,6 +373,15 @@ def _block_t(device: torch.device, tokens: int) -> int:
     if interpreted(device):     # few, large programs: numpy does the work
         return max(16, min(triton.next_power_of_2(max(tokens, 1)), 2048))
     return BLOCK_T
+
+
+def _programs(device: torch.device, blocks: int, heads: int) -> int:
+    """Programs per head: every block gets its own while they fit on the GPU at once; beyond
+    that, as many as stay resident, each looping over blocks (R loaded once per program)."""
+    if interpreted(device):
+        return blocks
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(blocks, sms * PROGRAMS_PER_SM // heads))
 
 
 def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size: int | None = None,
@@ -334,14 +410,19 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         mr = (m64 if r64 is None else (m64 @ r64 if r64.dim() == 2
                                        else torch.einsum("hd,hde->he", m64, r64))).float().contiguous()
     bt = _block_t(dev, t)
-    grid = (triton.cdiv(t, bt), h)
+    ntb = triton.cdiv(t, bt)
+    grid = (_programs(dev, ntb, h), h)
     _quantize_kernel.on(dev)[grid](
         x, r if r is not None else x, mr if mr is not None else x, kk_dev, packed, sz,
-        t, x.stride(0), x.stride(1), h,
+        t, x.stride(0), x.stride(1), h, ntb,
         D=d, NG=ng, BLOCK_T=bt, KMAX=int(kk.max()), HAS_R=r is not None, R_PER_HEAD=r is not None and r.dim() == 3,
         HAS_MEAN=mr is not None, SZ_KIND=_SZ_KIND[scale_dtype],
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", INTERP=interpreted(dev),
         BRACKET=int(kk.max()) > KFAST, NBIS=NBIS,
-        **({} if interpreted(dev) else {"num_warps": NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG else {})}),
+        **({} if interpreted(dev) else _launch_options(int(kk.max()) > KFAST)),
     )
     return packed, sz
+
+
+def _launch_options(bracket: bool) -> dict:
+    return {"num_warps": NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG and not bracket else {})}

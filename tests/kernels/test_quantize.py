@@ -91,6 +91,35 @@ def test_clip_threshold_on_outlier_rows(device):
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
 
 
+RARE_ROWS = {   # rows the one-group-per-row fast path must hand to its exact fallback
+    "no negative value": lambda r, g: r.abs() + 0.1,
+    "no positive value": lambda r, g: -r.abs() - 0.1,
+    "all zero": lambda r, g: r * 0.0,
+    "all negative zero": lambda r, g: torch.full_like(r, -0.0),
+    "top values far apart": lambda r, g: torch.cat([torch.tensor([1e6, -3e5]), r[2:]]),
+    # the last pass's |x| - 5e4 rounds to 1/256: 2.9119 would come back as 2.91015625, between
+    # the 6th and 7th largest, and without the check nothing else would notice
+    "last pass inexact": lambda r, g: torch.cat([torch.tensor([1e6, -3e5, 2e5, -1e5, 5e4, 2.9119]),
+                                                r[6:].clamp(-2.5, 2.5)]),
+    "top values exactly halving": lambda r, g: torch.cat([torch.tensor([64.0, -32.0, 16.0, -8.0, 4.0]), r[5:]]),
+    "subnormal values": lambda r, g: torch.randn(128, generator=g) * 1e-41,
+    "ties at the top": lambda r, g: torch.cat([torch.tensor([5.0, -5.0, 5.0, 4.0, -4.0, 3.5, 3.5, -3.5]), r[8:]]),
+    "many zeros": lambda r, g: r * (torch.arange(128) % 2),
+}
+
+
+@pytest.mark.parametrize("kind", RARE_ROWS)
+def test_whole_row_group_rare_rows(device, kind):
+    # each alone among ordinary rows (a block with any rare row takes the fallback whole)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(70, 1, 128, generator=gen)
+    x[66, 0] = RARE_ROWS[kind](x[66, 0], gen)
+    for clip in (0.96, 0.92, 0.6):
+        packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None))
+        rp, rsz = ref.ref_quantize_kv(x, None, clip, None)
+        assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+
+
 def test_general_rotation_close_to_reference(device):
     gen = torch.Generator().manual_seed(3)
     t, h, d = 257, 2, 128

@@ -129,7 +129,7 @@ def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, flo
     return tq, tc, q_bytes, 2 * x.numel() * 2
 
 
-QCONFIGS = [(64, 4, 128, 4), (64, 4, 168, 3), (64, 4, None, 2), (64, 4, 128, 64)]   # BLOCK_T, warps, register cap, programs/SM
+QCONFIGS = [(64, 4, 128, 64), (128, 8, 128, 64), (64, 4, 120, 64), (64, 4, 168, 64)]   # BLOCK_T, warps, register cap, programs/SM
 S2CONFIGS = [(8, 32, 3), (8, 64, 3), (8, 32, 4), (8, 16, 4)]   # stage 2: warps, splits per step, stages
 
 

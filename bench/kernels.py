@@ -117,12 +117,18 @@ def time_sdpa(bsz, n) -> float:
     return t
 
 
-def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, float, int, int]:
+def quantize_call(tokens: int = 262144, clip: float = 0.96):
+    """The benched quantize_kv call (bf16 keys, per-head rotation, centering, fp16 scale/zero) and its input."""
     x = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
     r = torch.linalg.qr(torch.randn(HKV, D, D, device="cuda"))[0].contiguous()
     mean = torch.randn(HKV, D, device="cuda")
     clip = torch.full((HKV,), clip)
-    tq = graph_time(lambda: quantize_kv(x, r, clip, None, torch.float16, mean=mean), 1)
+    return (lambda: quantize_kv(x, r, clip, None, torch.float16, mean=mean)), x
+
+
+def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, float, int, int]:
+    call, x = quantize_call(tokens, clip)
+    tq = graph_time(call, 1)
     y = torch.empty_like(x)
     tc = graph_time(lambda: y.copy_(x), 1)
     q_bytes = x.numel() * 2 + tokens * HKV * (D // 4 + 4)
@@ -188,6 +194,7 @@ def main() -> int:
     ap.add_argument("--parts", action="store_true", help="per-kernel times of one decode step (torch profiler)")
     ap.add_argument("--variants", action="store_true", help="try the stage-1 variants first (VARIANTS)")
     ap.add_argument("--one", type=int, metavar="BATCH", help="run one decode step at 128K and exit (for ncu)")
+    ap.add_argument("--one-quantize", action="store_true", help="run the benched quantize call twice and exit (for ncu)")
     ap.add_argument("--quantize", action="store_true", help="only quantize (with --sweep: its configurations)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time each case N times, ours and SDPA interleaved; medians, and the speedup's range")
@@ -198,6 +205,12 @@ def main() -> int:
         q = torch.randn(args.one, HQ, D, device="cuda", dtype=torch.bfloat16)
         for _ in range(2):
             decode.decode_attention(q, cache)
+        torch.cuda.synchronize()
+        return 0
+    if args.one_quantize:
+        call = quantize_call()[0]
+        for _ in range(2):
+            call()
         torch.cuda.synchronize()
         return 0
     props = torch.cuda.get_device_properties(0)

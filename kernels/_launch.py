@@ -103,6 +103,11 @@ def kernel(fn) -> DualKernel:
     return DualKernel(fn)
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (grids are sized per SM)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def interpreted(device: torch.device) -> bool:
     if device.type == "cpu":
         return True

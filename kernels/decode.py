@@ -39,7 +39,7 @@ import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*: imported 
 from oscar_zoo.zoo.errors import InvalidInput
 
 from .cache import Int2KVCache
-from ._launch import interpreted, kernel, new_buffer
+from ._launch import interpreted, kernel, new_buffer, sm_count
 
 LOG2E = 1.4426950408889634
 # Tuning (CUDA), from the H100 sweep in bench/results/kernels-h100.md. One warp per program: the
@@ -531,10 +531,6 @@ def _stage2(
         tl.store(out_row + cd, acc)
 
 
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _pdl(device: torch.device) -> bool:
     return USE_PDL and _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
 
@@ -566,7 +562,7 @@ def _splits(cache: Int2KVCache, pairs: int, block_n: int, device: torch.device) 
     if interpreted(device):
         per = max(triton.next_power_of_2(n), block_n)
         return triton.cdiv(n, per), per
-    want = max(1, SPLIT_PROGRAMS_PER_SM * _sms(device) // max(pairs, 1))
+    want = max(1, SPLIT_PROGRAMS_PER_SM * sm_count(device) // max(pairs, 1))
     per = max(MIN_SPLIT, triton.cdiv(n, want))
     per = triton.cdiv(per, block_n) * block_n
     return triton.cdiv(n, per), per
@@ -609,7 +605,7 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
     extra = {} if interp else {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
     if MAXNREG and not interp:
         extra["maxnreg"] = MAXNREG
-    sms = 0 if interp else _sms(dev)
+    sms = 0 if interp else sm_count(dev)
     resident = 65536 // (32 * NUM_WARPS * (MAXNREG or 255))     # stage-1 programs an SM holds (registers)
     one_wave = not interp and bsz * hkv * ns <= resident * sms
     _stage1.on(dev)[(bsz * hkv, ns)](

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import _args
-from ._launch import interpreted, kernel, new_buffer
+from ._launch import interpreted, kernel, new_buffer, sm_count
 
 
 # packed + code * 4^i in float32 (exact small integers): three compares to 1.0 / 0.0, three FMAs.
@@ -57,7 +57,6 @@ def _quantize_kernel(
     SUB: tl.constexpr = GS if GS < Q else Q    # group part inside one quarter
     NSUB: tl.constexpr = Q // SUB              # groups per quarter (1 when a group spans quarters)
     QPG: tl.constexpr = GS // SUB              # quarters per group (1 when groups are <= a quarter)
-    INF_BITS: tl.constexpr = 0x7F800000
     pid_t = tl.program_id(0)
     h = tl.program_id(1)
     cq = tl.arange(0, Q)
@@ -363,7 +362,8 @@ def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 # Tuning (CUDA): rows per program step, warps, register cap (None: the compiler's choice), and
-# programs per SM in the grid (persistent programs; 128 registers let 4 of 4 warps reside)
+# programs per SM in the grid (a program loops over blocks beyond that; at <= 128 registers 4
+# programs of 4 warps reside per SM)
 BLOCK_T = 64
 NUM_WARPS = 4
 MAXNREG = 120   # the fast path (k <= KFAST) only: the bracket's integer path spills under it
@@ -383,8 +383,7 @@ def _programs(device: torch.device, blocks: int, heads: int) -> int:
     that, as many as stay resident, each looping over blocks (R loaded once per program)."""
     if interpreted(device):
         return blocks
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(blocks, sms * PROGRAMS_PER_SM // heads))
+    return max(1, min(blocks, sm_count(device) * PROGRAMS_PER_SM // heads))
 
 
 def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size: int | None = None,

@@ -2,8 +2,9 @@
 
 A program quantizes blocks of BLOCK_T tokens of one KV head (R loaded into shared memory once).
 The head_dim is handled as four quarters of d/4 (the packing order puts dims j, j+d/4, j+d/2,
-j+3d/4 in byte j), so the rotation is four [BLOCK_T, d] x [d, d/4] products whose results are
-already in byte order: no shuffles.
+j+3d/4 in byte j). The rotation is one [BLOCK_T, d] x [d, d] product (one tensor-core wait, not
+four); each thread holds the same columns of every quarter, so splitting the result into
+quarters moves no data and they are already in byte order.
 
 The kernel is bound by its ALU pipe (half rate on Hopper), so the common case moves work to the
 FMA pipes and to 3-input integer min/max. Clip threshold (sort semantics, exact): the k-th largest
@@ -63,16 +64,9 @@ def _quantize_kernel(
     cd = tl.arange(0, D)
     if HAS_R:
         r_base = r_ptr + (h * D * D if R_PER_HEAD else 0)
-        r_rows = r_base + cd[:, None] * D + cq[None, :]                          # [D, Q]
-        r0 = tl.load(r_rows + 0 * Q)      # R comes in x's dtype (16-bit x: the tensor cores' dtype)
-        r1 = tl.load(r_rows + 1 * Q)
-        r2 = tl.load(r_rows + 2 * Q)
-        r3 = tl.load(r_rows + 3 * Q)
+        r = tl.load(r_base + cd[:, None] * D + cd[None, :])     # [D, D] in x's dtype (16-bit x: the tensor cores')
         if INTERP:    # the interpreter multiplies bf16 bit patterns as integers: upcast first
-            r0 = r0.to(tl.float32)
-            r1 = r1.to(tl.float32)
-            r2 = r2.to(tl.float32)
-            r3 = r3.to(tl.float32)
+            r = r.to(tl.float32)
     kk = tl.load(k_ptr + h)
     for tb in range(pid_t, NTB, tl.num_programs(0)):
         rows = tb * BLOCK_T + tl.arange(0, BLOCK_T)                           # [BT]
@@ -80,26 +74,30 @@ def _quantize_kernel(
         rows64 = rows.to(tl.int64)
         x_row = x_ptr + rows64[:, None] * stride_xt + h * stride_xh           # [BT, 1]
 
-        # ---- rotate: v_i = x @ R[:, iQ:(i+1)Q] - (mean @ R)[iQ:(i+1)Q] --------------- [BT, Q]
+        # ---- rotate and center: v = x @ R - mean @ R, quarters v_i = v[:, iQ:(i+1)Q] -------- [BT, Q]
         if HAS_R:
             x = tl.load(x_row + cd[None, :], mask=rmask[:, None], other=0.0)   # [BT, D]
             if INTERP:
                 x = x.to(tl.float32)
-            v0 = tl.dot(x, r0, input_precision=DOT_PREC)
-            v1 = tl.dot(x, r1, input_precision=DOT_PREC)
-            v2 = tl.dot(x, r2, input_precision=DOT_PREC)
-            v3 = tl.dot(x, r3, input_precision=DOT_PREC)
+            v = tl.dot(x, r, input_precision=DOT_PREC)                            # [BT, D]
+            if HAS_MEAN:
+                v = v - tl.load(mr_ptr + h * D + cd)[None, :]
+            # quarter i is columns [iQ, (i+1)Q): registers of the same threads in the tensor cores'
+            # layout, so the split moves no data
+            va, vb = tl.split(tl.permute(tl.reshape(v, [BLOCK_T, 2, 2, Q]), (0, 3, 2, 1)))
+            v0, v1 = tl.split(va)
+            v2, v3 = tl.split(vb)
         else:
             v0 = tl.load(x_row + 0 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
             v1 = tl.load(x_row + 1 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
             v2 = tl.load(x_row + 2 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
             v3 = tl.load(x_row + 3 * Q + cq[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-        if HAS_MEAN:
-            m_row = mr_ptr + h * D + cq
-            v0 = v0 - tl.load(m_row + 0 * Q)[None, :]
-            v1 = v1 - tl.load(m_row + 1 * Q)[None, :]
-            v2 = v2 - tl.load(m_row + 2 * Q)[None, :]
-            v3 = v3 - tl.load(m_row + 3 * Q)[None, :]
+            if HAS_MEAN:
+                m_row = mr_ptr + h * D + cq
+                v0 = v0 - tl.load(m_row + 0 * Q)[None, :]
+                v1 = v1 - tl.load(m_row + 1 * Q)[None, :]
+                v2 = v2 - tl.load(m_row + 2 * Q)[None, :]
+                v3 = v3 - tl.load(m_row + 3 * Q)[None, :]
 
         # ---- row (or group) max and min of v ----------------------------------------------------
         # One group per row: through the bit patterns as int32, a 3-input integer max per two
@@ -278,7 +276,13 @@ def _quantize_kernel(
                 v = v3
                 mx = mx3
                 mn = mn3
-            scale = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), 1e-8) / 3.0     # [BT, NSUB] f64
+            # scale = max(mx - mn, 1e-8) / 3 in float64 without a division (a subroutine, ~100 cycles
+            # of dependent fp64 work): Markstein's correction of a * RN(1 / 3) is the correctly
+            # rounded quotient. The constants are float64 bit patterns: Python floats become float32.
+            a64 = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), tl.full([], 0x3E45798EE2308C3A, tl.int64).to(tl.float64, bitcast=True))
+            third = tl.full([], 0x3FD5555555555555, tl.int64).to(tl.float64, bitcast=True)
+            q0 = a64 * third
+            scale = tl.fma(tl.fma(-q0, 3.0, a64), third, q0)                     # [BT, NSUB] f64
             scale32 = scale.to(tl.float32)
             if SZ_KIND == 1:      # float16: keep scale a normal number, zero finite
                 scale32 = tl.minimum(tl.maximum(scale32, 6.103515625e-05), 65504.0)
@@ -289,8 +293,10 @@ def _quantize_kernel(
                 scale_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
             else:
                 scale_s = scale32
-            s64 = scale_s.to(tl.float32).to(tl.float64)
-            zero32 = (-(mn.to(tl.float64)) / s64).to(tl.float32)
+            # zero = fp32(fp64(-mn / s)) is the correctly rounded float32 quotient: with s stored (a
+            # float32 or narrower) the exact quotient is never within 2^-50 of a float32 midpoint
+            # unless on it, so float64's rounding cannot move it across one
+            zero32 = tl.math.div_rn(-mn, scale_s.to(tl.float32))
             if SZ_KIND == 1:
                 zero32 = tl.minimum(tl.maximum(zero32, -65504.0), 65504.0)
                 zero_s = zero32.to(tl.float16)
@@ -300,11 +306,21 @@ def _quantize_kernel(
                 zero_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
             else:
                 zero_s = zero32
-            z64 = zero_s.to(tl.float32).to(tl.float64)
-            # code = #{j : clamp(v) >= t_j}; a t_j outside (-thr, thr] is always / never passed
-            t1 = ((0.5 - z64) * s64).to(tl.float32)
-            t2 = ((1.5 - z64) * s64).to(tl.float32)
-            t3 = ((2.5 - z64) * s64).to(tl.float32)
+            # code = #{j : clamp(v) >= t_j} with t_j = fp32((j - 1/2 - zero) * scale); a t_j outside
+            # (-thr, thr] is always / never passed
+            if SZ_KIND == 0:
+                s64 = scale_s.to(tl.float64)
+                z64 = zero_s.to(tl.float64)
+                t1 = ((0.5 - z64) * s64).to(tl.float32)
+                t2 = ((1.5 - z64) * s64).to(tl.float32)
+                t3 = ((2.5 - z64) * s64).to(tl.float32)
+            else:   # 16-bit scale and zero: zero * scale and (j - 1/2) * scale are exact in float32,
+                # so one FMA rounds the exact product once, as the float64 product does
+                s32 = scale_s.to(tl.float32)
+                zs = -(zero_s.to(tl.float32) * s32)
+                t1 = tl.fma(0.5, s32, zs)
+                t2 = tl.fma(1.5, s32, zs)
+                t3 = tl.fma(2.5, s32, zs)
             t1 = tl.where(t1 <= -thr[:, None], float("-inf"), tl.where(t1 > thr[:, None], float("inf"), t1))
             t2 = tl.where(t2 <= -thr[:, None], float("-inf"), tl.where(t2 > thr[:, None], float("inf"), t2))
             t3 = tl.where(t3 <= -thr[:, None], float("-inf"), tl.where(t3 > thr[:, None], float("inf"), t3))

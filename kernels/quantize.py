@@ -277,8 +277,10 @@ def _quantize_kernel(
                 mx = mx3
                 mn = mn3
             # scale = max(mx - mn, 1e-8) / 3 in float64 without a division (a subroutine, ~100 cycles
-            # of dependent fp64 work): Markstein's correction of a * RN(1 / 3) is the correctly
-            # rounded quotient. The constants are float64 bit patterns: Python floats become float32.
+            # of dependent fp64 work): a * RN(1 / 3) is within an ulp, and Markstein's correction
+            # step makes it the correctly rounded quotient, as the reference's division is (the
+            # ulp rarely survives the rounding to float32, but can). The constants are float64 bit
+            # patterns: Python floats become float32.
             a64 = tl.maximum(mx.to(tl.float64) - mn.to(tl.float64), tl.full([], 0x3E45798EE2308C3A, tl.int64).to(tl.float64, bitcast=True))
             third = tl.full([], 0x3FD5555555555555, tl.int64).to(tl.float64, bitcast=True)
             q0 = a64 * third

@@ -152,6 +152,22 @@ def test_centering_is_applied_in_the_rotated_basis(device):
     assert (got - target).norm() < 0.5 * (plain - ref.ref_rotate(x, r)).norm()
 
 
+@pytest.mark.parametrize("sdt", [torch.float32, torch.float16, torch.bfloat16])
+def test_scale_and_zero_are_correctly_rounded_over_wide_ranges(device, sdt):
+    # the kernel computes scale and zero without float64 divisions (a correction step for / 3,
+    # float32 div_rn for zero, one FMA per code threshold): every group's scale and zero must
+    # still be the float64 reference's, over magnitudes from 2^-20 to 2^20 and off-center groups
+    # (an approximate reciprocal for zero fails this with float32 storage)
+    gen = torch.Generator().manual_seed(11)
+    t, h, d, gs = 512, 2, 64, 16
+    mag = torch.exp2(torch.randint(-20, 21, (t, h, 1), generator=gen).double())
+    x = ((torch.randn(t, h, d, generator=gen) + 4 * torch.rand(t, h, 1, generator=gen) - 2) * mag).float()
+    packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, 0.0, gs, sdt))
+    rp, rsz = ref.ref_quantize_kv(x, None, 0.0, gs, sdt)
+    assert torch.equal(sz.cpu(), rsz)
+    assert torch.equal(packed.cpu(), rp)
+
+
 def test_roundtrip_error_is_within_half_a_step(device):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(64, 2, 64, generator=gen)

@@ -2,7 +2,7 @@
 
     ncu --set full -k regex:_stage1 -c 1 -o s1 python3 bench/kernels.py --one 32
     ncu --import s1.ncu-rep --page source --csv --print-source sass > s1.csv
-    python3 bench/ncu_stalls.py s1.csv [--top N]
+    python3 bench/ncu_stalls.py s1.csv [--top N] [--windows N]
 
 Prints the share of each stall reason over all warp samples, the instructions that collect the
 most samples with their top reasons, and the shared-memory wavefronts per instruction kind (the
@@ -28,6 +28,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=20, help="instructions to list")
+    ap.add_argument("--windows", type=int, default=0, metavar="N",
+                    help="also sum samples and executed instructions over windows of N SASS lines "
+                         "(a region's share of the waiting beside its share of the work)")
     args = ap.parse_args()
     rows = list(csv.reader(open(args.csv)))
     head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
@@ -56,7 +59,23 @@ def main() -> int:
         print(f"\nshared-memory wavefronts: {total:.0f}")
         for op, w in waves.most_common(8):
             print(f"  {op:24s} {w:14.0f}  {w / total:6.1%}")
+    if args.windows:
+        _windows(data, col, all_samples, samples, args.windows)
     return 0
+
+
+def _windows(data, col, all_samples, samples, n) -> None:
+    executed = col.get("Instructions Executed")
+    total = sum(_num(r, executed) for r in data) or 1.0
+    print(f"\nby windows of {n} lines: samples / instructions executed, commonest opcodes")
+    for i in range(0, len(data), n):
+        chunk = data[i:i + n]
+        s, e = sum(_num(r, all_samples) for r in chunk), sum(_num(r, executed) for r in chunk)
+        if s / samples < 0.005 and e / total < 0.002:
+            continue
+        ops = collections.Counter(r[1].split()[1 if r[1].startswith("@") else 0].split(".")[0] for r in chunk if r[1].strip())
+        mix = ", ".join(f"{op} {c}" for op, c in ops.most_common(5))
+        print(f"  {i:5d}  {s / samples:6.1%} / {e / total:6.1%}  {mix}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ j+3d/4 in byte j). The rotation is one [BLOCK_T, d] x [d, d] product (one tensor
 four); each thread holds the same columns of every quarter, so splitting the result into
 quarters moves no data and they are already in byte order.
 
-The kernel is bound by its ALU pipe (half rate on Hopper), so the common case moves work to the
-FMA pipes and to 3-input integer min/max. Clip threshold (sort semantics, exact): the k-th largest
+Hopper's ALU pipe runs at half rate, so the common case keeps work on the FMA pipes and in
+3-input integer min/max. Clip threshold (sort semantics, exact): the k-th largest
 |x| of the row, k = d - idx (6 for ratio 0.96 at d=128). For k <= KFAST: max |x| from the row's
 min and max, then k - 1 passes, each the next distinct value below `up` from d = |x| - up in
 float (exact sign; exact value by Sterbenz when it is >= up / 2). Rows the fast path cannot vouch

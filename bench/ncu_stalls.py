@@ -24,6 +24,12 @@ def _num(row: list[str], col: int | None) -> float:
         return 0.0
 
 
+def _opcode(sass: str) -> str:
+    """The opcode with its modifiers ("STS.128"), past a predicate ("@!P2")."""
+    ins = sass.split()
+    return ins[1] if ins[0].startswith("@") else ins[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
@@ -52,8 +58,7 @@ def main() -> int:
     for r in data:
         w = _num(r, col.get("L1 Wavefronts Shared"))
         if w:
-            ins = r[1].split()
-            waves[ins[1] if ins[0].startswith("@") else ins[0]] += w
+            waves[_opcode(r[1])] += w
     if waves:
         total = sum(waves.values())
         print(f"\nshared-memory wavefronts: {total:.0f}")
@@ -73,7 +78,7 @@ def _windows(data, col, all_samples, samples, n) -> None:
         s, e = sum(_num(r, all_samples) for r in chunk), sum(_num(r, executed) for r in chunk)
         if s / samples < 0.005 and e / total < 0.002:
             continue
-        ops = collections.Counter(r[1].split()[1 if r[1].startswith("@") else 0].split(".")[0] for r in chunk if r[1].strip())
+        ops = collections.Counter(_opcode(r[1]).split(".")[0] for r in chunk if r[1].strip())
         mix = ", ".join(f"{op} {c}" for op, c in ops.most_common(5))
         print(f"  {i:5d}  {s / samples:6.1%} / {e / total:6.1%}  {mix}")
 

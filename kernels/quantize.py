@@ -386,7 +386,10 @@ BLOCK_T = 64
 NUM_WARPS = 4
 MAXNREG = 120   # the fast path (k <= KFAST) only: the bracket's integer path spills under it
 PROGRAMS_PER_SM = 64
-KFAST = 8       # clip counts above this bisect to a bracket first (ratios below ~0.94 at d=128)
+# clip counts above KFAST bisect to a bracket first. The passes cost ~0.023 ms each at the bench's
+# 2M rows and the bracket ~0.91 ms whatever k is, so they cross near k = 28 (H100, kernels-h100.md):
+# at d = 128 the fast path takes ratios >= 100/128 = 0.78125, shipped K 0.96 and V 0.92 among them
+KFAST = 28
 NBIS = 5
 
 

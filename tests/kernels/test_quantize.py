@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from oscar_zoo.kernels import dequantize_kv, fake_quantize_kv, quantize_kv
+from oscar_zoo.kernels import quantize as quantize_mod
 from oscar_zoo.kernels import reference as ref
 from oscar_zoo.zoo.errors import InvalidInput
 
@@ -90,6 +91,20 @@ def test_clip_threshold_on_outlier_rows(device):
         rp, rsz = ref.ref_quantize_kv(x, None, clip, 32)
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
 
+
+
+@pytest.mark.parametrize("kfast", [0, 128])
+def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast):
+    # the fast path's passes (k <= KFAST) and the bisected bracket are both exact for every k:
+    # KFAST, a speed tuning, must not be able to change a result
+    monkeypatch.setattr(quantize_mod, "KFAST", kfast)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(150, 3, 128, generator=gen)
+    x[::9, :, :2] *= 50.0                                            # rows with outliers
+    for clip in ([0.99, 0.92, 0.85], [0.79, 0.6, 0.3]):             # k = 2, 11, 20; 27, 52, 90
+        packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None, torch.float16))
+        rp, rsz = ref.ref_quantize_kv(x, None, clip, None, torch.float16)
+        assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
 
 RARE_ROWS = {   # rows the one-group-per-row fast path must hand to its exact fallback
     "no negative value": lambda r, g: r.abs() + 0.1,

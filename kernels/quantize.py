@@ -12,8 +12,10 @@ Hopper's ALU pipe runs at half rate, so the common case keeps work on the FMA pi
 min and max, then k - 1 passes, each the next distinct value below `up` from d = |x| - up in
 float (exact sign; exact value by Sterbenz when it is >= up / 2). Rows the fast path cannot vouch
 for (ties among the top k, a row of one sign, a wide spread among the top values) make their
-block redo the threshold and min/max on an exact float path that counts multiplicities. For
-larger k, bisection on the int32 bit patterns of |x| narrows the threshold first. Codes are
+block redo min/max and the passes, now repeating a pass that may have rounded from just above
+the value it found (rows with outliers: a few passes more, not a slow path); rows still in doubt
+(ties) take an exact float path that counts multiplicities. A threshold is only ever accepted
+as an exact value of the row with exactly k values at or above it. For larger k, bisection on the int32 bit patterns of |x| narrows the threshold first. Codes are
 counted against three per-group thresholds (see reference.py), which also folds the clamp in.
 """
 
@@ -206,23 +208,58 @@ def _quantize_kernel(
         cnt = tl.sum(ge, axis=1).to(tl.int32)
         good = good & ((kk == 0) | (cnt == kk))
         if tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
-            # a rare row (ties, one-signed row, a wide spread among the top k) in the block: the
-            # float path, exact for all of them. The threshold is the first distinct value, from
-            # the top, with at least k values at or above it.
-            if QPG == 4:
+            # a rare row in the block (ties, a row of one sign, a wide spread among the top k)
+            if QPG == 4:    # a row of one sign: the bit-pattern max and min were not its own
                 vmax = tl.max(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), axis=1)
                 vmin = tl.min(tl.minimum(tl.minimum(v0, v1), tl.minimum(v2, v3)), axis=1)
-            upper = tl.full([BLOCK_T], float("inf"), tl.float32)
-            thr = tl.full([BLOCK_T], float("inf"), tl.float32)
-            for it in range(KMAX):
-                m = tl.max(tl.maximum(tl.maximum(tl.where(tl.abs(v0) < upper[:, None], tl.abs(v0), -1.0),
-                                                 tl.where(tl.abs(v1) < upper[:, None], tl.abs(v1), -1.0)),
-                                      tl.maximum(tl.where(tl.abs(v2) < upper[:, None], tl.abs(v2), -1.0),
-                                                 tl.where(tl.abs(v3) < upper[:, None], tl.abs(v3), -1.0))), axis=1)
-                c = tl.sum((tl.abs(v0) >= m[:, None]).to(tl.int32) + (tl.abs(v1) >= m[:, None]).to(tl.int32)
-                           + (tl.abs(v2) >= m[:, None]).to(tl.int32) + (tl.abs(v3) >= m[:, None]).to(tl.int32), axis=1)
-                thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
-                upper = m
+                top = tl.maximum(vmax, -vmin)
+            if not BRACKET:
+                # The passes again, from the true max, with retries. A pass whose subtraction may
+                # have rounded (the next value below `up` is under up / 2: rows with outliers)
+                # still gives m within an ulp of `up` of that value, so up' = m + up * 2^-22 lies
+                # strictly between the two and the next pass finds the value again, exactly once
+                # it is >= up' / 2. Rows left with fewer than k distinct values (ties) go on below.
+                thr = top
+                up = top
+                found = tl.zeros([BLOCK_T], tl.int32)
+                alive = rmask
+                n = kk - kk
+                while (tl.max(tl.where(alive & (found < kk - 1), 1, 0), axis=0) > 0) & (n < kk + 64):
+                    d = tl.min(tl.minimum(tl.minimum((tl.abs(v0) - up[:, None]).to(tl.int32, bitcast=True),
+                                                     (tl.abs(v1) - up[:, None]).to(tl.int32, bitcast=True)),
+                                          tl.minimum((tl.abs(v2) - up[:, None]).to(tl.int32, bitcast=True),
+                                                     (tl.abs(v3) - up[:, None]).to(tl.int32, bitcast=True))),
+                               axis=1).to(tl.float32, bitcast=True)
+                    m = up + d
+                    act = alive & (found < kk - 1)
+                    below = m < up
+                    adv = act & below & (d > -0.5 * up)
+                    thr = tl.where(adv, m, thr)
+                    found = found + adv.to(tl.int32)
+                    up = tl.where(adv, m, tl.where(act & below, tl.fma(up, 2.0 ** -22, m), up))
+                    alive = alive & (below | (act == 0))
+                    n += 1
+                thr = tl.where(kk > 0, thr, float("inf"))
+                cnt = tl.sum((tl.abs(v0) >= thr[:, None]).to(tl.int32) + (tl.abs(v1) >= thr[:, None]).to(tl.int32)
+                             + (tl.abs(v2) >= thr[:, None]).to(tl.int32) + (tl.abs(v3) >= thr[:, None]).to(tl.int32), axis=1)
+                good = alive & (found >= kk - 1) & ((kk == 0) | (cnt == kk))
+                redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
+            else:
+                redo = True
+            if redo:
+                # the float path, exact for every row: the threshold is the first distinct value,
+                # from the top, with at least k values at or above it
+                upper = tl.full([BLOCK_T], float("inf"), tl.float32)
+                thr = tl.full([BLOCK_T], float("inf"), tl.float32)
+                for it in range(KMAX):
+                    m = tl.max(tl.maximum(tl.maximum(tl.where(tl.abs(v0) < upper[:, None], tl.abs(v0), -1.0),
+                                                     tl.where(tl.abs(v1) < upper[:, None], tl.abs(v1), -1.0)),
+                                          tl.maximum(tl.where(tl.abs(v2) < upper[:, None], tl.abs(v2), -1.0),
+                                                     tl.where(tl.abs(v3) < upper[:, None], tl.abs(v3), -1.0))), axis=1)
+                    c = tl.sum((tl.abs(v0) >= m[:, None]).to(tl.int32) + (tl.abs(v1) >= m[:, None]).to(tl.int32)
+                               + (tl.abs(v2) >= m[:, None]).to(tl.int32) + (tl.abs(v3) >= m[:, None]).to(tl.int32), axis=1)
+                    thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
+                    upper = m
 
         # ---- group min / max of the clamped row: clamp(max) and clamp(min) ---------- [BT, NSUB]
         if QPG == 4:

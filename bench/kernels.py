@@ -117,17 +117,28 @@ def time_sdpa(bsz, n) -> float:
     return t
 
 
-def quantize_call(tokens: int = 262144, clip: float = 0.96):
-    """The benched quantize_kv call (bf16 keys, per-head rotation, centering, fp16 scale/zero) and its input."""
-    x = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
+def quantize_call(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussian"):
+    """The benched quantize_kv call (bf16 keys, per-head rotation, centering, fp16 scale/zero) and
+    its input. `rows` other than gaussian put outliers where the kernel sees them (after R):
+    "sink rows", one row in 997 with one huge value, like attention-sink tokens; "outlier
+    channels", two large channels in every row, like K without a rotation."""
     r = torch.linalg.qr(torch.randn(HKV, D, D, device="cuda"))[0].contiguous()
+    if rows == "gaussian":
+        x = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
+    else:
+        y = torch.randn(tokens, HKV, D, device="cuda")          # y: [tokens, heads, d], after R
+        if rows == "sink rows":
+            y[::997, :, 0] *= 40
+        else:
+            y[:, :, :2] *= 20
+        x = torch.einsum("thd,hed->the", y, r).bfloat16()     # y @ R^T: the kernel's x @ R is y again
     mean = torch.randn(HKV, D, device="cuda")
     clip = torch.full((HKV,), clip)
     return (lambda: quantize_kv(x, r, clip, None, torch.float16, mean=mean)), x
 
 
-def bench_quantize(tokens: int = 262144, clip: float = 0.96) -> tuple[float, float, int, int]:
-    call, x = quantize_call(tokens, clip)
+def bench_quantize(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussian") -> tuple[float, float, int, int]:
+    call, x = quantize_call(tokens, clip, rows)
     tq = graph_time(call, 1)
     y = torch.empty_like(x)
     tc = graph_time(lambda: y.copy_(x), 1)
@@ -278,6 +289,11 @@ def main() -> int:
         k = int(quantize_mod.clip_counts(clip, 1, D)[0])
         print(f"| {clip} ({why}) | {k} | {tq:.3f} | {qb / tq / 1e9:.2f} | {tc:.3f} | {cb / tc / 1e9:.2f} "
               f"| {qb / tq / (cb / tc):.0%} |")
+    print("\nquantize_kv ms by kind of rows (outliers take the fast path's retries, or its exact fallback):")
+    print("| rows | " + " | ".join(f"clip {c}" for c, _ in QCLIPS[:3]) + " |")
+    print("|---|---|---|---|")
+    for rows in ("gaussian", "sink rows", "outlier channels"):
+        print(f"| {rows} | " + " | ".join(f"{bench_quantize(clip=c, rows=rows)[0]:.3f}" for c, _ in QCLIPS[:3]) + " |")
     return 0
 
 

@@ -129,8 +129,10 @@ def quantize_call(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussia
         y = torch.randn(tokens, HKV, D, device="cuda")          # y: [tokens, heads, d], after R
         if rows == "sink rows":
             y[::997, :, 0] *= 40
-        else:
+        elif rows == "outlier channels":
             y[:, :, :2] *= 20
+        else:
+            raise ValueError(f"rows: gaussian, sink rows or outlier channels, not {rows!r}")
         x = torch.einsum("thd,hed->the", y, r).bfloat16()     # y @ R^T: the kernel's x @ R is y again
     mean = torch.randn(HKV, D, device="cuda")
     clip = torch.full((HKV,), clip)

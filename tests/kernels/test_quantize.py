@@ -92,7 +92,6 @@ def test_clip_threshold_on_outlier_rows(device):
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
 
 
-
 @pytest.mark.parametrize("kfast", [0, 128])
 def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast):
     # the fast path's passes (k <= KFAST) and the bisected bracket are both exact for every k:
@@ -105,6 +104,7 @@ def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast):
         packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None, torch.float16))
         rp, rsz = ref.ref_quantize_kv(x, None, clip, None, torch.float16)
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+
 
 RARE_ROWS = {   # rows the one-group-per-row fast path must hand to its exact fallback
     "no negative value": lambda r, g: r.abs() + 0.1,

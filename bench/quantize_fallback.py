@@ -19,6 +19,7 @@ import torch
 
 from oscar_zoo.calibrate import capture
 from oscar_zoo.calibrate.loading import load_model, resolve_source
+from oscar_zoo.kernels.quantize import clip_counts
 
 RATIOS = (0.96, 0.92, 0.85, 0.79)
 BLOCK_T = 64
@@ -54,7 +55,7 @@ def main() -> None:
             rows = blocks = bad_rows = bad_blocks = 0
             for x in kv:                                              # [heads, T, d]
                 d = x.shape[-1]
-                k = d - int(ratio * d)
+                k = int(clip_counts(ratio, 1, d)[0])
                 if rotated:
                     r = torch.linalg.qr(torch.randn(d, d, generator=gen))[0]
                     x = (x - x.mean(1, keepdim=True)) @ r

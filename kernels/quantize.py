@@ -15,8 +15,9 @@ for (ties among the top k, a row of one sign, a wide spread among the top values
 block redo min/max and the passes, now repeating a pass that may have rounded from just above
 the value it found (rows with outliers: a few passes more, not a slow path); rows still in doubt
 (ties) take an exact float path that counts multiplicities. A threshold is only ever accepted
-as an exact value of the row with exactly k values at or above it. For larger k, bisection on the int32 bit patterns of |x| narrows the threshold first. Codes are
-counted against three per-group thresholds (see reference.py), which also folds the clamp in.
+as an exact value of the row with exactly k values at or above it. For larger k, bisection on
+the int32 bit patterns of |x| narrows the threshold first. Codes are counted against three
+per-group thresholds (see reference.py), which also folds the clamp in.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def _quantize_kernel(
                 up = top
                 found = tl.zeros([BLOCK_T], tl.int32)
                 alive = rmask
-                n = kk - kk
+                n = kk - kk     # the pass count, an int32 scalar like kk (a Python 0 cannot be loop-carried)
                 while (tl.max(tl.where(alive & (found < kk - 1), 1, 0), axis=0) > 0) & (n < kk + 64):
                     d = tl.min(tl.minimum(tl.minimum((tl.abs(v0) - up[:, None]).to(tl.int32, bitcast=True),
                                                      (tl.abs(v1) - up[:, None]).to(tl.int32, bitcast=True)),
@@ -469,17 +470,19 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         m64, r64 = mean.double().to(dev), None if rotation is None else rotation.double().to(dev)
         mr = (m64 if r64 is None else (m64 @ r64 if r64.dim() == 2
                                        else torch.einsum("hd,hde->he", m64, r64))).float().contiguous()
+    kmax = int(kk.max())
+    bracket = kmax > KFAST
     bt = _block_t(dev, t)
     ntb = triton.cdiv(t, bt)
     grid = (_programs(dev, ntb, h), h)
     _quantize_kernel.on(dev)[grid](
         x, r if r is not None else x, mr if mr is not None else x, kk_dev, packed, sz,
         t, x.stride(0), x.stride(1), h, ntb,
-        D=d, NG=ng, BLOCK_T=bt, KMAX=int(kk.max()), HAS_R=r is not None, R_PER_HEAD=r is not None and r.dim() == 3,
+        D=d, NG=ng, BLOCK_T=bt, KMAX=kmax, HAS_R=r is not None, R_PER_HEAD=r is not None and r.dim() == 3,
         HAS_MEAN=mr is not None, SZ_KIND=_SZ_KIND[scale_dtype],
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", INTERP=interpreted(dev),
-        BRACKET=int(kk.max()) > KFAST, NBIS=NBIS,
-        **({} if interpreted(dev) else _launch_options(int(kk.max()) > KFAST)),
+        BRACKET=bracket, NBIS=NBIS,
+        **({} if interpreted(dev) else _launch_options(bracket)),
     )
     return packed, sz
 

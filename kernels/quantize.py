@@ -42,6 +42,10 @@ CODES3 = tl.constexpr(_CODES % (("0f42800000",) * 3))   # 64.0
 # that the compiler cannot hoist |v| out of the pass loop into 64 more registers
 ABS_SUB = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; sub.f32 t, t, $2; mov.b32 $0, t; }")
 ABS_GE = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; set.ge.f32.f32 $0, t, $2; }")
+# a group's scale and zero side by side in one store, by the threads that hold them: tl.store
+# would first gather each through shared memory, behind two barriers
+SZ_STORE32 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }")
+SZ_STORE64 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2.b32 [$1], {$2, $3}; mov.u32 $0, 0; }")
 
 
 @kernel
@@ -382,8 +386,18 @@ def _quantize_kernel(
                 packed_f = tl.reshape(p3, [BLOCK_T, Q])
             if i % QPG == 0:
                 grp = (i // QPG) * NSUB + gsub                                    # [1, NSUB]
-                tl.store(sz_row + 2 * grp, scale_s, mask=smask)
-                tl.store(sz_row + 2 * grp + 1, zero_s, mask=smask)
+                if INTERP:
+                    tl.store(sz_row + 2 * grp, scale_s, mask=smask)
+                    tl.store(sz_row + 2 * grp + 1, zero_s, mask=smask)
+                elif SZ_KIND == 0:
+                    tl.inline_asm_elementwise(SZ_STORE64, "=r,l,r,r,r", [sz_row + 2 * grp, scale_s.to(tl.int32, bitcast=True),
+                                              zero_s.to(tl.int32, bitcast=True), smask.to(tl.int32)],
+                                              dtype=tl.int32, is_pure=False, pack=1)
+                else:
+                    pair = ((scale_s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+                            | (zero_s.to(tl.int16, bitcast=True).to(tl.int32) << 16))
+                    tl.inline_asm_elementwise(SZ_STORE32, "=r,l,r,r", [(sz_row + 2 * grp).to(tl.pointer_type(tl.int32)),
+                                              pair, smask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
         out_row = out_ptr + (rows64[:, None] * H + h) * Q
         if not INTERP:
             packed = packed_f.to(tl.int32, bitcast=True) & 0xFF
@@ -422,7 +436,7 @@ def _on_device(kk: torch.Tensor, dev: torch.device) -> torch.Tensor:
 # programs of 4 warps reside per SM)
 BLOCK_T = 64
 NUM_WARPS = 4
-MAXNREG = 120   # the fast path (k <= KFAST) only: the bracket's integer path spills under it
+MAXNREG = 128   # the fast path (k <= KFAST) only: the bracket's integer path spills under it
 PROGRAMS_PER_SM = 64
 # clip counts above KFAST bisect to a bracket first. The passes cost ~0.023 ms each at the bench's
 # 2M rows and the bracket ~0.91 ms whatever k is, so they cross near k = 28 (H100, kernels-h100.md):

@@ -43,7 +43,8 @@ CODES3 = tl.constexpr(_CODES % (("0f42800000",) * 3))   # 64.0
 ABS_SUB = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; sub.f32 t, t, $2; mov.b32 $0, t; }")
 ABS_GE = tl.constexpr("{ .reg .f32 t; abs.f32 t, $1; set.ge.f32.f32 $0, t, $2; }")
 # a group's scale and zero side by side in one store, by the threads that hold them: tl.store
-# would first gather each through shared memory, behind two barriers
+# would first gather each through shared memory, behind two barriers. The four threads holding a
+# row store the same bytes to the same address (one write); $0 is a dummy, inline asm needs a result
 SZ_STORE32 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }")
 SZ_STORE64 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2.b32 [$1], {$2, $3}; mov.u32 $0, 0; }")
 

@@ -15,10 +15,10 @@ so both kinds can run in one process. One more thing is needed: Triton's standar
 (`tl.max`, `tl.sum`, ...) is itself made of `@jit` functions, built compiled or interpreted when
 `triton.language` is first imported. While an interpreted launch runs, `_stdlib_interpreted`
 swaps the compiled ones for interpreted twins and puts them back after, so the interpreter works
-whatever TRITON_INTERPRET was at import time and whoever imported triton first. This is not
-thread-safe (neither is Triton's interpreter). Kernels must not call our own `@jit` helpers: a
-helper would exist in one kind only. Block shapes differ by kind (big blocks in the interpreter, where each
-program is a Python loop iteration over numpy arrays).
+whatever TRITON_INTERPRET was at import time and whoever imported triton first. Our own `@triton.jit`
+helpers (module-level functions in this package that kernels call) are swapped the same way. This
+is not thread-safe (neither is Triton's interpreter). Block shapes differ by kind (big blocks in the
+interpreter, where each program is a Python loop iteration over numpy arrays).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ except ImportError:  # pragma: no cover - older Triton
 def _stdlib_interpreted():
     swapped = []
     for name, mod in list(sys.modules.items()):
-        if not name.startswith("triton.language") or mod is None:
+        if not (name.startswith("triton.language") or name.startswith(__package__ + ".")) or mod is None:
             continue
         for attr, val in list(vars(mod).items()):
             if isinstance(val, JITFunction):

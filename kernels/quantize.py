@@ -49,6 +49,13 @@ SZ_STORE32 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b3
 SZ_STORE64 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2.b32 [$1], {$2, $3}; mov.u32 $0, 0; }")
 
 
+@triton.jit
+def _count_ge(a0, a1, a2, a3, t):
+    """How many of a row's values (four [BT, Q] quarters) are >= t [BT]: int32 [BT]."""
+    return tl.sum((a0 >= t[:, None]).to(tl.int32) + (a1 >= t[:, None]).to(tl.int32)
+                  + (a2 >= t[:, None]).to(tl.int32) + (a3 >= t[:, None]).to(tl.int32), axis=1)
+
+
 @kernel
 def _quantize_kernel(
     x_ptr, r_ptr, mr_ptr, k_ptr, out_ptr, sz_ptr,
@@ -153,13 +160,11 @@ def _quantize_kernel(
             hi = mx + 1
             chi = tl.zeros([BLOCK_T], tl.int32)
             lo = tl.maximum(mx - (3 << 23), 0)
-            clo = tl.sum((a0 >= lo[:, None]).to(tl.int32) + (a1 >= lo[:, None]).to(tl.int32)
-                         + (a2 >= lo[:, None]).to(tl.int32) + (a3 >= lo[:, None]).to(tl.int32), axis=1)
+            clo = _count_ge(a0, a1, a2, a3, lo)
             lo = tl.where(clo >= kk, lo, 0)        # a row with outliers: bisect from 0 (slower, exact)
             for _ in tl.static_range(NBIS):
                 mid = lo + ((hi - lo) >> 1)
-                c = tl.sum((a0 >= mid[:, None]).to(tl.int32) + (a1 >= mid[:, None]).to(tl.int32)
-                           + (a2 >= mid[:, None]).to(tl.int32) + (a3 >= mid[:, None]).to(tl.int32), axis=1)
+                c = _count_ge(a0, a1, a2, a3, mid)
                 ge = c >= kk
                 lo = tl.where(ge, mid, lo)
                 hi = tl.where(ge, hi, mid)
@@ -246,8 +251,7 @@ def _quantize_kernel(
                     alive = alive & (below | (act == 0))
                     n += 1
                 thr = tl.where(kk > 0, thr, float("inf"))
-                cnt = tl.sum((tl.abs(v0) >= thr[:, None]).to(tl.int32) + (tl.abs(v1) >= thr[:, None]).to(tl.int32)
-                             + (tl.abs(v2) >= thr[:, None]).to(tl.int32) + (tl.abs(v3) >= thr[:, None]).to(tl.int32), axis=1)
+                cnt = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), thr)
                 good = alive & (found >= kk - 1) & ((kk == 0) | (cnt == kk))
                 redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
             else:
@@ -262,8 +266,7 @@ def _quantize_kernel(
                                                      tl.where(tl.abs(v1) < upper[:, None], tl.abs(v1), -1.0)),
                                           tl.maximum(tl.where(tl.abs(v2) < upper[:, None], tl.abs(v2), -1.0),
                                                      tl.where(tl.abs(v3) < upper[:, None], tl.abs(v3), -1.0))), axis=1)
-                    c = tl.sum((tl.abs(v0) >= m[:, None]).to(tl.int32) + (tl.abs(v1) >= m[:, None]).to(tl.int32)
-                               + (tl.abs(v2) >= m[:, None]).to(tl.int32) + (tl.abs(v3) >= m[:, None]).to(tl.int32), axis=1)
+                    c = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), m)
                     thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
                     upper = m
 

@@ -28,6 +28,7 @@ import os
 import sys
 
 import torch
+from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -53,7 +54,7 @@ class _Interpreted:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            with _stdlib_interpreted():
+            with _stdlib_interpreted(), _scalar_index():
                 return self.fn[grid](*args, **kwargs)
         return launch
 
@@ -82,6 +83,25 @@ def _stdlib_interpreted():
     finally:
         for mod, attr, val in reversed(swapped):
             setattr(mod, attr, val)
+
+
+@contextlib.contextmanager
+def _scalar_index():
+    """Triton 3.6's interpreter turns a scalar into an index with int() of a one-element array,
+    which numpy >= 2.4 refuses, so every `range()` over a program id or a runtime int fails on
+    CPU tensors (triton-lang/triton#9171; Triton 3.9 squeezes first). The GPU image pairs 3.6
+    with such a numpy; for the launch, the interpreter's tensor patch gets the squeeze too."""
+    patch = _interpreter._patch_lang_tensor
+
+    def patch_squeezed(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    _interpreter._patch_lang_tensor = patch_squeezed
+    try:
+        yield
+    finally:
+        _interpreter._patch_lang_tensor = patch
 
 
 # Tests set this to "a" or "b": every output and workspace buffer then starts filled with a

@@ -56,6 +56,20 @@ def _count_ge(a0, a1, a2, a3, t):
                   + (a2 >= t[:, None]).to(tl.int32) + (a3 >= t[:, None]).to(tl.int32), axis=1)
 
 
+@triton.jit
+def _bf16_rne(x):
+    # float32 -> bfloat16 rounded to nearest even by hand: the interpreter truncates
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _outside_to_inf(t, thr):
+    # a code edge at or below -thr is passed by every clamped value, one above thr by none
+    return tl.where(t <= -thr, float("-inf"), tl.where(t > thr, float("inf"), t))
+
+
 @kernel
 def _quantize_kernel(
     x_ptr, r_ptr, mr_ptr, k_ptr, out_ptr, sz_ptr,
@@ -335,10 +349,8 @@ def _quantize_kernel(
             if SZ_KIND == 1:      # float16: keep scale a normal number, zero finite
                 scale32 = tl.minimum(tl.maximum(scale32, 6.103515625e-05), 65504.0)
                 scale_s = scale32.to(tl.float16)
-            elif SZ_KIND == 2:    # bfloat16, rounded to nearest even by hand: the interpreter truncates
-                b = scale32.to(tl.uint32, bitcast=True)
-                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-                scale_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            elif SZ_KIND == 2:
+                scale_s = _bf16_rne(scale32)
             else:
                 scale_s = scale32
             # zero = fp32(fp64(-mn / s)) is the correctly rounded float32 quotient: with s stored (a
@@ -349,9 +361,7 @@ def _quantize_kernel(
                 zero32 = tl.minimum(tl.maximum(zero32, -65504.0), 65504.0)
                 zero_s = zero32.to(tl.float16)
             elif SZ_KIND == 2:
-                b = zero32.to(tl.uint32, bitcast=True)
-                b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-                zero_s = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+                zero_s = _bf16_rne(zero32)
             else:
                 zero_s = zero32
             # code = #{j : clamp(v) >= t_j} with t_j = fp32((j - 1/2 - zero) * scale); a t_j outside
@@ -369,9 +379,9 @@ def _quantize_kernel(
                 t1 = tl.fma(0.5, s32, zs)
                 t2 = tl.fma(1.5, s32, zs)
                 t3 = tl.fma(2.5, s32, zs)
-            t1 = tl.where(t1 <= -thr[:, None], float("-inf"), tl.where(t1 > thr[:, None], float("inf"), t1))
-            t2 = tl.where(t2 <= -thr[:, None], float("-inf"), tl.where(t2 > thr[:, None], float("inf"), t2))
-            t3 = tl.where(t3 <= -thr[:, None], float("-inf"), tl.where(t3 > thr[:, None], float("inf"), t3))
+            t1 = _outside_to_inf(t1, thr[:, None])
+            t2 = _outside_to_inf(t2, thr[:, None])
+            t3 = _outside_to_inf(t3, thr[:, None])
             v3d = tl.reshape(v, [BLOCK_T, NSUB, SUB])
             if INTERP:
                 code = ((v3d >= t1[:, :, None]).to(tl.int32) + (v3d >= t2[:, :, None]).to(tl.int32)

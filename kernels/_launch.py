@@ -16,7 +16,8 @@ so both kinds can run in one process. One more thing is needed: Triton's standar
 `triton.language` is first imported. While an interpreted launch runs, `_stdlib_interpreted`
 swaps the compiled ones for interpreted twins and puts them back after, so the interpreter works
 whatever TRITON_INTERPRET was at import time and whoever imported triton first. Our own `@triton.jit`
-helpers (module-level functions in this package that kernels call) are swapped the same way. This
+helpers (module-level functions in this package that kernels call) are swapped the same way, and
+Triton 3.6's scalar-to-index conversion, which numpy >= 2.4 breaks, is mended (`_scalar_index`). This
 is not thread-safe (neither is Triton's interpreter). Block shapes differ by kind (big blocks in the
 interpreter, where each program is a Python loop iteration over numpy arrays).
 """

@@ -151,7 +151,10 @@ class Attempt:
         reader.join(5)
         self._wait_released()            # before any report that lets the lease go
         final = self.final or {}
-        if self.cancel.is_set() or final.get("event") == "cancelled":
+        # The runner says "cancelled" for any SIGTERM, ours at shutdown too: that one gives the
+        # job back (below) instead of ending it.
+        stopped_by_us = self.stop.is_set() and not self.cancel.is_set()
+        if self.cancel.is_set() or (final.get("event") == "cancelled" and not stopped_by_us):
             self._call(lambda: self.client.fail(self.id, self.token, "cancelled", cancelled=True))
             return "cancelled"
         if final.get("event") == "done":

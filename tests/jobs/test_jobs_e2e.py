@@ -110,3 +110,28 @@ def test_server_killed_mid_job_and_restarted_loses_nothing(tmp_path, four_layers
         assert len(versions) == 1
         # The orphaned worker finished its job against the new server, then left.
         wait_for(lambda: not alive(old_worker), 30, what="the orphaned worker exiting")
+
+
+@pytest.mark.parametrize("registry_backend", ["sqlite"], indirect=True)
+def test_worker_shutdown_mid_job_gives_the_job_back_without_cancelling_it(jobs_api, four_layers):
+    # A clean stop of a worker (SIGTERM to `oscar-zoo worker`, or `serve` stopping its local
+    # workers) stops the runner with SIGTERM too; the job must be requeued, not cancelled.
+    import threading
+
+    from oscar_zoo.calibrate.executors.worker import Attempt
+
+    job = jobs_api.submit(**fault_spec(four_layers, seed=4))
+    claimed = jobs_api.worker.claim("w-stop", 0)
+    stop = threading.Event()
+    attempt = Attempt(jobs_api.worker, claimed["job"], claimed["lease"], "w-stop", stop)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=attempt.run()))
+    thread.start()
+    try:
+        wait_for(lambda: (attempt.latest or {}).get("phase") == "pass1", 120, what="pass 1")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert outcome.get("result") == "released"
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "queued" and after["attempts"] == 0, after

@@ -433,7 +433,9 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
         if digest and layers:  # only a --layers part of it may be here
             for pdir in sorted((cache.model_dir(model) / "partial" / digest).glob("layers-*")):
                 chosen = json.loads((pdir / ".partial.json").read_text())["layers"]
-                want = select_layers(layers, chosen)
+                # against the whole bundle's layers: a range checked against the part's own
+                # list always fits, and 0-45 would be answered with a cached 0-3
+                want = _layers_of(pdir, layers)
                 if set(want) <= set(chosen):
                     result = _cached_result(cache, model, digest, pdir)
                     result.layers = want

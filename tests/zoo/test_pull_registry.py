@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from oscar_zoo.zoo.bundle import read, verify_bundle
 from oscar_zoo.zoo.cli.main import cli
-from oscar_zoo.zoo.errors import ModelNotFound, Unauthorized, VersionNotFound
+from oscar_zoo.zoo.errors import ModelNotFound, OfflineError, Unauthorized, VersionNotFound
 from oscar_zoo.zoo.pull import pull
 from oscar_zoo.zoo.registry_client import RegistryClient
 from tests.utils.bundles import make_bundle
@@ -140,3 +140,14 @@ def test_yanked_version_warns_and_drops_out_of_latest(registry, glm_bundles):
     result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8@2"])
     assert result.exit_code == 0
     assert "yanked: clip search bug" in result.stderr
+
+
+def test_offline_layers_are_served_only_when_the_cached_part_holds_them(registry, glm_bundles,
+                                                                         monkeypatch):
+    registry.publish_dir(glm_bundles[0].path)
+    pull("glm-4.7-fp8", layers="0-3")
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    assert pull("glm-4.7-fp8", layers="1-2").layers == [1, 2]
+    for spec in ("0-45", "10"):  # a wider range, a layer the part lacks: not cached
+        with pytest.raises(OfflineError, match="not in the cache"):
+            pull("glm-4.7-fp8", layers=spec)

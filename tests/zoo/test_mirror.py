@@ -148,6 +148,23 @@ def test_versions_tags_and_the_root_readme(registry, bundles, hub, tmp_path):
     assert r3.path == "SmolLM2-135M-Instruct/seq1003_prompt0_group64"
 
 
+def test_an_older_version_mirrored_again_after_a_newer_one_is_left_alone(hub, bundles, tmp_path):
+    """v1 in the folder, then v2 (same calibration tag) takes it over on main: mirroring v1
+    again finds it where its tag put it, instead of failing on a v1/ subfolder."""
+    from oscar_zoo.zoo.mirror.runner import mirror_bundle
+
+    hub.tokens = {"hf_test", "ms_test"}
+    second = same_calibration_as(bundles[0], tmp_path / "again", seed=7)
+    for target in (HF, MS):
+        first = mirror_bundle(bundles[0].path, 1, target)
+        assert mirror_bundle(second.path, 2, target).path == FOLDER
+        n = commits(hub, "hf" if target == HF else "ms")
+        again = mirror_bundle(bundles[0].path, 1, target)
+        assert (again.status, again.error, again.committed) == ("done", None, False)
+        assert (again.path, again.revision) == (FOLDER, first.revision)
+        assert commits(hub, "hf" if target == HF else "ms") == n
+
+
 def test_oscar_zoo_pull_reads_the_mirror(registry, bundles, monkeypatch):
     for b in bundles:
         registry.publish_dir(b.path)

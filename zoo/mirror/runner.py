@@ -136,6 +136,12 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
         files = layout.version_files(bundle_dir, manifest, folder)
         tags = hub.tags()
         if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
+            # Compare where the tag put it: an older version re-mirrored after a newer one took
+            # its folder would otherwise be looked for in a v<N> subfolder it never had.
+            recorded = _recorded_folder(hub.read(layout.INDEX, tags[tag]), manifest, number)
+            if recorded is not None and recorded != folder:
+                folder = recorded
+                files = layout.version_files(bundle_dir, manifest, folder)
             remote = hub.hashes([f.path for f in files], tags[tag])
             if all(_same(remote.get(f.path), f) for f in files):
                 return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
@@ -166,6 +172,16 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                             hub.url(folder, tag), committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _recorded_folder(index_bytes: bytes | None, manifest: dict, number: int) -> str | None:
+    """The folder an index records for this version, if it records one."""
+    try:
+        versions = json.loads(index_bytes)["models"][manifest["model"]["name"]]["versions"]
+        path = versions[str(number)]["path"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    return path if isinstance(path, str) else None
 
 
 def _folder_for(index_bytes: bytes | None, manifest: dict, number: int) -> str:

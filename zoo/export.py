@@ -127,12 +127,14 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
 
     save_file(bundle.to_tensors(), str(tmp / "rotations.safetensors"),
               metadata={"format": "oscar-zoo.bundle", "layers": ",".join(map(str, bundle.layers))})
-    for name in ("bundle.json", "README.md"):
-        shutil.copyfile(bundle_dir / name, tmp / name)
+    shutil.copyfile(bundle_dir / "bundle.json", tmp / "bundle.json")
+    files = {"bundle.json": "bundle.json", "rotations.safetensors": "rotations.safetensors"}
+    if (bundle_dir / "README.md").is_file():  # a registry --layers part comes without one
+        shutil.copyfile(bundle_dir / "README.md", tmp / "README.md")
+        files["README.md"] = "README.md"
     partial = {"layers": bundle.layers, "rotations.safetensors": sha256_file(tmp / "rotations.safetensors")}
     atomic_write_bytes(tmp / "partial.json", json.dumps(partial, indent=2).encode() + b"\n")
-    return {"bundle.json": "bundle.json", "rotations.safetensors": "rotations.safetensors",
-            "README.md": "README.md", "partial.json": "partial.json"}
+    return {**files, "partial.json": "partial.json"}
 
 
 def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:

@@ -151,3 +151,18 @@ def test_offline_layers_are_served_only_when_the_cached_part_holds_them(registry
     for spec in ("0-45", "10"):  # a wider range, a layer the part lacks: not cached
         with pytest.raises(OfflineError, match="not in the cache"):
             pull("glm-4.7-fp8", layers=spec)
+
+
+def test_layers_from_the_registry_export_as_safetensors(registry, glm_bundles, tmp_path):
+    """The registry's layer file comes without the model card; the export must not need it."""
+    registry.publish_dir(glm_bundles[0].path)
+    result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8", "--layers", "0-3", "--format",
+                                      "safetensors", "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    files = json.loads(result.stdout)["export"]["files"]
+    assert sorted(files) == ["bundle.json", "partial.json", "rotations.safetensors"]
+    from safetensors.numpy import load_file
+
+    tensors = load_file(files["rotations.safetensors"])
+    assert {k.split(".")[1] for k in tensors} == {"0", "1", "2", "3"}
+    np.testing.assert_array_equal(tensors["k.3.rotation"], glm_bundles[0].k[3].rotation)

@@ -123,6 +123,26 @@ def test_key_centering_exports_format3_k_mean_and_reads_it_back(tmp_path):
     assert torch.load(v_path, weights_only=True)["format_version"] == 1
 
 
+def test_hadamard_files_export_oscars_objective_and_round_trip(tmp_path):
+    entry = lookup("smollm2-135m")
+    h = np.array([[1.0]])
+    while h.shape[0] < 64:
+        h = np.block([[h, h], [h, -h]])
+    h = (h / 8).astype(np.float32)
+    obj = {"format_version": 1, "objective": "hadamard", "source_grouping": "layer",
+           "layers": {i: {"layer_id": i, "rotation": torch.from_numpy(h),
+                          "eigenvalues": torch.ones(64)} for i in range(30)}}
+    torch.save(obj, tmp_path / "k.pt")
+    torch.save(obj, tmp_path / "v.pt")
+    b = import_files(tmp_path / "k.pt", tmp_path / "v.pt", entry, ServingDefaults.of(entry))
+    assert (b.manifest.method.k_objective, b.manifest.method.v_objective) == ("hadamard", "hadamard")
+    k_path, v_path = export_files(b, tmp_path / "out")
+    assert k_path.name == "k_rotation_hadamard.pt"
+    assert torch.load(k_path, weights_only=True)["objective"] == "hadamard"  # as OSCAR writes it
+    again = import_files(k_path, v_path, entry, ServingDefaults.of(entry))
+    assert (again.manifest.method.k_objective, again.manifest.method.v_objective) == ("hadamard", "hadamard")
+
+
 def test_identity_v1_variant_imports(tmp_path):
     entry = lookup("smollm2-135m")
     obj = {"format_version": "identity-v1", "objective": "identity-k", "source_grouping": "identity",

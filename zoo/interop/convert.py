@@ -159,7 +159,7 @@ def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
     centered = m.method.key_centering
     fv = 3 if centered else (2 if per_head else 1)
     grouping = ("head" if per_head else "layer") if fv == 3 else ("per_kv_head" if per_head else "layer")
-    k_objective = f"{m.method.k_objective}_{m.method.composition}"
+    k_objective = _objective(m.method.k_objective, m.method.composition)
     k = OscarFile(fv, f"oscar2_{k_objective}" if centered else k_objective, grouping)
     if centered:
         calib = {"model_path": m.model.hub_id, "model_revision": m.model.revision,
@@ -167,7 +167,7 @@ def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
                  "global_kv_heads": m.geometry.num_kv_heads, "fitter": f"oscar-zoo {__version__}"}
         k.calibration = {key: val for key, val in calib.items() if val is not None}
         k.transform = {"key": k_objective, "centered": True, "orthogonal": True}
-    v = OscarFile(2 if per_head else 1, f"{m.method.v_objective}_{m.method.composition}",
+    v = OscarFile(2 if per_head else 1, _objective(m.method.v_objective, m.method.composition),
                   "per_kv_head" if per_head else "layer")
     for lid in bundle.layers:
         kt, vt = bundle.k[lid], bundle.v[lid]
@@ -176,6 +176,12 @@ def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
                                    kt.mean if centered else None)
         v.layers[lid] = OscarLayer(vt.rotation, None if per_head else vt.eigenvalues)
     return k, v
+
+
+def _objective(name: str, composition: str) -> str:
+    # OSCAR writes a bare "hadamard" (oscar-spec 2.11): "hadamard_none" would read back as
+    # an unknown, imported objective.
+    return name if composition == "none" else f"{name}_{composition}"
 
 
 def export_files(bundle: Bundle, out_dir: str | Path) -> tuple[Path, Path]:

@@ -143,6 +143,17 @@ def test_hadamard_files_export_oscars_objective_and_round_trip(tmp_path):
     assert (again.manifest.method.k_objective, again.manifest.method.v_objective) == ("hadamard", "hadamard")
 
 
+@pytest.mark.parametrize("shape", [(5, 64), (3, 32)])
+def test_k_mean_of_the_wrong_shape_is_a_clear_error(shape):
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, k_mean=True)
+    for layer in k.layers.values():
+        layer.k_mean = np.zeros(shape, np.float32)
+    v = _random_oscar(range(30), 64, seed=2, objective="sst_r_h_pbr")
+    with pytest.raises(BundleFormatError, match=r"k layer 0: k_mean \(\d+, \d+\), model needs"):
+        bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+
+
 def test_identity_v1_variant_imports(tmp_path):
     entry = lookup("smollm2-135m")
     obj = {"format_version": "identity-v1", "objective": "identity-k", "source_grouping": "identity",

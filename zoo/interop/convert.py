@@ -102,6 +102,9 @@ def _check_layers(side: str, f: OscarFile, geo: ModelGeometry) -> None:
         if layer.rotation.shape != want_shape:
             raise BundleFormatError(f"{side} layer {lid}: rotation {layer.rotation.shape}, "
                                     f"model needs {want_shape}")
+        if layer.k_mean is not None and layer.k_mean.shape not in ((d,), (h, d)):
+            raise BundleFormatError(f"{side} layer {lid}: k_mean {layer.k_mean.shape}, "
+                                    f"model needs {(d,)} or {(h, d)}")
 
 
 def _short(ids: list[int]) -> str:

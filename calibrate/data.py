@@ -51,9 +51,13 @@ def _one(spec: str, split: str, text_field: str) -> str:
     if not path.is_file():
         raise InvalidInput(f"calibration data {spec!r}: no such file. Use a .txt or .jsonl path, "
                            f"{BUILTIN}, or hf:ORG/NAME")
+    raw = path.read_bytes()
+    if b"\0" in raw:      # text never holds NUL; read as text, a .gz or .parquet would be noise
+        raise InvalidInput(f"calibration data {spec!r} is a binary file, not text: give plain "
+                           "text (.txt) or JSON lines (.jsonl), uncompressed")
     if path.suffix == ".jsonl":
-        return _jsonl(path, text_field)
-    return path.read_text(encoding="utf-8", errors="replace")
+        return _jsonl(path, raw, text_field)
+    return raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _pydoc(split: str) -> str:
@@ -68,9 +72,14 @@ def _pydoc(split: str) -> str:
     raise InvalidInput(f"unknown split {split!r} (calibration or heldout)")
 
 
-def _jsonl(path: Path, field: str) -> str:
+def _jsonl(path: Path, raw: bytes, field: str) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise InvalidInput(f"{path}:{line}: not UTF-8 (JSON lines must be UTF-8 text)") from None
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -61,3 +61,17 @@ def test_clear_errors_for_missing_data_and_too_small_corpora(tmp_path):
     (tmp_path / "small.txt").write_text("x" * 500)
     with pytest.raises(InvalidInput, match="Lower --tokens"):
         token_windows(CharTokenizer(), load_text(str(tmp_path / "small.txt")), 100, 1000)
+
+
+def test_binary_and_non_utf8_data_files_are_refused_with_the_file_named(tmp_path):
+    import gzip
+
+    rows = "".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(200)).encode()
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(rows))
+    with pytest.raises(InvalidInput, match="c.jsonl.gz.*binary.*uncompressed"):
+        load_text(str(tmp_path / "c.jsonl.gz"))
+    (tmp_path / "latin1.jsonl").write_bytes(rows[:40] + '{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(InvalidInput, match=r"latin1.jsonl:3: not UTF-8"):
+        load_text(str(tmp_path / "latin1.jsonl"))
+    (tmp_path / "crlf.txt").write_bytes(b"a\r\nb\rc\xff")      # text as before: newlines, U+FFFD
+    assert load_text(str(tmp_path / "crlf.txt")).text == "a\nb\nc\ufffd"

@@ -128,6 +128,9 @@ def test_list_and_show_with_the_registry(registry, glm_bundles):
     assert result.exit_code == 0, result.output
     assert "92 of 92 layers" in result.stdout and "v1" in result.stdout
     assert "rotations.safetensors" in result.stdout
+    for ref in ("7", "nightly"):  # the registry lacks it: say so, do not show the model alone
+        result = CliRunner().invoke(cli, ["show", f"glm-4.7-fp8@{ref}"])
+        assert result.exit_code == 1 and f"no version {ref!r}" in result.stderr, result.output
     verify_bundle(glm_bundles[0].path)
 
 

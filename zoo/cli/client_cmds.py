@@ -196,14 +196,16 @@ def show_command(spec, as_json):
     if client.configured and not settings.is_offline():
         try:
             data["registry"] = client.model(data["name"])
-            data["name"] = data["registry"]["name"]
-            if not ref.is_default:
-                data["version"] = client.version(data["name"], ref.version or ref.alias)
         except OfflineError as e:
             warn(str(e))
         except NotFound:
             if entry is None:
                 raise
+        # outside the try: a version the registry lacks is an error, not a silent omission
+        if data["registry"] is not None:
+            data["name"] = data["registry"]["name"]
+            if not ref.is_default:
+                data["version"] = client.version(data["name"], ref.version or ref.alias)
     if entry is None and data["registry"] is None:
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
     cache = Cache()

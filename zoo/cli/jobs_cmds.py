@@ -54,7 +54,7 @@ def submit(model, spec_file, revision, publish_as, data, tokens, seq_len, seed, 
            group_size, clip_search, sink_tokens, recent_tokens, context_len, validation_windows,
            no_validation, draft, aliases, mirrors, gpus, idempotency_key, watch, as_json):
     """Submit a calibration job for MODEL (catalog name, hub id, or a path the workers can read)."""
-    spec = json.loads(spec_file.read_text()) if spec_file else {}
+    spec = _read_spec(spec_file) if spec_file else {}
     flat = dict(model=model, revision=revision, publish_as=publish_as, data=list(data) or None,
                 tokens=tokens, seq_len=seq_len, seed=seed, granularity=granularity,
                 group_size=group_size, clip_search=clip_search, sink_tokens=sink_tokens,
@@ -126,6 +126,17 @@ def list_jobs(status, model, limit, as_json):
     with _client() as client:
         page = client.list(status, model, limit)
     emit(page["items"], as_json, _human_list)
+
+
+def _read_spec(path: Path) -> dict:
+    try:
+        spec = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"{path} is not JSON ({e})", param_hint="--spec") from None
+    if not isinstance(spec, dict):
+        raise click.BadParameter(f"{path} must hold a JSON object of job fields, e.g. "
+                                 '{"model": "qwen3-8b", "tokens": 30000}', param_hint="--spec")
+    return spec
 
 
 def _watch(client, job_id: str, as_json: bool) -> dict:

@@ -126,6 +126,8 @@ def test_verify_finds_a_corrupt_blob_and_the_next_pull_repairs_it(hf_only):
     assert again.digest == r.digest and again.path.exists()
     result = CliRunner().invoke(cli, ["verify"])
     assert result.exit_code == 0 and "all checksums match" in result.stdout
+    result = CliRunner().invoke(cli, ["verify", "glm-4.7-fp9"])  # a typo checks nothing: not a pass
+    assert result.exit_code == 1 and "neither a bundle directory nor a model in the cache" in result.stderr
 
 
 def test_verify_a_bundle_directory(hf_only, tmp_path):

@@ -283,7 +283,14 @@ def verify_command(target, as_json):
 
         entry = find(parse_spec(target)[0])
         name = entry.name if entry else parse_spec(target)[0]
-    checked, problems = verify_cache(Cache(), name)
+    cache = Cache()
+    if name is not None and not cache.model_dir(name).is_dir():
+        # checking nothing is not a pass: a typo would read "all checksums match"
+        from ..errors import NotFound
+
+        raise NotFound(f"{target!r} is neither a bundle directory nor a model in the cache "
+                       f"({cache.root}); `oscar-zoo cache ls` lists what is cached")
+    checked, problems = verify_cache(cache, name)
     data = {"checked": checked, "problems": [p.__dict__ for p in problems]}
     emit(data, as_json, lambda d: "\n".join(
         [f"CORRUPT {p['model']} {p['digest'][:12]} {p['file']}: {p['problem']} (deleted; pull again)"

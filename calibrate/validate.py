@@ -167,7 +167,8 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
 
 def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer) -> Validation:
     m = bundle.manifest
-    per_set = lambda xs: [x / max(t, 1) for x, t in zip(xs, tokens)]  # noqa: E731
+    # One window fills set A only: an empty set B is left out, not reported as a loss of 0.
+    per_set = lambda xs: [x / t for x, t in zip(xs, tokens) if t]  # noqa: E731
     total = lambda xs: sum(xs) / max(sum(tokens), 1)                  # noqa: E731
     bf16_sets = per_set(nll["bf16"])
     results = []

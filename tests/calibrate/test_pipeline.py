@@ -96,3 +96,21 @@ def test_windows_per_forward_batches_on_a_gpu_only():
     assert windows_per_forward(CalibrationConfig(model="m", seq_len=GPU_TOKENS * 2), cuda) == 1
     assert windows_per_forward(CalibrationConfig(model="m", batch_size=3), cuda) == 3
     assert windows_per_forward(CalibrationConfig(model="m", batch_size=3), cpu) == 3
+
+
+def test_validation_with_one_window_reports_one_evaluation_set(truncated_model):
+    # Windows alternate between sets A and B; with one window, set B holds no tokens and must
+    # not be reported as a loss of exactly 0.
+    from oscar_zoo.calibrate.int2_attention import kernel_quantizer
+    from oscar_zoo.calibrate.validate import ValidationConfig, validate
+
+    model, tok = truncated_model(2)
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_search=False,
+                            sink_tokens=16, recent_tokens=32)
+    bundle = calibrate(cfg, loaded=(model, tok)).bundle
+    report = validate(bundle, model, tok, ValidationConfig(context_len=128, windows=1,
+                                                           baselines=("naive",)), kernel_quantizer())
+    for v in report.variants:
+        assert len(v.delta_nll_by_set) == 1, v
+        assert v.delta_nll_by_set[0] == pytest.approx(v.delta_nll)
+    assert report.eval_tokens == 127

@@ -136,6 +136,7 @@ class Cache:
             for fname, sha in files.items():
                 link_file(self.blob(sha), safe_join(tmp, fname))
             publish_dir(tmp, final)
+        seal(final)
         return final
 
     def snapshots(self, name: str | None = None) -> Iterator[Snapshot]:
@@ -235,6 +236,15 @@ def link_file(blob: Path, dest: Path) -> None:
         os.link(blob, dest)
     except OSError:
         shutil.copyfile(blob, dest)
+
+
+def seal(directory: Path) -> None:
+    """Read-only again after publish_dir, which gives every file a plain open()'s mode: these
+    are links of the blobs (same inode), and a writable link lets an editor change a blob that
+    other snapshots share."""
+    for p in directory.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o444)
 
 
 def _write_owner(lock_path: Path) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import catalog, settings
-from .cache import Cache, link_file, model_key
+from .cache import Cache, link_file, model_key, seal
 from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, IntegrityError,
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
                      Unauthorized, VersionNotFound)
@@ -402,6 +402,7 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool) ->
                     atomic_write_bytes(tmp / ".partial.json", json.dumps(
                         {"layers": chosen, "rotations.safetensors": sha}).encode())
                     publish_dir(tmp, pdir)
+                seal(pdir)
     for ref in plan.refs:
         cache.write_ref(plan.model, ref, plan.digest)
     meta = cache.read_meta(plan.model, plan.digest) or {}

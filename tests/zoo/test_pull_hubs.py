@@ -64,6 +64,7 @@ def test_pull_glm_end_to_end_from_the_hf_rotationzoo(seed_zoo, hub, zoo_files, c
     meta = json.loads((cache_root / "models/glm-4.7-fp8/meta" / f"{snap.name}.json").read_text())
     for f in ("bundle.json", "rotations.safetensors", "README.md"):  # hardlinks of the blobs
         assert os.path.samefile(snap / f, cache_root / "blobs/sha256" / meta["files"][f])
+        assert not (snap / f).stat().st_mode & 0o222, f"{f}: a writable link makes its blob writable"
     pt_sha = hashlib.sha256(zoo_files[f"{GLM_FOLDER}/{GLM_FILES[0]}"]).hexdigest()
     assert (cache_root / "blobs" / "sha256" / pt_sha).is_file()
     # pinned to one commit: both files came from /resolve/<commit>/

@@ -86,6 +86,8 @@ def test_layers_come_as_a_range_from_the_registry(registry, glm_bundles):
     assert sorted(k["layers"]) == list(range(46))
     np.testing.assert_array_equal(k["layers"][45]["rotation"].numpy(), glm_bundles[0].k[45].rotation)
     assert not list(r.path.parents[2].glob("snapshots/*"))  # the whole bundle was not fetched
+    for f in ("bundle.json", "rotations.safetensors"):  # links of read-only blobs stay read-only
+        assert not (r.path / f).stat().st_mode & 0o222
     again = pull("glm-4.7-fp8", layers="0-45", fmt="sglang")
     assert again.cached and again.export.files == r.export.files
 

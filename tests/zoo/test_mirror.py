@@ -165,6 +165,30 @@ def test_an_older_version_mirrored_again_after_a_newer_one_is_left_alone(hub, bu
         assert commits(hub, "hf" if target == HF else "ms") == n
 
 
+def test_a_newer_version_in_the_folder_leaves_no_stale_oscar_files(hub, bundles, tmp_path):
+    """v1 per layer, then v2 per KV head with the same calibration tag: the folder on main must
+    not keep v1's k_rotation_qqt_r_h_pbr.pt beside v2's per-head pair (scripts pick by name;
+    the shared file on a per-head model collapses it, oscar-spec 7.2). v1's tag keeps them."""
+    from oscar_zoo.zoo.bundle import Bundle, write
+    from oscar_zoo.zoo.mirror.runner import mirror_bundle
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    hub.tokens = {"hf_test", "ms_test"}
+    manifest = make_manifest(per_head=True, seed=0)
+    per_head = write(Bundle(manifest, *make_tensors(manifest, 0)), tmp_path / "ph")
+    for target, kind in ((HF, "hf"), (MS, "ms")):
+        assert mirror_bundle(bundles[0].path, 1, target).status == "done"
+        second = mirror_bundle(per_head.path, 2, target)
+        assert (second.status, second.path) == ("done", FOLDER)
+        repo = hub.repo(kind, REPO)
+        pts = sorted(p.rsplit("/", 1)[1] for p in repo.files() if p.startswith(FOLDER + "/")
+                     and p.endswith(".pt"))
+        assert pts == ["k_rotation_perhead.pt", "v_rotation_perhead.pt"]
+        assert all(f"{FOLDER}/{name}" in repo.files(TAG) for name in PT_FILES)
+        again = mirror_bundle(per_head.path, 2, target)
+        assert again.status == "done" and not again.committed
+
+
 def test_oscar_zoo_pull_reads_the_mirror(registry, bundles, monkeypatch):
     for b in bundles:
         registry.publish_dir(b.path)

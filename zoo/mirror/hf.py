@@ -44,6 +44,17 @@ class HFTarget:
         return {f.path: (f.lfs.sha256 if getattr(f, "lfs", None) else None, f.blob_id)
                 for f in found if getattr(f, "size", None) is not None}
 
+    def listdir(self, folder: str, revision: str) -> list[str]:
+        """Paths of the files directly in `folder` at `revision` ([] when it does not exist)."""
+        from ..errors import BundleNotFound
+
+        try:
+            with self.hub.errors(self.repo, revision):
+                found = list(self.api().list_repo_tree(self.repo, folder, revision=revision))
+        except BundleNotFound:
+            return []
+        return [f.path for f in found if getattr(f, "size", None) is not None]
+
     def read(self, path: str, revision: str) -> bytes | None:
         """A small file (the index) at `revision`, or None when it does not exist there."""
         from ..errors import OfflineError, RemoteError
@@ -63,10 +74,12 @@ class HFTarget:
             raise RemoteError(f"hf:{self.repo}@{revision}: reading {path} gave {r.status_code}")
         return r.content
 
-    def commit(self, files: list[RepoFile], message: str, parent: str | None) -> str:
-        from huggingface_hub import CommitOperationAdd
+    def commit(self, files: list[RepoFile], message: str, parent: str | None,
+               delete: list[str] = ()) -> str:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         ops = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=f.data) for f in files]
+        ops += [CommitOperationDelete(path_in_repo=path) for path in delete]
         with self.hub.errors(self.repo, "main"):
             info = self.api().create_commit(self.repo, operations=ops, commit_message=message,
                                             parent_commit=parent, repo_type="model")

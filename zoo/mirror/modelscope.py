@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from ..errors import RemoteError
 from .layout import RepoFile
 from ..sources.hubs import MSHub
 
@@ -42,6 +43,11 @@ class ModelScopeTarget:
         listing = self.hub.listing(self.repo, paths, revision)
         return {p: (m.sha256, None) for p, m in listing.files.items()}
 
+    def listdir(self, folder: str, revision: str) -> list[str]:
+        """Paths of the files directly in `folder` at `revision`."""
+        listing = self.hub.listing(self.repo, None, revision)
+        return [p for p in listing.files if p.rpartition("/")[0] == folder]
+
     def read(self, path: str, revision: str) -> bytes | None:
         listing = self.hub.listing(self.repo, [path], revision)
         if path not in listing.files:
@@ -53,15 +59,26 @@ class ModelScopeTarget:
                                                file_size=meta.size)
             return Path(got).read_bytes()
 
-    def commit(self, files: list[RepoFile], message: str, parent: str | None) -> str:
+    def commit(self, files: list[RepoFile], message: str, parent: str | None,
+               delete: list[str] = ()) -> str:
+        result = None
         with tempfile.TemporaryDirectory() as tmp, self.hub.errors(self.repo, "master"):
             for f in files:
                 dest = Path(tmp, f.path)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(f.data)
-            result = self.hub.api().upload_folder(
-                self.repo, "model", tmp, commit_message=message, revision="master",
-                use_cache=False, disable_tqdm=True)
+            if files:
+                result = self.hub.api().upload_folder(
+                    self.repo, "model", tmp, commit_message=message, revision="master",
+                    use_cache=False, disable_tqdm=True)
+            if delete:
+                # A second commit (upload_folder cannot delete); a crash between the two
+                # leaves the stale files for the next run to find and delete.
+                gone = self.hub.api().delete_files(self.repo, "model", list(delete),
+                                                   commit_message=message, revision="master")
+                if gone.get("failed_files"):
+                    raise RemoteError(f"modelscope:{self.repo}: could not delete "
+                                      f"{gone['failed_files']}")
         if isinstance(result, list):
             result = result[-1] if result else None
         if isinstance(result, dict):

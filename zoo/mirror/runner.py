@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from . import layout
 log = logging.getLogger("oscar_zoo.mirror")
 KINDS = ("hf", "modelscope")
 CONFLICT_RETRIES = 3
+_OSCAR_PT = re.compile(r"^[kv]_rotation.*\.pt$")
 
 
 @dataclass
@@ -156,11 +158,13 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                                              layout.render_root_readme(index, hub.repo))]
         remote = hub.hashes([f.path for f in wanted], head)
         changed = [f for f in wanted if not _same(remote.get(f.path), f)]
-        committed = bool(changed)
-        if changed:
+        stale = _stale_rotations(hub.listdir(folder, head), folder, wanted)
+        committed = bool(changed or stale)
+        if committed:
             try:
                 revision = hub.commit(changed, f"oscar-zoo: {model} v{number} "
-                                               f"(sha256:{digest[:12]})", parent=head)
+                                               f"(sha256:{digest[:12]})", parent=head,
+                                      delete=stale)
             except Conflict:
                 continue  # the branch moved under us: re-read the index and try again
         else:
@@ -172,6 +176,14 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                             hub.url(folder, tag), committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFile]) -> list[str]:
+    """OSCAR .pt files an older version left in the folder (a per-layer pair under a per-head
+    one, ...): engine scripts pick k_rotation_*.pt by name, so they must not outlive it."""
+    keep = {f.path for f in wanted}
+    return sorted(p for p in listed if p not in keep and p.rpartition("/")[0] == folder
+                  and _OSCAR_PT.match(p.rpartition("/")[2]))
 
 
 def _recorded_folder(index_bytes: bytes | None, manifest: dict, number: int) -> str | None:

@@ -253,6 +253,7 @@ def yank_version(session: Session, version: BundleVersion, reason: str, by: str 
     reason = (reason or "").strip()
     if not reason:
         raise InvalidInput("a yank needs a reason (users see it when they pull this version)")
+    _lock(session, version)
     if version.status == "yanked":
         raise Conflict(f"version {version.number} is already yanked: {version.yank_reason}")
     version.status, version.yank_reason = "yanked", reason
@@ -264,9 +265,17 @@ def yank_version(session: Session, version: BundleVersion, reason: str, by: str 
 
 def promote_draft(session: Session, version: BundleVersion, by: str | None) -> None:
     """draft -> published. Raises Conflict for any other status."""
+    _lock(session, version)
     if version.status != "draft":
         raise Conflict(f"version {version.number} is {version.status}, not a draft")
     version.status = "published"
     audit.record(session, by, "version.publish", f"{version.model.name}/{version.number}")
     session.flush()
     refresh_latest(session, version.model, by, f"published version {version.number}")
+
+
+def _lock(session: Session, version: BundleVersion) -> None:
+    # The status was read without a lock: a concurrent yank or promote may have committed
+    # since, and checking the stale value would write over it (a yanked version live again).
+    session.execute(select(BundleVersion.id).where(BundleVersion.id == version.id).with_for_update())
+    session.refresh(version)

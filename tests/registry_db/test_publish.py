@@ -96,3 +96,28 @@ def test_garbage_collection_keeps_every_published_file(registry, tmp_path):
         os.utime(registry.blobs.path(sha), (past, past))
     assert registry.collect_garbage() == [orphan]
     assert len(list(registry.blobs.all())) == 3  # bundle.json, rotations, README
+
+
+def test_status_change_sees_a_concurrent_one(registry, tmp_path):
+    """Two replicas (or threads) change one version's status at once: the second must see the
+    first's committed status. Without a row lock, a promote that read `draft` before a yank
+    committed wrote `published` over it: a yanked version was live again (PostgreSQL)."""
+    from oscar_zoo.registry_db.publish import promote_draft, yank_version
+    from oscar_zoo.registry_db.queries import resolve_model, resolve_version
+    from oscar_zoo.zoo.errors import Conflict
+
+    if registry.db.is_sqlite:
+        pytest.skip("SQLite has one writer: the two transactions cannot overlap")
+    make_bundle(tmp_path / "b")
+    registry.publish(tmp_path / "b", status="draft")
+    with registry.db.write() as first:
+        slow = resolve_version(first, resolve_model(first, "smollm2-135m"), 1)
+        assert slow.status == "draft"
+        with registry.db.write() as second:
+            v = resolve_version(second, resolve_model(second, "smollm2-135m"), 1)
+            yank_version(second, v, "broken", "ops")
+        with pytest.raises(Conflict, match="yanked"):
+            promote_draft(first, slow, "owner")
+    with registry.db.read() as s:
+        v = resolve_version(s, resolve_model(s, "smollm2-135m"), 1)
+        assert (v.status, v.yank_reason) == ("yanked", "broken")

@@ -97,6 +97,10 @@ def test_registry_down_falls_back_to_the_hubs(registry, seed_zoo, monkeypatch):
     monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
     r = pull("glm-4.7-fp8")
     assert r.source == "hf" and r.imported
+    result = CliRunner().invoke(cli, ["list", "glm-*", "--json"])  # the catalog still answers
+    assert result.exit_code == 0, result.output
+    assert "cannot reach the registry" in result.stderr
+    assert [r["name"] for r in json.loads(result.stdout)] == ["glm-4.7-fp8"]
 
 
 def test_publish_command(registry, glm_bundles, sandbox):

@@ -122,21 +122,17 @@ def list_command(pattern, validated, as_json):
     from .. import settings
     from ..cache import Cache
     from ..catalog import CATALOG
+    from ..errors import OfflineError
     from ..registry_client import RegistryClient
 
     rows: dict[str, dict] = {}
     cache = Cache()
     client = RegistryClient()
     if client.configured and not settings.is_offline():
-        for m in client.models(q=pattern, published=validated):
-            row = {"name": m["name"], "hub_id": m["hub_id"], "latest": m.get("latest_version"),
-                   "recommended": m.get("recommended_version"), "validated": None,
-                   "sources": ["registry"]}
-            if validated:
-                ver = row["recommended"] or row["latest"]
-                detail = client.version(m["name"], ver) if ver else {}
-                row["validated"] = bool((detail.get("validation") or {}).get("passed"))
-            rows[m["name"]] = row
+        try:
+            rows = _registry_rows(client, pattern, validated)
+        except OfflineError as e:  # the catalog and the cache still answer, as in `show`
+            warn(str(e))
     for e in CATALOG:
         if pattern and not any(fnmatch.fnmatch(n, pattern.lower()) for n in (e.name, e.hub_id.lower())):
             continue
@@ -149,6 +145,20 @@ def list_command(pattern, validated, as_json):
     out = [r for r in rows.values() if not validated or r["validated"]]
     out = [r for r in out if r["sources"] or r["cached"]]
     emit(sorted(out, key=lambda r: r["name"]), as_json, _list_table)
+
+
+def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, dict]:
+    rows = {}
+    for m in client.models(q=pattern, published=validated):
+        row = {"name": m["name"], "hub_id": m["hub_id"], "latest": m.get("latest_version"),
+               "recommended": m.get("recommended_version"), "validated": None,
+               "sources": ["registry"]}
+        if validated:
+            ver = row["recommended"] or row["latest"]
+            detail = client.version(m["name"], ver) if ver else {}
+            row["validated"] = bool((detail.get("validation") or {}).get("passed"))
+        rows[m["name"]] = row
+    return rows
 
 
 def _list_table(rows: list[dict]) -> str:

@@ -68,7 +68,7 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     from .int2_attention import kernel_quantizer
     from .loading import load_model, resolve_source
     from .pipeline import calibrate
-    from .validate import validate
+    from .validate import eval_windows, validate
 
     spec = jobspec.parse_spec(job["spec"])
     if jobspec.is_path(spec.model) and not Path(spec.model).expanduser().exists():
@@ -87,6 +87,9 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     model, tok = load_model(resolve_source(spec.model, spec.revision))
     timings = {"loading": time.perf_counter() - t0}
     progress("loading", 1, 1)
+    if spec.validation.enabled:     # too little held-out text would show only after calibrating
+        vcfg = validation_config(spec)
+        eval_windows(tok, vcfg.data, vcfg.text_field, vcfg.context_len, vcfg.windows)
     result = calibrate(calibration_config(spec), progress=progress, loaded=(model, tok))
     timings.update({k: v for k, v in result.timings.items() if k not in ("loading", "total")})
     bundle = result.bundle

@@ -20,6 +20,7 @@ import torch
 from oscar_zoo.zoo import __version__
 from oscar_zoo.zoo.bundle import Bundle
 from oscar_zoo.zoo.catalog import find
+from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
 from . import capture, fit
@@ -48,7 +49,9 @@ def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: i
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) else []
     body = seq_len - len(bos)
     if len(ids) < n * body:
-        raise ValueError(f"{src.name} has {len(ids):,} tokens, {n} x {seq_len} needed")
+        raise InvalidInput(f"validation data {src.name} has {len(ids):,} tokens, {n} x {seq_len} "
+                           "needed: lower validation.windows or validation.context_len, or add "
+                           "validation data")
     stride = (len(ids) - body) // max(n - 1, 1)
     return src, [bos + ids[i * stride:i * stride + body] for i in range(n)]
 

@@ -141,7 +141,11 @@ def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
     """Copy (atomically, following the cache's links) into a user directory."""
     from .files import atomic_writer
 
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way, no permission: say which --out, not a traceback
+        raise InvalidInput(f"--out {out}: cannot create that directory ({e.strerror}); choose "
+                           "another path") from None
     copied = {}
     for role, src in files.items():
         dest = out / src.name

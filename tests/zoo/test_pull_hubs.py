@@ -140,6 +140,10 @@ def test_out_dir_and_json(seed_zoo, tmp_path):
                           "--json").stdout)
     verify_bundle(tmp_path / "b")
     assert data["digest"] == hashlib.sha256((tmp_path / "b" / "bundle.json").read_bytes()).hexdigest()
+    (tmp_path / "file").write_text("in the way")
+    for cmd in ("pull", "export"):  # an --out that cannot be a directory: one line, no traceback
+        result = CliRunner().invoke(cli, [cmd, "glm-4.7-fp8", "--out", str(tmp_path / "file" / "rot")])
+        assert result.exit_code == 1 and "cannot create that directory" in result.stderr, result.output
 
 
 # --- clear errors ------------------------------------------------------------------------------

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
 from .errors import BundleFormatError, IntegrityError
-from .files import publish_dir, sha256_bytes, sha256_file, staging_dir
+from .files import (atomic_write_bytes, publish_dir, sha256_bytes, sha256_file,
+                    staging_dir)
 from .manifest import CARD, MANIFEST, TENSORS, FileEntry, Manifest, parse_manifest
 
 ORTHO_TOL = 1e-4
@@ -91,12 +92,15 @@ def write(bundle: Bundle, out_dir: str | Path, overwrite: bool = False) -> Bundl
         raise FileExistsError(f"{out_dir} already exists; remove it or pass --overwrite")
     check_tensors(bundle.manifest, bundle.to_tensors())
     with staging_dir(out_dir) as tmp:
-        save_file(bundle.to_tensors(), str(tmp / TENSORS), metadata={"format": "oscar-zoo.bundle"})
-        (tmp / CARD).write_text(render_card(bundle.manifest))
+        # fsynced (atomic_write_bytes): the directory rename alone could reach the disk before
+        # the files' contents, leaving a bundle of empty files after a power loss.
+        tensors = save(bundle.to_tensors(), metadata={"format": "oscar-zoo.bundle"})
+        atomic_write_bytes(tmp / TENSORS, tensors)
+        atomic_write_bytes(tmp / CARD, render_card(bundle.manifest).encode())
         files = [FileEntry(name=n, sha256=sha256_file(tmp / n), size=(tmp / n).stat().st_size)
                  for n in (TENSORS, CARD)]
         manifest = bundle.manifest.model_copy(update={"files": files})
-        (tmp / MANIFEST).write_text(manifest.to_json())
+        atomic_write_bytes(tmp / MANIFEST, manifest.to_json().encode())
         publish_dir(tmp, out_dir, overwrite=overwrite)
     return Bundle(manifest, bundle.k, bundle.v, out_dir)
 

@@ -47,6 +47,17 @@ class Geometry(Strict):
     head_dim_by_layer: dict[str, int] = {}
     kv_heads_by_layer: dict[str, int] = {}
 
+    @field_validator("head_dim_by_layer", "kv_heads_by_layer")
+    @classmethod
+    def _by_layer(cls, by_layer: dict[str, int]) -> dict[str, int]:
+        # keys are global layer ids (JSON keys are strings); ModelGeometry turns them into ints
+        bad = [k for k in by_layer if not k.isascii() or not k.isdigit()]
+        if bad:
+            raise ValueError(f"keys must be layer ids (0, 1, ...), not {bad[:3]}")
+        if any(v <= 0 for v in by_layer.values()):
+            raise ValueError("values must be positive")
+        return by_layer
+
     def to_geometry(self) -> ModelGeometry:
         return ModelGeometry.from_dict(self.model_dump())
 

@@ -64,6 +64,16 @@ def test_manifest_rejects_unknown_fields(tmp_path):
         B.verify_bundle(tmp_path / "b")
 
 
+@pytest.mark.parametrize("by_layer", [{"first": 64}, {"0": 0}])
+def test_manifest_rejects_per_layer_geometry_that_is_not_by_layer_id(tmp_path, by_layer):
+    B.write(random_bundle(), tmp_path / "b")
+    data = json.loads((tmp_path / "b" / MANIFEST).read_text())
+    data["geometry"]["head_dim_by_layer"] = by_layer
+    (tmp_path / "b" / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(BundleFormatError, match="geometry.head_dim_by_layer"):
+        B.verify_bundle(tmp_path / "b")
+
+
 def test_tampered_tensor_file_fails_hash_check(tmp_path):
     B.write(random_bundle(), tmp_path / "b")
     path = tmp_path / "b" / TENSORS

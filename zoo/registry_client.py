@@ -132,7 +132,18 @@ class RegistryClient:
 
     def get_json(self, path: str, **params) -> Any:
         params = {k: v for k, v in params.items() if v is not None}
-        return self.request("GET", path, params=params or None).json()
+        return self.json_of(self.request("GET", path, params=params or None))
+
+    def json_of(self, r) -> Any:
+        """The body as JSON; a web page (a proxy's or a login portal's, or an endpoint that is
+        not the registry) is a RemoteError naming the endpoint, so pull moves on to the hubs."""
+        try:
+            return r.json()
+        except ValueError:
+            kind = r.headers.get("Content-Type", "no content type").split(";")[0]
+            raise RemoteError(f"registry {self.endpoint}: {r.request.url.path} answered "
+                              f"{r.status_code} with {kind}, not JSON; is OSCAR_ZOO_ENDPOINT the "
+                              "oscar-zoo registry's base URL?") from None
 
     def _error(self, r) -> Exception:
         try:
@@ -229,7 +240,7 @@ class RegistryClient:
         finally:
             for h in handles:
                 h.close()
-        return r.json(), r.status_code == 201
+        return self.json_of(r), r.status_code == 201
 
     def set_alias(self, name: str, alias: str, version: int, reason: str | None = None) -> dict:
         body = {"version": version, **({"reason": reason} if reason else {})}

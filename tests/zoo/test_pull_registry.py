@@ -175,3 +175,22 @@ def test_layers_from_the_registry_export_as_safetensors(registry, glm_bundles, t
     tensors = load_file(files["rotations.safetensors"])
     assert {k.split(".")[1] for k in tensors} == {"0", "1", "2", "3"}
     np.testing.assert_array_equal(tensors["k.3.rotation"], glm_bundles[0].k[3].rotation)
+
+
+def test_an_endpoint_that_is_not_the_registry_is_a_clear_error(seed_zoo, monkeypatch):
+    """A web page where the registry's JSON should be (a proxy's portal, a wrong URL)."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    from tests.utils.registry_server import serve_app
+
+    seed_zoo(("hf",))
+    page = Starlette(routes=[Route("/{path:path}", lambda request: HTMLResponse("<html>sign in</html>"))])
+    with serve_app(page) as url:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry,hf")
+        r = pull("glm-4.7-fp8")  # the hubs still answer
+        assert r.source == "hf"
+        result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@1"])
+        assert result.exit_code == 1 and "text/html, not JSON" in result.stderr, result.output

@@ -67,6 +67,9 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
 
 def refresh_latest(session: Session, model: Model, by: str | None, reason: str) -> None:
     """Point `latest` at the highest published version (or remove it when there is none)."""
+    # The model row lock (publish takes it too) orders this after a concurrent publish's
+    # commit; otherwise a yank could compute `newest` without it and move `latest` back.
+    session.execute(select(Model.id).where(Model.id == model.id).with_for_update())
     newest = session.scalar(select(BundleVersion)
                             .where(BundleVersion.model_id == model.id,
                                    BundleVersion.status == "published")

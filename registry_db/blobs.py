@@ -37,7 +37,7 @@ class BlobStore:
         """Copy src in as blob `sha256`; raises IntegrityError (and stores nothing) on mismatch."""
         dest = self.path(sha256)
         if dest.is_file() and (size is None or dest.stat().st_size == size):
-            return dest
+            return _touch(dest)
         with open(src, "rb") as f:
             copy_verified(f, dest, sha256, size)
         return dest
@@ -45,13 +45,15 @@ class BlobStore:
     def put_stream(self, src: BinaryIO, sha256: str, size: int | None = None) -> Path:
         dest = self.path(sha256)
         if dest.is_file():
-            return dest
+            return _touch(dest)
         copy_verified(src, dest, sha256, size)
         return dest
 
     def put_bytes(self, data: bytes) -> str:
         sha = sha256_bytes(data)
-        if not self.exists(sha):
+        if self.exists(sha):
+            _touch(self.path(sha))
+        else:
             atomic_write_bytes(self.path(sha), data)
         return sha
 
@@ -92,3 +94,10 @@ class BlobStore:
                 os.unlink(p)
                 removed.append(sha)
         return removed
+
+
+def _touch(path: Path) -> Path:
+    # A blob stored again may belong to a publish that has not committed yet: make it young, so
+    # collect_garbage (which spares young blobs) does not remove an old unreferenced copy of it.
+    os.utime(path)
+    return path

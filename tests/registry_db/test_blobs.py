@@ -56,3 +56,21 @@ def test_garbage_collection_spares_referenced_and_young(tmp_path):
         os.utime(store.path(sha), (past, past))
     assert store.collect_garbage({keep}) == [old]
     assert sorted(store.all()) == sorted([keep, young])
+
+
+def test_garbage_collection_spares_a_blob_just_stored_again(tmp_path):
+    """A publish whose bytes already lie in an old unreferenced blob (left by a crashed publish)
+    stores them again before its commit; collecting garbage in between must not remove them."""
+    store = BlobStore(tmp_path)
+    src = tmp_path / "src"
+    src.write_bytes(b"rotation bytes")
+    sha = hashlib.sha256(b"rotation bytes").hexdigest()
+    blobs = [store.put_bytes(b"card"), store.put_file(src, sha, 14).name,
+             store.put_stream(io.BytesIO(b"manifest"), hashlib.sha256(b"manifest").hexdigest()).name]
+    past = time.time() - 7200
+    for blob in blobs:
+        os.utime(store.path(blob), (past, past))
+    store.put_bytes(b"card")
+    store.put_file(src, sha, 14)
+    store.put_stream(io.BytesIO(b"manifest"), hashlib.sha256(b"manifest").hexdigest())
+    assert store.collect_garbage(set()) == []

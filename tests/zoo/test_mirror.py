@@ -306,6 +306,22 @@ def test_root_readme_and_index_carry_validation_numbers():
     assert layout.dump_index(index) == layout.dump_index(json.loads(layout.dump_index(index)))
 
 
+@pytest.mark.parametrize("slot", [{}, {"versions": []}, {"versions": {"one": {}}}, {"versions": {"1": 3}}, "x"])
+def test_a_hand_edited_model_entry_in_the_index_is_rebuilt(slot):
+    from oscar_zoo.zoo.mirror import layout
+
+    manifest = {"model": {"name": "m", "hub_id": "org/M"},
+                "calibration": {"source": "calibrated", "tokens": 8, "prompts": 1},
+                "quantization": {"group_size": 64}, "method": {"granularity": "layer"}}
+    entry = layout.index_entry(manifest, "ab" * 32, 3, [], layout.version_folder(manifest))
+    other = {"hub_id": "org/N", "versions": {"2": {**entry, "version": 2}}, "latest": 2}
+    current = json.dumps({"models": {"m": slot, "n": other}}).encode()
+    index = layout.updated_index(current, manifest, entry)
+    assert index["models"]["m"] == {"hub_id": "org/M", "versions": {"3": entry}, "latest": 3}
+    assert index["models"]["n"] == other        # other models' entries are kept as they are
+    assert "`m-v3`" in layout.render_root_readme(index, "org/rot").decode()
+
+
 def test_publishing_over_http_mirrors_to_configured_targets(registry, bundles, hub, monkeypatch):
     from tests.utils.registry_server import upload_bundle
 

@@ -114,11 +114,19 @@ def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
         except ValueError:
             pass  # an unreadable index is rebuilt from this version on
     model = manifest["model"]
-    slot = index["models"].setdefault(model["name"], {"hub_id": model["hub_id"], "versions": {}})
+    slot = index["models"].get(model["name"])
+    if not _readable_slot(slot):   # hand-edited on the hub: this model's entry starts over
+        slot = index["models"][model["name"]] = {"versions": {}}
     slot["hub_id"] = model["hub_id"]
     slot["versions"][str(entry["version"])] = entry
     slot["latest"] = max(int(n) for n in slot["versions"])
     return index
+
+
+def _readable_slot(slot) -> bool:
+    versions = slot.get("versions") if isinstance(slot, dict) else None
+    return isinstance(versions, dict) and all(str(n).isdigit() and isinstance(e, dict)
+                                              for n, e in versions.items())
 
 
 def dump_index(index: dict) -> bytes:

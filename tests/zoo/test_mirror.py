@@ -322,6 +322,18 @@ def test_a_hand_edited_model_entry_in_the_index_is_rebuilt(slot):
     assert "`m-v3`" in layout.render_root_readme(index, "org/rot").decode()
 
 
+def test_a_file_name_in_the_manifest_cannot_upload_files_outside_the_bundle(tmp_path):
+    from oscar_zoo.zoo.errors import UnsafePathError
+    from oscar_zoo.zoo.mirror import layout
+
+    b = make_bundle(tmp_path / "b")
+    (tmp_path / "secret").write_text("not for the hub")
+    manifest = json.loads((b.path / "bundle.json").read_text())
+    manifest["files"].append({"name": "../secret", "sha256": "0" * 64, "size": 15})
+    with pytest.raises(UnsafePathError):
+        layout.version_files(b.path, manifest, "M/seq8_prompt1_group64")
+
+
 def test_publishing_over_http_mirrors_to_configured_targets(registry, bundles, hub, monkeypatch):
     from tests.utils.registry_server import upload_bundle
 

@@ -73,12 +73,13 @@ def version_folder(manifest: dict) -> str:
 def version_files(bundle_dir: Path, manifest: dict, folder: str) -> list[RepoFile]:
     """The folder's files: the bundle as it is, plus OSCAR .pt files exported from it."""
     from ..bundle import read
+    from ..files import safe_join
     from ..interop.convert import oscar_files, oscar_names
     from ..interop.oscar_pt import oscar_dict
     from ..interop.pt_writer import dumps
 
     names = ["bundle.json"] + [f["name"] for f in manifest["files"]]
-    out = [RepoFile.of(f"{folder}/{n}", (bundle_dir / n).read_bytes()) for n in names]
+    out = [RepoFile.of(f"{folder}/{n}", safe_join(bundle_dir, n).read_bytes()) for n in names]
     bundle = read(bundle_dir, verify=False)  # verified when it was published
     k, v = oscar_files(bundle)
     for name, f in zip(oscar_names(bundle), (k, v)):

@@ -142,7 +142,9 @@ def parse_layers(spec: str, available: list[int]) -> list[int]:
     for item in spec.split(","):
         item = item.strip()
         lo, _, hi = item.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (_ and not hi):
+        # isascii: str.isdigit() also passes digits int() refuses (a 500) or reads ('٣' is 3).
+        if (not (lo + hi).isascii() or not lo.isdigit() or (hi and not hi.isdigit())
+                or (_ and not hi)):
             raise InvalidInput(f"bad layer spec {item!r}: use numbers and ranges like 0-45,60")
         a, b = int(lo), int(hi) if hi else int(lo)
         if a > b or b > MAX_LAYER:

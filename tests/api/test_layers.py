@@ -80,6 +80,8 @@ ERRORS = [
     ("layers.safetensors", {"layers": "5-2"}, 422), ("layers.safetensors", {"layers": "x"}, 422),
     ("layers.safetensors", {"layers": "31"}, 404), ("layers.safetensors", {"layers": "40-50"}, 404),
     ("layers.safetensors", {}, 422),
+    # Unicode digits: str.isdigit() accepts them, int() does not ("²") or reads them ("٣").
+    ("layers.safetensors", {"layers": "\u00b2"}, 422), ("layers.safetensors", {"layers": "1-\u0663"}, 422),
 ]
 
 

@@ -116,6 +116,9 @@ def list_jobs(session: Session, status: str | None = None, model: str | None = N
     if after is not None:
         try:
             at, last_id = datetime.fromisoformat(str(after[0])), str(after[1])
+            # Ours always carry a UTC offset; a naive time or a NUL fails in the database (500).
+            if at.tzinfo is None or "\x00" in last_id:
+                raise ValueError
         except (ValueError, IndexError):
             raise InvalidInput("invalid cursor: pass the next_cursor of a previous page") from None
         stmt = stmt.where((Job.created_at < at) | ((Job.created_at == at) & (Job.id < last_id)))

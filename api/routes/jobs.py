@@ -162,6 +162,7 @@ def list_jobs(request: Request, status: Status | None = Query(None),
 def _model_name(session: Session, model: str | None) -> str | None:
     if not model:
         return None
+    queries.check_text(model, "model")  # the fallback below filters by it as given
     try:
         return queries.resolve_model(session, model).name
     except ModelNotFound:

@@ -117,6 +117,19 @@ def test_list_filters_and_pages_newest_first(jobs_api):
         jobs_api.submitter.list(cursor="bm90IGEgY3Vyc29y")
 
 
+def test_list_refuses_forged_cursors_and_nul_names_with_4xx(jobs_api):
+    """Cursors the API never hands out, and NUL (PostgreSQL text cannot hold it), were 500s."""
+    from oscar_zoo.registry_db.queries import encode_cursor
+
+    forged = [["2026-11-22T00:00:00", "a"], ["2026-11-22T00:00:00+00:00", "a\x00"]]
+    with jobs_api.server.client() as http:
+        for cursor in forged:
+            r = http.get("/v1/jobs", params={"cursor": encode_cursor(cursor)})
+            assert r.status_code == 422 and "cursor" in r.json()["detail"], (cursor, r.text)
+        r = http.get("/v1/jobs", params={"model": "smollm2\x00"})
+        assert r.status_code == 422 and "NUL" in r.json()["detail"], r.text
+
+
 # --- the worker protocol ---------------------------------------------------------------------
 
 def test_claim_heartbeat_progress_complete(jobs_api):

@@ -173,6 +173,8 @@ def list_versions(session: Session, model: Model, status: str | None = None, lim
                   cursor: str | None = None) -> Page:
     """Newest first."""
     limit, before = check_limit(limit), decode_cursor(cursor, int)
+    if before is not None and before >= 2**31:  # past the 32-bit column: PostgreSQL errors
+        raise InvalidInput("invalid cursor: pass the next_cursor of a previous page unchanged")
     stmt = (select(BundleVersion).where(BundleVersion.model_id == model.id)
             .order_by(BundleVersion.number.desc()).limit(limit + 1))
     if status:

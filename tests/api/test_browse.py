@@ -83,6 +83,9 @@ def test_model_detail_and_versions(registry_server, tmp_path):
                          params={"limit": 2, "cursor": page1["next_cursor"]}).json()
         assert [v["version"] for v in page1["items"] + page2["items"]] == [3, 2, 1]
         assert page2["next_cursor"] is None
+        # A version number past the integer column's range failed in PostgreSQL (500).
+        forged = http.get("/v1/models/smollm2-135m/versions", params={"cursor": "MTA5OTUxMTYyNzc3Ng"})
+        assert forged.status_code == 422 and "cursor" in forged.json()["detail"], forged.text
         v = http.get("/v1/models/smollm2-135m/versions/2").json()
         assert v["manifest"]["calibration"]["seed"] == 1
         assert v["created_by"] == "test"

@@ -317,7 +317,9 @@ class Attempt:
                 stats[f"{p}_tokens_per_s"] = round(tokens / timings[p], 1)
         error = None
         if version["status"] == "draft" and self.spec.get("publish", True):
-            error = (f"validation failed ({done.get('criterion')}); the bundle is kept as draft "
+            # a retry that finds an earlier attempt's draft has no report of its own: the version has it
+            criterion = done.get("criterion") or (version.get("validation") or {}).get("criterion")
+            error = (f"validation failed ({criterion}); the bundle is kept as draft "
                      f"version {version['version']} of {version['model']} with its report")
         out = self._call(lambda: self.client.complete(self.id, self.token, timings, stats, error))
         return ("failed" if error else "succeeded") if out else "lost"

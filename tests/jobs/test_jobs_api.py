@@ -273,6 +273,24 @@ def test_failed_validation_keeps_a_draft_and_moves_no_alias(jobs_api, tmp_path):
     assert api.submitter.registry.aliases("smollm2-135m")["items"] == []
 
 
+def test_a_retry_after_a_draft_upload_fails_the_job_with_the_reports_criterion(jobs_api, tmp_path):
+    from oscar_zoo.calibrate.executors.worker import Attempt
+    from tests.api.ui.seeding import make_validated_bundle
+
+    api = jobs_api
+    job = api.submit(lease_seconds=1)
+    first = api.worker.claim("w1", 0)["lease"]["token"]
+    bundle = make_validated_bundle(tmp_path / "a", passed=False)
+    api.worker.upload_result(job["id"], first, bundle.path, "draft")
+    # the worker dies before completing; the retry skips to the end with no report of its own
+    _wait(lambda: api.submitter.get(job["id"])["status"] == "queued")
+    claimed = api.worker.claim("w2", 0)
+    outcome = Attempt(api.worker, claimed["job"], claimed["lease"], "w2", threading.Event()).run()
+    done = api.submitter.get(job["id"])
+    assert outcome == "failed" and done["status"] == "failed" and done["result_version"] == 1
+    assert bundle.manifest.validation.criterion in done["error"] and "None" not in done["error"]
+
+
 def test_events_stream_every_change_until_the_end(jobs_api):
     api = jobs_api
     job = api.submit(lease_seconds=30)

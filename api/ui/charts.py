@@ -138,8 +138,9 @@ def grouped_bars(series: dict[str, Sequence[float]], labels: Sequence[str], titl
     top = nice_max(max((v for s in series.values() for v in s if v is not None), default=1.0))
     body = [_y_axis(top, ml, mt, height, n * gw)]
     for i, (name, values) in enumerate(series.items()):
-        body.append(_bars(values, ml + i * bw, mt + height, gw, bw, height / top, CATEGORY[i]))
-        body.append(_key(ml + i * 120, 4, name, CATEGORY[i]))
+        colour = CATEGORY[i % len(CATEGORY)]  # an uploaded report may hold any number of series
+        body.append(_bars(values, ml + i * bw, mt + height, gw, bw, height / top, colour))
+        body.append(_key(ml + i * 120, 4, name, colour))
     step = label_every(n, max(2, int(n * gw / 28)))
     body += [_text(ml + j * gw + k * bw / 2, mt + height + 12, labels[j], "middle")
              for j in range(0, n, step)]

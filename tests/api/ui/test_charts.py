@@ -53,6 +53,15 @@ def test_heatmap_and_bars_are_well_formed_and_escaped():
     assert len(paths) == 2 and paths[0].get("d").count("M") == 2       # None draws no bar
 
 
+def test_bars_with_more_series_than_colours():
+    """The series are a published bundle's validation variants, as many as its uploader wrote:
+    the seventh ran off the colour list and the version page was a 500."""
+    n = len(charts.CATEGORY) + 2
+    bars = charts.grouped_bars({f"variant-{i}": [0.1, 0.2] for i in range(n)}, ["0", "1"], "t", "y")
+    paths = ET.fromstring(str(bars)).findall("{http://www.w3.org/2000/svg}path")
+    assert len(paths) == n and paths[n - 1].get("fill") in charts.CATEGORY
+
+
 def test_axis_helpers():
     assert [charts.nice_max(v) for v in (0.56, 0.1, 3.2, 0.0)] == [0.6, 0.1, 4.0, 1.0]
     assert charts.label_every(30, 12) == 4 and charts.label_every(5, 12) == 1

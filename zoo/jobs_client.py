@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import quote
 
 from .errors import Conflict, LeaseLost, OfflineError
 from .registry_client import RegistryClient
@@ -47,7 +48,7 @@ class JobsClient:
         return r.json(), r.status_code == 201
 
     def get(self, job_id: str) -> dict:
-        return self.registry.get_json(f"/v1/jobs/{job_id}")
+        return self.registry.get_json(f"/v1/jobs/{_id(job_id)}")
 
     def list(self, status: str | None = None, model: str | None = None, limit: int = 50,
              cursor: str | None = None) -> dict:
@@ -55,7 +56,7 @@ class JobsClient:
                                       cursor=cursor)
 
     def cancel(self, job_id: str) -> dict:
-        return self.registry.request("POST", f"/v1/jobs/{job_id}/cancel", retry=False).json()
+        return self.registry.request("POST", f"/v1/jobs/{_id(job_id)}/cancel", retry=False).json()
 
     def events(self, job_id: str, reconnect_s: float = 120.0) -> Iterator[dict]:
         """The job's state on every change (server-sent events) until it ends; reconnects
@@ -66,7 +67,7 @@ class JobsClient:
         while True:
             try:
                 timeout = httpx.Timeout(60.0, connect=10.0)
-                with self.registry.http().stream("GET", f"/v1/jobs/{job_id}/events",
+                with self.registry.http().stream("GET", f"/v1/jobs/{_id(job_id)}/events",
                                                  timeout=timeout) as r:
                     if r.status_code >= 400:
                         r.read()
@@ -143,6 +144,11 @@ class JobsClient:
             for h in handles:
                 h.close()
         return r.json(), r.status_code == 201
+
+
+def _id(job_id: str) -> str:
+    """A typed job id as one path segment: `../models/x` must not reach another endpoint."""
+    return quote(str(job_id).strip(), safe="")
 
 
 def _clean(text: str | None) -> str | None:

@@ -16,3 +16,15 @@ def test_a_bad_spec_file_is_a_usage_error(tmp_path, monkeypatch, text, why):
     spec.write_text(text)
     result = CliRunner().invoke(cli, ["jobs", "submit", "--spec", str(spec)])
     assert result.exit_code == 2 and "--spec" in result.stderr and why in result.stderr, result.output
+
+
+def test_a_job_id_cannot_reach_another_endpoint(tmp_path, monkeypatch, hub):
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        for cmd in ("status", "cancel"):  # ../models/x was the model's detail page
+            result = CliRunner().invoke(cli, ["jobs", cmd, "../models/glm-4.7-fp8"])
+            assert isinstance(result.exception, SystemExit) and result.exit_code == 1, result.output
+            assert result.stderr.startswith("Error: registry") and "/docs" in result.stderr

@@ -46,7 +46,8 @@ def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: i
     """n evenly spaced windows of held-out text (the second half of the built-in corpus)."""
     src = load_text(data, "heldout", text_field)
     ids = tokenizer(src.text, add_special_tokens=False)["input_ids"]
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) else []
+    has_bos = getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
+    bos = [tokenizer.bos_token_id] if has_bos else []
     body = seq_len - len(bos)
     if len(ids) < n * body:
         raise InvalidInput(f"validation data {src.name} has {len(ids):,} tokens, {n} x {seq_len} "

@@ -101,7 +101,8 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     src = resolve_source(cfg.model, cfg.revision)
-    progress(phase="loading", done=0, total=1)
+    if loaded is None:     # a runner that loaded the model has reported the loading already
+        progress(phase="loading", done=0, total=1)
     model, tok = loaded if loaded is not None else load_model(src)
     capture.install(model)
     geometry = model_geometry(model)

@@ -83,6 +83,7 @@ def test_calibrated_bundle_writes_and_verifies(truncated_model, tmp_path):
     assert bundle.k[0].rotation.shape == (3, 64, 64)
     phases = [e["phase"] for e in events]
     assert "pass1" in phases and "pass2" not in phases and "fitting" in phases  # vtv needs no pass 2
+    assert "loading" not in phases    # the caller loaded the model and reported it: no step back to 0/1
     assert max(e["done"] for e in events if e["phase"] == "pass1") == 2        # 1 window x 2 layers
 
 

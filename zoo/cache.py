@@ -239,9 +239,8 @@ def link_file(blob: Path, dest: Path) -> None:
 
 
 def seal(directory: Path) -> None:
-    """Read-only again after publish_dir, which gives every file a plain open()'s mode: these
-    are links of the blobs (same inode), and a writable link lets an editor change a blob that
-    other snapshots share."""
+    """Every file of a published snapshot read-only, as its blobs are: publish_dir leaves hard
+    links alone but gives copies (where the cache cannot link) a plain open()'s mode."""
     for p in directory.iterdir():
         if p.is_file():
             os.chmod(p, 0o444)

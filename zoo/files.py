@@ -134,7 +134,9 @@ def publish_dir(tmp: Path, final: Path, overwrite: bool = False) -> None:
     final = Path(final)
     _public_mode(tmp, directory=True)
     for p in tmp.rglob("*"):
-        _public_mode(p, directory=p.is_dir())
+        # a hard link's mode is its inode's: a cache blob that other snapshots share stays read-only
+        if p.is_dir() or p.stat().st_nlink == 1:
+            _public_mode(p, directory=p.is_dir())
     if final.exists():
         if not overwrite:
             raise FileExistsError(f"{final} already exists; pass overwrite=True or choose another path")

@@ -8,8 +8,10 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 
 from ..zoo import settings
+from ..zoo.errors import Conflict
 from . import migrate
 from .blobs import BlobStore
+from .models import Job
 from .publish import Publication, model_for, prepare_bundle, record_version, store_blobs
 from .seed import seed_catalog
 from .session import Database, default_url
@@ -28,11 +30,17 @@ class Registry:
 
         Order: verify (no side effects) -> check the model and geometry (read) -> blobs (atomic)
         -> one write transaction. Raises BundleFormatError, IntegrityError, InvalidInput,
-        YankedVersion; a rejected bundle leaves no blob and no row.
+        YankedVersion, Conflict (a source_job naming one of this registry's jobs); a rejected bundle leaves no blob and no row.
         """
         prepared = prepare_bundle(bundle_dir)
         with self.db.read() as session:
             model_for(session, prepared.manifest, model_name, create=False)
+            # a job's result is the version naming it as source_job: only the job's worker, holding
+            # its lease, may record that (POST /v1/jobs/{id}/result). Job ids are random uuids, so
+            # a job that does not exist yet cannot be named
+            if source_job and session.get(Job, source_job) is not None:
+                raise Conflict(f"source_job {source_job} is a calibration job of this registry; its "
+                               "worker uploads the job's result: leave source_job out of this upload")
         store_blobs(self.blobs, prepared)
         with self.db.write() as session:
             model = model_for(session, prepared.manifest, model_name, created_by=created_by)

@@ -10,7 +10,7 @@ from oscar_zoo.registry_db.models import BundleVersion, LayerIndex, Model
 from oscar_zoo.registry_db.publish import publish_bundle
 from oscar_zoo.registry_db.registry import open_registry
 from oscar_zoo.zoo.bundle import Bundle, read, write
-from oscar_zoo.zoo.errors import BundleFormatError, IntegrityError, InvalidInput
+from oscar_zoo.zoo.errors import BundleFormatError, Conflict, IntegrityError, InvalidInput
 from oscar_zoo.zoo.geometry import ModelGeometry
 from oscar_zoo.zoo.manifest import Geometry, ModelRef
 from tests.utils.bundles import make_bundle, make_manifest, make_tensors
@@ -164,3 +164,20 @@ def test_latest_survives_a_yank_racing_a_publish(registry, tmp_path):
     yanker.join(10)
     with registry.db.read() as s:
         assert alias_map(s, resolve_model(s, "smollm2-135m"))["latest"] == 3
+
+
+def test_an_upload_cannot_claim_to_be_a_jobs_result(registry, tmp_path):
+    from oscar_zoo.registry_db import jobs
+
+    with registry.db.write() as s:
+        job, _ = jobs.submit(s, {"model": "smollm2-135m"}, model="smollm2-135m", gpus=0,
+                             max_attempts=1, lease_seconds=30)
+        job_id = job.id
+    make_bundle(tmp_path / "a", seed=1)
+    with pytest.raises(Conflict, match="leave source_job out"):
+        registry.publish(tmp_path / "a", "someone", source_job=job_id)
+    with registry.db.read() as s:       # nothing the job's worker would take for its result
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == 0
+    # provenance from elsewhere (an id this registry never issued) is still recorded
+    pub = registry.publish(tmp_path / "a", "someone", source_job="ci-run-812")
+    assert pub.created and pub.version.source_job == "ci-run-812"

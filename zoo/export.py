@@ -13,6 +13,7 @@ Exports are built once per (digest, format, layers) under <cache>/exports/ and r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,8 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
     if out is not None:
         files = _copy_out(files, Path(out))
         edir = Path(out)
-    paths = {role: str(p) for role, p in files.items()}
+    # absolute: the recipe is saved and run from elsewhere (a launch script, a systemd unit)
+    paths = {role: os.path.abspath(p) for role, p in files.items()}
     return ExportResult(fmt, edir, files, recipe_for(fmt, manifest, paths, layers), layers)
 
 

@@ -129,7 +129,7 @@ def test_modelscope_serves_when_the_hf_hub_fails(seed_zoo, hub):
     assert not hub.requests("GET", "/resolve/")
 
 
-def test_out_dir_and_json(seed_zoo, tmp_path):
+def test_out_dir_and_json(seed_zoo, tmp_path, monkeypatch):
     seed_zoo(("hf",))
     out = tmp_path / "rot"
     data = json.loads(run("pull", "glm-4.7-fp8", "--format", "vllm", "--out", str(out), "--json").stdout)
@@ -140,6 +140,10 @@ def test_out_dir_and_json(seed_zoo, tmp_path):
                           "--json").stdout)
     verify_bundle(tmp_path / "b")
     assert data["digest"] == hashlib.sha256((tmp_path / "b" / "bundle.json").read_bytes()).hexdigest()
+    # a relative --out still gives the recipe absolute paths (it runs from another directory)
+    monkeypatch.chdir(tmp_path)
+    data = json.loads(run("export", "glm-4.7-fp8", "--format", "vllm", "--out", "rel", "--json").stdout)
+    assert data["recipe"]["env"]["VLLM_OSCAR_K_ROTATION_PATH"] == str(tmp_path / "rel" / GLM_FILES[0])
     (tmp_path / "file").write_text("in the way")
     for cmd in ("pull", "export"):  # an --out that cannot be a directory: one line, no traceback
         result = CliRunner().invoke(cli, [cmd, "glm-4.7-fp8", "--out", str(tmp_path / "file" / "rot")])

@@ -140,6 +140,17 @@ def test_list_and_show_with_the_registry(registry, glm_bundles):
     verify_bundle(glm_bundles[0].path)
 
 
+def test_show_of_a_version_offline_answers_from_the_cache_or_fails(registry, glm_bundles, monkeypatch):
+    registry.publish_dir(glm_bundles[0].path)
+    pull("glm-4.7-fp8@1")
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["version"]["digest"] == glm_bundles[0].digest
+    result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@7"])
+    assert result.exit_code == 1 and "glm-4.7-fp8@v7 is not in the cache" in result.stderr, result.output
+
+
 def test_yanked_version_warns_and_drops_out_of_latest(registry, glm_bundles):
     for b in glm_bundles:
         registry.publish_dir(b.path)

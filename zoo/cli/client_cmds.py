@@ -224,7 +224,19 @@ def show_command(spec, as_json):
         refs = [r for r, d in cache.refs(snap.model).items() if d == snap.digest]
         data["cache"].append({"digest": snap.digest, "refs": refs, "path": str(snap.path),
                               "source": meta.get("origin"), "version": meta.get("version")})
+    if not ref.is_default and data["version"] is None:     # no registry answered: the cache may
+        data["version"] = _cached_version(data["cache"], ref, data["name"])
     emit(data, as_json, _show_text)
+
+
+def _cached_version(cached: list[dict], ref, name: str) -> dict:
+    from ..errors import VersionNotFound
+
+    for c in cached:
+        if (ref.version is not None and c["version"] == ref.version) or set(ref.cache_refs()) & set(c["refs"]):
+            return {"version": c["version"] or ref.label, "status": "cached", "digest": c["digest"]}
+    raise VersionNotFound(f"{name}@{ref.label} is not in the cache, and no registry was asked (offline, "
+                          "or OSCAR_ZOO_ENDPOINT unset): connect, or `oscar-zoo cache ls` for what is here")
 
 
 def _show_text(d: dict) -> str:

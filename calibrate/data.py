@@ -105,6 +105,11 @@ def _hf_dataset(ref: str, field: str) -> str:
     return "\n\n".join(t for t in ds[field] if t)
 
 
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts text with a BOS token by itself (and has one to add)."""
+    return bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
+
+
 def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed: int = 0,
                   bos: bool | None = None) -> list[list[int]]:
     """ceil(budget / seq_len) non-overlapping windows of seq_len tokens, chosen with `seed`.
@@ -114,7 +119,7 @@ def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed
     """
     ids = tokenizer(source.text, add_special_tokens=False)["input_ids"]
     if bos is None:
-        bos = bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
+        bos = adds_bos(tokenizer)
     body = seq_len - int(bos)
     n = -(-budget // seq_len)
     slots = len(ids) // body

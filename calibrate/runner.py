@@ -87,21 +87,20 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     model, tok = load_model(resolve_source(spec.model, spec.revision))
     timings = {"loading": time.perf_counter() - t0}
     progress("loading", 1, 1)
-    if spec.validation.enabled:     # too little held-out text would show only after calibrating
-        vcfg = validation_config(spec)
-        eval_windows(tok, vcfg.data, vcfg.text_field, vcfg.context_len, vcfg.windows)
+    vcfg = validation_config(spec) if spec.validation.enabled else None
+    if vcfg is not None:     # too little held-out text would show only after calibrating
+        held_out = eval_windows(tok, vcfg.data, vcfg.text_field, vcfg.context_len, vcfg.windows)
     result = calibrate(calibration_config(spec), progress=progress, loaded=(model, tok))
     timings.update({k: v for k, v in result.timings.items() if k not in ("loading", "total")})
     bundle = result.bundle
     bundle.manifest = stamp(bundle.manifest, job, spec)
     report = None
-    if spec.validation.enabled:
+    if vcfg is not None:
         t = time.perf_counter()
-        vcfg = validation_config(spec)
         # validate() reports after each forward; say at once that it started (of N steps).
         progress("validating", 0, vcfg.windows * (2 + len(vcfg.baselines)))
         quantizer = kernel_quantizer(getattr(torch, spec.scale_dtype))
-        report = validate(bundle, model, tok, vcfg, quantizer, progress=progress)
+        report = validate(bundle, model, tok, vcfg, quantizer, progress=progress, held_out=held_out)
         timings["validating"] = time.perf_counter() - t
         bundle.manifest = bundle.manifest.model_copy(update={"validation": report})
     written = write(bundle, out_dir / "bundle", overwrite=True)

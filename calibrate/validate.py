@@ -24,7 +24,7 @@ from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
 from . import capture, fit
-from .data import BUILTIN, load_text
+from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
 from .pipeline import hardware
 
@@ -46,8 +46,7 @@ def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: i
     """n evenly spaced windows of held-out text (the second half of the built-in corpus)."""
     src = load_text(data, "heldout", text_field)
     ids = tokenizer(src.text, add_special_tokens=False)["input_ids"]
-    has_bos = getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
-    bos = [tokenizer.bos_token_id] if has_bos else []
+    bos = [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
     body = seq_len - len(bos)
     if len(ids) < n * body:
         raise InvalidInput(f"validation data {src.name} has {len(ids):,} tokens, {n} x {seq_len} "
@@ -141,10 +140,13 @@ def _logprobs(model, window) -> torch.Tensor:
 
 
 def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer: Quantizer,
-             progress=lambda **kw: None) -> Validation:
+             progress=lambda **kw: None, held_out=None) -> Validation:
+    """held_out: eval_windows(...) of cfg, where the caller made them already (the job runner
+    checks them before calibrating)."""
     m = bundle.manifest
     sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
-    src, windows = eval_windows(tokenizer, cfg.data, cfg.text_field, cfg.context_len, cfg.windows)
+    src, windows = held_out or eval_windows(tokenizer, cfg.data, cfg.text_field, cfg.context_len,
+                                            cfg.windows)
     specs = variant_specs(bundle, cfg.baselines)
     capture.install(model)
     errors = _LayerErrors()

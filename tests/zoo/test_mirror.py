@@ -308,7 +308,7 @@ def test_root_readme_and_index_carry_validation_numbers():
 
 @pytest.mark.parametrize("slot", [{}, {"versions": []}, {"versions": {"one": {}}}, {"versions": {"1": 3}}, "x"])
 def test_a_hand_edited_model_entry_in_the_index_is_rebuilt(slot):
-    from oscar_zoo.zoo.mirror import layout
+    from oscar_zoo.zoo.mirror import layout, runner
 
     manifest = {"model": {"name": "m", "hub_id": "org/M"},
                 "calibration": {"source": "calibrated", "tokens": 8, "prompts": 1},
@@ -320,6 +320,9 @@ def test_a_hand_edited_model_entry_in_the_index_is_rebuilt(slot):
     assert index["models"]["m"] == {"hub_id": "org/M", "versions": {"3": entry}, "latest": 3}
     assert index["models"]["n"] == other        # other models' entries are kept as they are
     assert "`m-v3`" in layout.render_root_readme(index, "org/rot").decode()
+    # and the mirror's own reading of that index, for the folder, takes it as no versions
+    assert runner._folder_for(current, manifest, 3) == layout.version_folder(manifest)
+    assert runner._recorded_folder(current, manifest, 1) is None
 
 
 def test_a_file_name_in_the_manifest_cannot_upload_files_outside_the_bundle(tmp_path):

@@ -116,7 +116,7 @@ def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
             pass  # an unreadable index is rebuilt from this version on
     model = manifest["model"]
     slot = index["models"].get(model["name"])
-    if not _readable_slot(slot):   # hand-edited on the hub: this model's entry starts over
+    if not readable_slot(slot):   # hand-edited on the hub: this model's entry starts over
         slot = index["models"][model["name"]] = {"versions": {}}
     slot["hub_id"] = model["hub_id"]
     slot["versions"][str(entry["version"])] = entry
@@ -124,7 +124,8 @@ def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
     return index
 
 
-def _readable_slot(slot) -> bool:
+def readable_slot(slot) -> bool:
+    """A model's entry in the index as oscar-zoo writes it: {versions: {number: entry}}."""
     versions = slot.get("versions") if isinstance(slot, dict) else None
     return isinstance(versions, dict) and all(str(n).isdigit() and isinstance(e, dict)
                                               for n, e in versions.items())

@@ -135,15 +135,13 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)
         folder = _folder_for(index_bytes, manifest, number)
-        files = layout.version_files(bundle_dir, manifest, folder)
         tags = hub.tags()
-        if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
+        if tag in tags:
             # Compare where the tag put it: an older version re-mirrored after a newer one took
             # its folder would otherwise be looked for in a v<N> subfolder it never had.
-            recorded = _recorded_folder(hub.read(layout.INDEX, tags[tag]), manifest, number)
-            if recorded is not None and recorded != folder:
-                folder = recorded
-                files = layout.version_files(bundle_dir, manifest, folder)
+            folder = _recorded_folder(hub.read(layout.INDEX, tags[tag]), manifest, number) or folder
+        files = layout.version_files(bundle_dir, manifest, folder)
+        if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
             remote = hub.hashes([f.path for f in files], tags[tag])
             if all(_same(remote.get(f.path), f) for f in files):
                 return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
@@ -186,13 +184,19 @@ def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFil
                   and _OSCAR_PT.match(p.rpartition("/")[2]))
 
 
+def _index_versions(index_bytes: bytes | None, manifest: dict) -> dict[str, dict]:
+    """This model's versions in a hub index; {} where it records none that can be read (a
+    hand-edited entry, which updated_index rebuilds)."""
+    try:
+        slot = json.loads(index_bytes)["models"][manifest["model"]["name"]]
+    except (TypeError, ValueError, KeyError):
+        return {}
+    return slot["versions"] if layout.readable_slot(slot) else {}
+
+
 def _recorded_folder(index_bytes: bytes | None, manifest: dict, number: int) -> str | None:
     """The folder an index records for this version, if it records one."""
-    try:
-        versions = json.loads(index_bytes)["models"][manifest["model"]["name"]]["versions"]
-        path = versions[str(number)]["path"]
-    except (TypeError, ValueError, KeyError):
-        return None
+    path = _index_versions(index_bytes, manifest).get(str(number), {}).get("path")
     return path if isinstance(path, str) else None
 
 
@@ -200,9 +204,6 @@ def _folder_for(index_bytes: bytes | None, manifest: dict, number: int) -> str:
     """The RotationZoo folder, unless a newer version of the model already holds it there:
     then this (older) one goes to a v<N> subfolder, so the main branch never rolls back."""
     folder = layout.version_folder(manifest)
-    try:
-        versions = json.loads(index_bytes)["models"][manifest["model"]["name"]]["versions"]
-    except (TypeError, ValueError, KeyError):
-        return folder
+    versions = _index_versions(index_bytes, manifest)
     newer = [int(n) for n, e in versions.items() if e.get("path") == folder and int(n) > number]
     return f"{folder}/v{number}" if newer else folder

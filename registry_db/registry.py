@@ -30,7 +30,8 @@ class Registry:
 
         Order: verify (no side effects) -> check the model and geometry (read) -> blobs (atomic)
         -> one write transaction. Raises BundleFormatError, IntegrityError, InvalidInput,
-        YankedVersion, Conflict (a source_job naming one of this registry's jobs); a rejected bundle leaves no blob and no row.
+        YankedVersion, Conflict (a source_job naming one of this registry's jobs); a rejected
+        bundle leaves no blob and no row.
         """
         prepared = prepare_bundle(bundle_dir)
         with self.db.read() as session:

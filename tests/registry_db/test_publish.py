@@ -104,7 +104,6 @@ def test_status_change_sees_a_concurrent_one(registry, tmp_path):
     committed wrote `published` over it: a yanked version was live again (PostgreSQL)."""
     from oscar_zoo.registry_db.publish import promote_draft, yank_version
     from oscar_zoo.registry_db.queries import resolve_model, resolve_version
-    from oscar_zoo.zoo.errors import Conflict
 
     if registry.db.is_sqlite:
         pytest.skip("SQLite has one writer: the two transactions cannot overlap")

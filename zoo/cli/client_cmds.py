@@ -233,7 +233,8 @@ def _cached_version(cached: list[dict], ref, name: str) -> dict:
     from ..errors import VersionNotFound
 
     for c in cached:
-        if (ref.version is not None and c["version"] == ref.version) or set(ref.cache_refs()) & set(c["refs"]):
+        by_number = ref.version is not None and c["version"] == ref.version
+        if by_number or set(ref.cache_refs()) & set(c["refs"]):
             return {"version": c["version"] or ref.label, "status": "cached", "digest": c["digest"]}
     raise VersionNotFound(f"{name}@{ref.label} is not in the cache, and no registry was asked (offline, "
                           "or OSCAR_ZOO_ENDPOINT unset): connect, or `oscar-zoo cache ls` for what is here")

@@ -124,11 +124,10 @@ def test_key_centering_exports_format3_k_mean_and_reads_it_back(tmp_path):
 
 
 def test_hadamard_files_export_oscars_objective_and_round_trip(tmp_path):
+    from tests.calibrate.reference import hadamard
+
     entry = lookup("smollm2-135m")
-    h = np.array([[1.0]])
-    while h.shape[0] < 64:
-        h = np.block([[h, h], [h, -h]])
-    h = (h / 8).astype(np.float32)
+    h = hadamard(64).astype(np.float32)
     obj = {"format_version": 1, "objective": "hadamard", "source_grouping": "layer",
            "layers": {i: {"layer_id": i, "rotation": torch.from_numpy(h),
                           "eigenvalues": torch.ones(64)} for i in range(30)}}

@@ -173,6 +173,17 @@ def test_non_orthogonal_companion_transform_is_refused(tmp_path):
         oscar_pt.parse(obj)
 
 
+def test_a_layer_keyed_both_as_int_and_as_str_is_refused(tmp_path):
+    # Loaders take both 3 and "3" as layer 3; with both in one file, which rotation is served
+    # would depend on dict order. Two different rotations make a silent pick visible.
+    obj = {"format_version": 1, "objective": "qqt_r_h_pbr", "source_grouping": "layer",
+           "layers": {3: {"layer_id": 3, "rotation": torch.eye(8)},
+                      "3": {"layer_id": 3, "rotation": -torch.eye(8)}}}
+    torch.save(obj, tmp_path / "k.pt")
+    with pytest.raises(BundleFormatError, match=r"k\.pt: has layer 3 twice \(keys 3 and '3'\)"):
+        oscar_pt.read_file(tmp_path / "k.pt")
+
+
 class _Evil:
     def __init__(self, marker):
         self.marker = marker

@@ -79,8 +79,16 @@ def parse(obj: dict, where: str = "checkpoint") -> OscarFile:
         raise BundleFormatError(f"{where}: unknown format_version {fv!r} (known: 1, 2, 3, identity-v1)")
     out = OscarFile(fv, str(obj.get("objective", "")), str(obj.get("source_grouping", "")),
                     calibration=obj.get("calibration"), transform=obj.get("transform"))
+    keys: dict[int, object] = {}
     for key, entry in layers.items():
         lid = _layer_id(key, where)
+        if lid in keys:
+            # Loaders accept both 3 and "3" (oscar-spec 1.1), so a file with both is ambiguous:
+            # which rotation SGLang serves depends on its loader, not on what the author meant.
+            raise BundleFormatError(
+                f"{where}: has layer {lid} twice (keys {keys[lid]!r} and {key!r}); keep one entry "
+                "per layer id and write the file again")
+        keys[lid] = key
         out.layers[lid] = _parse_layer(entry, f"{where} layer {lid}")
     dims = {layer.rotation.ndim for layer in out.layers.values()}
     if len(dims) != 1:

@@ -6,10 +6,14 @@ fsync, rename. A crash leaves either the old file or the new one, never half of 
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,24 +134,109 @@ def staging_dir(final: str | Path) -> Iterator[Path]:
 
 
 def publish_dir(tmp: Path, final: Path, overwrite: bool = False) -> None:
-    """Rename a fully written staging dir to its final name (atomic for a new name)."""
+    """Rename a fully written staging dir to its final name.
+
+    Atomic for a new name; over an existing `final` (overwrite=True) the two trees are swapped
+    in one step (renameat2 RENAME_EXCHANGE), so a reader always finds `final`, old or new.
+    """
     final = Path(final)
     _public_mode(tmp, directory=True)
     for p in tmp.rglob("*"):
         # a hard link's mode is its inode's: a cache blob that other snapshots share stays read-only
         if p.is_dir() or p.stat().st_nlink == 1:
             _public_mode(p, directory=p.is_dir())
+    heal_dir(final)
     if final.exists():
         if not overwrite:
             raise FileExistsError(f"{final} already exists; pass overwrite=True or choose another path")
-        old = final.with_name(f".{final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _replace_dir(Path(tmp), final)
     else:
         os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+def heal_dir(final: str | Path) -> None:
+    """Undo what an interrupted two-rename publish left (see _replace_dir's fallback).
+
+    `final` missing beside `.final.old` means a publish stopped between its two renames: the old
+    tree is the last complete publish and the new one never arrived, so the old tree goes back
+    (as if that publish had not started; deleting it would lose the only copy, and an
+    overwrite=False caller must still see `final` exist). With `final` present, `.old` is a
+    leftover of a publish that finished and is removed.
+    """
+    final = Path(final)
+    old = _old_name(final)
+    if not old.exists():
+        return
+    if os.path.lexists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        os.rename(old, final)
+    except FileNotFoundError:
+        pass                        # another process healed it first
+    except OSError:
+        if final.exists():          # a publish finished meanwhile: its tree wins
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _old_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.old")
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    try:
+        _exchange(tmp, final)
+    except OSError as e:
+        if e.errno not in _NO_EXCHANGE:
+            raise
+        _replace_dir_in_two_renames(tmp, final)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)    # the old tree, swapped out to the staging name
+
+
+def _replace_dir_in_two_renames(tmp: Path, final: Path) -> None:
+    # Not atomic: between the renames `final` is missing. A crash there leaves the old tree at
+    # `.final.old`, which heal_dir (the next publish, or a reader) puts back.
+    old = _old_name(final)
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        heal_dir(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# errnos meaning "this kernel, libc or filesystem cannot exchange" (EPERM: a seccomp filter
+# that refuses the syscall): fall back to two renames, which fail cleanly on a real EPERM
+_NO_EXCHANGE = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}
+_RENAME_EXCHANGE = 1 << 1   # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Atomically swap two existing paths (Linux renameat2; Python has no binding for it)."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(a))
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2    # glibc >= 2.28, musl >= 1.2.4
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _unlink(path: str | Path) -> None:

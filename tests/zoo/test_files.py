@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
+import sys
+import threading
 
+import pytest
+
+from oscar_zoo.zoo import files
 from oscar_zoo.zoo.files import atomic_write_bytes, publish_dir, staging_dir
 
 
@@ -22,3 +29,91 @@ def test_publish_gives_new_files_a_plain_mode_and_leaves_hard_links_alone(tmp_pa
     os.umask(umask)
     assert mode(blob) == 0o444 and mode(final / "linked") == 0o444
     assert mode(final / "own") == 0o666 & ~umask and mode(final) == 0o777 & ~umask
+
+
+def _publish(final, text, overwrite=True):
+    with staging_dir(final) as tmp:
+        (tmp / "data").write_text(text)
+        publish_dir(tmp, final, overwrite=overwrite)
+
+
+def _hidden(parent):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_overwrite_swaps_in_the_new_tree_and_removes_the_old_one(tmp_path):
+    final = tmp_path / "snap"
+    _publish(final, "old", overwrite=False)
+    (final / "only-in-old").write_text("x")
+    _publish(final, "new")
+    assert (final / "data").read_text() == "new" and not (final / "only-in-old").exists()
+    assert _hidden(tmp_path) == []      # no .snap.old, no staging dir holding the old tree
+
+
+def test_a_reader_never_finds_the_directory_missing_while_it_is_overwritten(tmp_path):
+    final = tmp_path / "snap"
+    _publish(final, "0", overwrite=False)
+    missing, seen, stop = [], set(), threading.Event()
+    # The gap of a two-rename overwrite lasts microseconds: a fast switch interval and many
+    # publishes make a reader land in it reliably (hundreds of times in 500 publishes).
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def read():
+        while not stop.is_set():
+            try:
+                with open(final / "data") as f:
+                    seen.add(f.read())
+            except FileNotFoundError:
+                missing.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(1, 500):
+            _publish(final, str(i))
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(old_interval)
+    assert len(seen) > 1 and missing == []
+    assert (final / "data").read_text() == "499"
+
+
+def test_without_rename_exchange_overwrite_still_works(tmp_path, monkeypatch):
+    # Simulates a filesystem without RENAME_EXCHANGE (renameat2 answers EINVAL there):
+    # publish_dir must fall back to its two renames.
+    refused = []
+
+    def no_exchange(a, b):
+        refused.append(b)
+        raise OSError(errno.EINVAL, "Invalid argument", str(a))
+
+    monkeypatch.setattr(files, "_exchange", no_exchange)
+    final = tmp_path / "snap"
+    _publish(final, "old", overwrite=False)
+    _publish(final, "new")
+    assert refused == [final]
+    assert (final / "data").read_text() == "new" and _hidden(tmp_path) == []
+
+
+def test_a_publish_cut_between_its_two_renames_is_healed(tmp_path):
+    # What a crash between the fallback's two renames leaves: the old tree at .snap.old only.
+    final, old = tmp_path / "snap", tmp_path / ".snap.old"
+    _publish(final, "old", overwrite=False)
+    os.rename(final, old)
+    with pytest.raises(FileExistsError):
+        _publish(final, "new", overwrite=False)      # the old tree is back: it still exists
+    assert (final / "data").read_text() == "old" and _hidden(tmp_path) == []
+    os.rename(final, old)
+    _publish(final, "new")
+    assert (final / "data").read_text() == "new" and _hidden(tmp_path) == []
+
+
+def test_a_leftover_old_tree_beside_a_published_one_is_removed(tmp_path):
+    # What a crash after the fallback's second rename leaves: both trees.
+    final = tmp_path / "snap"
+    _publish(final, "old", overwrite=False)
+    shutil.copytree(final, tmp_path / ".snap.old")
+    files.heal_dir(final)
+    assert (final / "data").read_text() == "old" and _hidden(tmp_path) == []

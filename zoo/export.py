@@ -55,14 +55,8 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
 
     Raises InvalidInput for an unknown format, or vLLM with per-head rotations.
     """
-    if fmt not in FORMATS:
-        raise InvalidInput(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     manifest = json.loads((bundle_dir / "bundle.json").read_text())
-    if fmt == "vllm" and manifest["method"]["granularity"] == "kv_head":
-        raise InvalidInput(
-            "vLLM's OSCAR backend (vllm-project/vllm#46774) loads one [head_dim, head_dim] rotation "
-            "per layer; this bundle has one per KV head, and sharing one would collapse the model "
-            "(OSCAR #16). Use --format sglang.")
+    check_format(fmt, manifest["method"]["granularity"])
     if fmt == "safetensors" and not layers:
         files = {f: bundle_dir / f for f in _bundle_files(manifest)}
         edir = bundle_dir
@@ -80,6 +74,23 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
     # absolute: the recipe is saved and run from elsewhere (a launch script, a systemd unit)
     paths = {role: os.path.abspath(p) for role, p in files.items()}
     return ExportResult(fmt, edir, files, recipe_for(fmt, manifest, paths, layers), layers)
+
+
+def check_format(fmt: str, granularity: str | None) -> None:
+    """Whether `fmt` can carry rotations of this granularity (layer | kv_head; None: not known
+    yet, only the format name is checked). Raises InvalidInput.
+
+    The one statement of the rule: export() applies it to the cached bundle, and pull applies it
+    as soon as the manifest (or, for RotationZoo files, the catalog) tells the granularity, so a
+    pull that cannot be served stops before any rotation is downloaded.
+    """
+    if fmt not in FORMATS:
+        raise InvalidInput(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "vllm" and granularity == "kv_head":
+        raise InvalidInput(
+            "vLLM's OSCAR backend (vllm-project/vllm#46774) loads one [head_dim, head_dim] rotation "
+            "per layer; this bundle has one per KV head, and sharing one would collapse the model "
+            "(OSCAR #16). Use --format sglang.")
 
 
 def _bundle_files(manifest: dict) -> list[str]:

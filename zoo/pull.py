@@ -27,7 +27,7 @@ from .cache import Cache, link_file, model_key, seal
 from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, IntegrityError,
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
                      Unauthorized, VersionNotFound)
-from .export import ExportResult, export, layer_spec
+from .export import ExportResult, check_format, export, layer_spec
 from .files import atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
 from .sources.base import Plan, Ref, parse_spec
 from .sources.download import RemoteFile, download_to, fetch
@@ -76,12 +76,14 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
     name, ref = parse_spec(spec)
     if layers is not None:
         parse_layer_spec(layers)  # fail on a typo before any network
+    if fmt is not None:
+        check_format(fmt, None)  # an unknown format, too, before any network
     entry = catalog.find(name)
     if settings.is_offline():
         result = from_cache(cache, entry, name, ref, "offline mode is on (OSCAR_ZOO_OFFLINE or "
                                                      "HF_HUB_OFFLINE)", layers)
     else:
-        result = _pull_online(cache, entry, name, ref, layers, progress, sources)
+        result = _pull_online(cache, entry, name, ref, layers, progress, sources, fmt)
     if layers and result.layers is None:  # a whole bundle (hub files are whole): slice locally
         result.layers = _layers_of(result.path, layers)
         if result.imported and not result.cached:
@@ -122,7 +124,7 @@ def _mirror_sources(kind: str) -> list:
     return [MirrorSource(kind, repo)]
 
 
-def _pull_online(cache, entry, name, ref, layers, progress, source_names) -> PullResult:
+def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=None) -> PullResult:
     sources = _sources(source_names)
     if not sources:
         raise ConfigError("no source to pull from: OSCAR_ZOO_SOURCES lists none that is "
@@ -133,7 +135,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names) -> Pul
     for source in sources:
         try:
             plan = source.plan(entry, name, ref)
-            return materialize(plan, cache, layers, progress)
+            return materialize(plan, cache, layers, progress, fmt)
         except _FALLBACK as e:
             failures.append((source.name, e))
     if all(isinstance(e, (OfflineError, RemoteError)) for _, e in failures):
@@ -172,18 +174,21 @@ def _combine(failures: list[tuple[str, Exception]], entry, name: str, ref: Ref) 
 
 # --- fetching a plan into the cache ------------------------------------------------------------
 
-def materialize(plan: Plan, cache: Cache, layers: str | None = None,
-                progress: bool = True) -> PullResult:
-    """Download what the plan names (unless cached), verify it, link the snapshot, record refs."""
+def materialize(plan: Plan, cache: Cache, layers: str | None = None, progress: bool = True,
+                fmt: str | None = None) -> PullResult:
+    """Download what the plan names (unless cached), verify it, link the snapshot, record refs.
+
+    With `fmt`, a bundle that format cannot carry is refused before its rotations are fetched.
+    """
     cache.ensure()
     if plan.kind == "bundle":
         snap = plan.digest and cache.snapshot(plan.model, plan.digest)
         if layers and plan.partial and not snap:
-            return _materialize_partial(plan, cache, layers, progress)
-        digest, path, fetched = _materialize_bundle(plan, cache, progress)
+            return _materialize_partial(plan, cache, layers, progress, fmt)
+        digest, path, fetched = _materialize_bundle(plan, cache, progress, fmt)
         imported = False
     else:
-        digest, path, fetched = _materialize_import(plan, cache, progress)
+        digest, path, fetched = _materialize_import(plan, cache, progress, fmt)
         imported = True
     old = cache.read_meta(plan.model, digest) or {}
     meta = dict(old, model=plan.model, digest=digest, source=plan.source, origin=plan.origin,
@@ -204,7 +209,8 @@ def materialize(plan: Plan, cache: Cache, layers: str | None = None,
                       fetched_bytes=fetched)
 
 
-def _materialize_bundle(plan: Plan, cache: Cache, progress: bool) -> tuple[str, Path, int]:
+def _materialize_bundle(plan: Plan, cache: Cache, progress: bool,
+                        fmt: str | None) -> tuple[str, Path, int]:
     if plan.digest and cache.snapshot(plan.model, plan.digest):
         return plan.digest, cache.snapshot_dir(plan.model, plan.digest), 0
     key = plan.digest or sha256_bytes(plan.origin.encode())
@@ -222,8 +228,11 @@ def _materialize_bundle(plan: Plan, cache: Cache, progress: bool) -> tuple[str, 
         if plan.digest and digest != plan.digest:
             raise IntegrityError(f"{plan.origin}: bundle.json hashes to {digest[:12]}... but the "
                                  f"source announced {plan.digest[:12]}...; nothing was cached")
+        manifest = json.loads(raw)
+        if fmt is not None:  # before the schema check (it needs the rotations): hence .get
+            check_format(fmt, (manifest.get("method") or {}).get("granularity"))
         cache.add_bytes(raw, digest)
-        listed = json.loads(raw).get("files", [])
+        listed = manifest.get("files", [])
         remotes = [plan.locate(f["name"], f["sha256"], f["size"]) for f in listed]
         fetched += sum(f.size or 0 for f in remotes if not cache.has_blob(f.sha256, f.size))
         shas = _fetch_all(remotes, cache, progress)
@@ -233,10 +242,15 @@ def _materialize_bundle(plan: Plan, cache: Cache, progress: bool) -> tuple[str, 
         return digest, path, fetched
 
 
-def _materialize_import(plan: Plan, cache: Cache, progress: bool) -> tuple[str, Path, int]:
+def _materialize_import(plan: Plan, cache: Cache, progress: bool,
+                        fmt: str | None) -> tuple[str, Path, int]:
     digest = cache.read_import(plan.model, plan.import_key)
     if digest and cache.snapshot(plan.model, digest):
         return digest, cache.snapshot_dir(plan.model, digest), 0
+    if fmt is not None:
+        # The catalog's word: the .pt files are torch pickles that say how they are grouped only
+        # once downloaded whole. export() checks the converted manifest again.
+        check_format(fmt, plan.granularity)
     with cache.lock(f"import-{model_key(plan.model)}-{plan.import_key}",
                     f"the import of {plan.model}"):
         digest = cache.read_import(plan.model, plan.import_key)
@@ -371,7 +385,8 @@ def _layers_of(bundle_dir: Path, spec: str) -> list[int]:
     return select_layers(spec, available)
 
 
-def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool) -> PullResult:
+def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
+                         fmt: str | None) -> PullResult:
     """Fetch only some layers from the registry (layers.safetensors). The registry has no
     per-layer hashes, so the part is checked structurally: the bundle digest in its header,
     tensor names and shapes against the manifest, finite values, orthogonal rotations."""
@@ -383,6 +398,8 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool) ->
         raise IntegrityError(f"{plan.origin}: bundle.json does not hash to the announced digest")
     cache.add_bytes(raw, plan.digest)
     manifest = parse_manifest(raw)
+    if fmt is not None:
+        check_format(fmt, manifest.method.granularity)
     geo = manifest.geometry
     chosen = select_layers(spec, geo.attention_layers or list(range(geo.num_layers)))
     pdir = cache.partial_dir(plan.model, plan.digest, layer_spec(chosen))

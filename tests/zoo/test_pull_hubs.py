@@ -106,8 +106,17 @@ def test_per_head_format_2_entry(seed_zoo, zoo_files):
                                   seeded_rotation(zoo_files, f"Qwen3-30B-A3B/{QWEN30_FILES[0]}", 47))
     assert r.export.recipe.env["SGLANG_OSCAR_ABSORB_V_ROTATION"] == "0"
     assert json.loads((r.path / "bundle.json").read_text())["method"]["granularity"] == "kv_head"
-    result = run("pull", "qwen3-30b-a3b", "--format", "vllm", ok=False)
+    result = run("pull", "qwen3-30b-a3b", "--format", "vllm", ok=False)  # cached: export() says no
     assert result.exit_code == 1 and "per KV head" in result.stderr
+
+
+def test_vllm_of_per_head_zoo_files_is_refused_before_they_are_downloaded(seed_zoo, hub):
+    """The catalog says the entry is per KV head; the .pt files would say so only once fetched."""
+    seed_zoo(("hf",))
+    hub.log.clear()
+    result = run("pull", "qwen3-30b-a3b", "--format", "vllm", ok=False)
+    assert result.exit_code == 1 and "one per KV head" in result.stderr and "--format sglang" in result.stderr
+    assert not hub.requests("GET", "/resolve/")
 
 
 def test_layers_fetches_whole_hub_files_and_exports_the_share(seed_zoo):

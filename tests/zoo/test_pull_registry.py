@@ -11,7 +11,9 @@ from click.testing import CliRunner
 
 from oscar_zoo.zoo.bundle import read, verify_bundle
 from oscar_zoo.zoo.cli.main import cli
-from oscar_zoo.zoo.errors import ModelNotFound, OfflineError, Unauthorized, VersionNotFound
+from oscar_zoo.zoo.cache import Cache
+from oscar_zoo.zoo.errors import (InvalidInput, ModelNotFound, OfflineError, Unauthorized,
+                                  VersionNotFound)
 from oscar_zoo.zoo.pull import pull
 from oscar_zoo.zoo.registry_client import RegistryClient
 from tests.utils.bundles import make_bundle
@@ -61,8 +63,6 @@ def test_versions_aliases_and_hub_ids(registry, glm_bundles):
     assert pull("glm-4.7-fp8@2").digest == glm_bundles[1].digest
     assert pull("GLM-4.7-FP8@latest").version == 2
     assert pull("glm-4.7-fp8@v1").cached
-    from oscar_zoo.zoo.cache import Cache
-
     refs = Cache().refs("glm-4.7-fp8")
     assert refs["recommended"] == refs["v1"] == glm_bundles[0].digest
     assert refs["latest"] == refs["v2"] == glm_bundles[1].digest
@@ -205,3 +205,40 @@ def test_an_endpoint_that_is_not_the_registry_is_a_clear_error(seed_zoo, monkeyp
         assert r.source == "hf"
         result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@1"])
         assert result.exit_code == 1 and "text/html, not JSON" in result.stderr, result.output
+
+
+@pytest.fixture(scope="module")
+def per_head_bundle(tmp_path_factory):
+    return make_bundle(tmp_path_factory.mktemp("per-head") / "b", per_head=True)
+
+
+def test_vllm_of_a_per_head_bundle_is_refused_before_any_rotation_is_fetched(registry, per_head_bundle):
+    b = per_head_bundle
+    registry.publish_dir(b.path)
+    blobs = Cache().blobs
+    for layers in (None, "0-3"):  # the whole bundle, and a --layers part
+        with pytest.raises(InvalidInput, match="one per KV head.*Use --format sglang") as early:
+            pull("smollm2-135m", fmt="vllm", layers=layers)
+        assert sorted(p.name for p in blobs.iterdir()) == [b.digest]  # bundle.json, nothing more
+    result = CliRunner().invoke(cli, ["pull", "smollm2-135m", "--format", "vllm"])
+    assert result.exit_code == 1 and str(early.value) in result.stderr
+    assert pull("smollm2-135m", fmt="sglang").fetched_bytes > 0
+    with pytest.raises(InvalidInput) as warm:  # cached: export() refuses it, in the same words
+        pull("smollm2-135m", fmt="vllm")
+    assert str(warm.value) == str(early.value)
+
+
+def test_vllm_of_a_per_head_bundle_on_a_hub_mirror_fetches_no_rotations(registry, per_head_bundle,
+                                                                         hub, monkeypatch):
+    from oscar_zoo.registry_db.mirrors import mirror_version
+
+    registry.publish_dir(per_head_bundle.path)
+    mirrored = mirror_version(registry.registry, "smollm2-135m", 1, ["hf:oscar-zoo/rotations"])
+    assert mirrored[0].status == "done"
+    monkeypatch.setenv("OSCAR_ZOO_HF_MIRROR_REPO", "oscar-zoo/rotations")
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+    hub.log.clear()
+    with pytest.raises(InvalidInput, match="one per KV head"):
+        pull("smollm2-135m", fmt="vllm")
+    assert hub.requests("GET", "/bundle.json") and not hub.requests("GET", "/rotations.safetensors")
+    assert not Cache().has_blob(per_head_bundle.manifest.file("rotations.safetensors").sha256)

@@ -77,5 +77,6 @@ class Plan:
     files: list[RemoteFile] = field(default_factory=list)       # "oscar-pt": k and v files
     import_key: str | None = None      # "oscar-pt": identifies the converted result
     convert: Callable[[dict[str, str]], object] | None = None    # blobs by name -> Bundle
+    granularity: str | None = None     # "oscar-pt": layer | kv_head, as the catalog declares it
     partial: Callable[[str], RemoteFile] | None = None  # layer spec -> layers.safetensors
     notes: list[str] = field(default_factory=list)

@@ -67,6 +67,7 @@ class RotationZooSource:
                          "their sha256")
         return Plan(source=self.name, model=entry.name, origin=imported_from, kind="oscar-pt",
                     refs=["rotationzoo"], files=files, notes=notes,
+                    granularity="kv_head" if zoo.per_head else "layer",
                     import_key=import_key(self.repo, zoo.folder, k_meta, v_meta, entry),
                     convert=lambda blobs: _convert(blobs, entry, imported_from,
                                                    self._dated(listing, [k_path, v_path])))

@@ -61,6 +61,16 @@ class Snapshot:
         return Cache(self.path.parents[2]).read_meta(self.model, self.digest)
 
 
+@dataclass(frozen=True)
+class Part:
+    """A --layers pull: some layers of the bundle `digest`, at partial/<digest>/layers-<spec>/."""
+
+    model: str
+    digest: str
+    layers: str                     # the spec, as export.layer_spec writes it: 3-7, 3-39.10
+    path: Path
+
+
 class Cache:
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root) if root is not None else Path(settings.get("cache_dir"))
@@ -145,6 +155,13 @@ class Cache:
             for snap in sorted((mdir / "snapshots").glob("*")):
                 if snap.is_dir() and is_sha256(snap.name):
                     yield Snapshot(mdir.name, snap.name, snap)
+
+    def parts(self, name: str | None = None) -> Iterator[Part]:
+        models = [self.model_dir(name)] if name else sorted((self.root / "models").glob("*"))
+        for mdir in models:
+            for pdir in sorted((mdir / "partial").glob("*/layers-*")):
+                if pdir.is_dir() and is_sha256(pdir.parent.name):
+                    yield Part(mdir.name, pdir.parent.name, pdir.name.removeprefix("layers-"), pdir)
 
     # --- refs, meta, import index ------------------------------------------------------------
 
@@ -283,9 +300,7 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     """
     checked, problems, bad_blobs = 0, [], set()
     dirs = [(s.model, s.digest, s.path) for s in cache.snapshots(model)]
-    root = cache.model_dir(model) if model else cache.root / "models"
-    for pdir in sorted(root.glob("partial/*/layers-*" if model else "*/partial/*/layers-*")):
-        dirs.append((pdir.parents[2].name, pdir.parent.name, pdir))
+    dirs += [(p.model, p.digest, p.path) for p in cache.parts(model)]
     hashes: dict[Path, str] = {}
     for name, digest, path in dirs:
         want_of = dict(cache.read_meta(name, digest).get("files") or {})

@@ -4,6 +4,7 @@ versions, aliases, layer ranges, fallbacks, and the registry client's errors."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,6 +172,32 @@ def test_offline_layers_are_served_only_when_the_cached_part_holds_them(registry
     for spec in ("0-45", "10"):  # a wider range, a layer the part lacks: not cached
         with pytest.raises(OfflineError, match="not in the cache"):
             pull("glm-4.7-fp8", layers=spec)
+
+
+def test_cache_ls_lists_layers_parts_beside_snapshots(registry, glm_bundles):
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    pull("glm-4.7-fp8@1")
+    for spec in ("10-12", "0-3"):
+        pull("glm-4.7-fp8@2", layers=spec)
+    result = CliRunner().invoke(cli, ["cache", "ls", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["bundles"]
+    whole, part = glm_bundles[0].digest, glm_bundles[1].digest
+    expected = {(whole, None, ("v1",)), (part, "0-3", ("latest", "v2")), (part, "10-12", ("latest", "v2"))}
+    assert {(r["digest"], r["layers"], tuple(r["refs"])) for r in rows} == expected
+    assert [r["layers"] for r in rows if r["digest"] == part] == ["0-3", "10-12"]  # by first layer
+    for r in rows:
+        assert r["model"] == "glm-4.7-fp8" and r["source"] == "registry"
+        assert r["version"] == (1 if r["digest"] == whole else 2)
+        files = list(Path(r["path"]).iterdir())
+        assert "rotations.safetensors" in {f.name for f in files}
+        assert r["size"] == sum(f.stat().st_size for f in files)
+    size = {r["layers"]: r["size"] for r in rows}
+    assert size[None] > 10 * size["0-3"]  # 92 layers against 4
+    table = CliRunner().invoke(cli, ["cache", "ls"]).stdout.splitlines()
+    assert table[1].split()[:4] == ["MODEL", "REFS", "DIGEST", "LAYERS"]
+    assert [line.split()[3] for line in table[2:-1]] == [r["layers"] or "all" for r in rows]
 
 
 def test_layers_from_the_registry_export_as_safetensors(registry, glm_bundles, tmp_path):

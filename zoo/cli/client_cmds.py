@@ -355,33 +355,45 @@ def cache_group():
 @cache_group.command("ls")
 @json_option
 def cache_ls(as_json):
-    """Every cached bundle: model, refs, digest, source, size."""
+    """Every cached bundle and --layers part: model, refs, digest, layers, source, size."""
     from ..cache import Cache, _size as dir_size
 
     cache = Cache()
-    rows = []
-    for snap in cache.snapshots():
-        meta = cache.read_meta(snap.model, snap.digest)
-        refs = [r for r, d in cache.refs(snap.model).items() if d == snap.digest]
-        size = sum(p.stat().st_size for p in snap.path.iterdir() if p.exists())
-        rows.append({"model": snap.model, "digest": snap.digest, "refs": refs,
-                     "version": meta.get("version"), "source": meta.get("source"),
-                     "origin": meta.get("origin"), "size": size, "path": str(snap.path),
-                     "pulled_at": meta.get("pulled_at")})
+    rows = [_cache_row(cache, s.model, s.digest, s.path, None) for s in cache.snapshots()]
+    rows += [_cache_row(cache, p.model, p.digest, p.path, p.layers) for p in cache.parts()]
+    rows.sort(key=lambda r: (r["model"], r["digest"], _first_layer(r["layers"])))
     exports = cache.root / "exports"
     data = {"root": str(cache.root), "bundles": rows,
             "exports_bytes": dir_size(exports) if exports.exists() else 0}
     emit(data, as_json, _cache_table)
 
 
+def _cache_row(cache, model: str, digest: str, path: Path, layers: str | None) -> dict:
+    """One snapshot (layers None) or --layers part; a part shares its bundle's refs and meta."""
+    meta = cache.read_meta(model, digest)
+    refs = [r for r, d in cache.refs(model).items() if d == digest]
+    size = sum(p.stat().st_size for p in path.iterdir() if p.exists())
+    return {"model": model, "digest": digest, "refs": refs, "layers": layers,
+            "version": meta.get("version"), "source": meta.get("source"), "origin": meta.get("origin"),
+            "size": size, "path": str(path), "pulled_at": meta.get("pulled_at")}
+
+
+def _first_layer(spec: str | None) -> int:
+    """Whole snapshot first, then its parts by their first layer (not 10-19 before 2-9)."""
+    head = (spec or "").split("-")[0]
+    return int(head) if head.isdigit() else -1
+
+
 def _cache_table(d: dict) -> str:
     lines = [f"cache {d['root']}"]
     if not d["bundles"]:
         return lines[0] + "\n(empty)"
-    lines.append(f"{'MODEL':<24} {'REFS':<26} {'DIGEST':<12} {'VERSION':>7} {'SOURCE':<10} {'SIZE':>9}")
+    lines.append(f"{'MODEL':<24} {'REFS':<26} {'DIGEST':<12} {'LAYERS':<9} {'VERSION':>7} {'SOURCE':<10} "
+                 f"{'SIZE':>9}")
     for r in d["bundles"]:
         lines.append(f"{r['model']:<24} {','.join(r['refs']) or '-':<26} {r['digest'][:12]:<12} "
-                     f"{r['version'] or '-':>7} {r['source'] or '-':<10} {_size(r['size']):>9}")
+                     f"{r['layers'] or 'all':<9} {r['version'] or '-':>7} {r['source'] or '-':<10} "
+                     f"{_size(r['size']):>9}")
     lines.append(f"exports: {_size(d['exports_bytes'])}")
     return "\n".join(lines)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,31 @@ def test_garbage_collection_spares_a_blob_just_stored_again(tmp_path):
     store.put_file(src, sha, 14)
     store.put_stream(io.BytesIO(b"manifest"), hashlib.sha256(b"manifest").hexdigest())
     assert store.collect_garbage(set()) == []
+
+
+def test_a_store_between_a_collections_age_check_and_unlink_keeps_the_blob(tmp_path, monkeypatch):
+    """A publish storing bytes again while collect_garbage has found their old blob unreferenced
+    and old, but not yet unlinked it: the publish then commits, so its blob must survive."""
+    store = BlobStore(tmp_path)
+    sha = store.put_bytes(b"rotation bytes")
+    past = time.time() - 7200
+    os.utime(store.path(sha), (past, past))
+    racer: list[threading.Thread] = []
+    real_unlink = os.unlink
+
+    def unlink_after_a_store(path, *args, **kwargs):
+        # os.unlink (not our code) is wrapped only to reach the one moment that matters: the
+        # collection has checked the blob's age and is about to unlink it. The store runs in
+        # another thread, as in another worker; it may have to wait for the collection, so it
+        # gets 0.5 s (it needs microseconds when nothing makes it wait) before the unlink goes on.
+        if Path(path) == store.path(sha) and not racer:
+            racer.append(threading.Thread(target=store.put_bytes, args=(b"rotation bytes",)))
+            racer[0].start()
+            racer[0].join(timeout=0.5)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_after_a_store)
+    store.collect_garbage(set())
+    racer[0].join()
+    assert store.path(sha).read_bytes() == b"rotation bytes"
+    assert store.collect_garbage(set()) == []       # and it is young: the next collection spares it

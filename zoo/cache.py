@@ -39,6 +39,11 @@ from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
 from .files import atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file, staging_dir
 
+# What a download leaves in blobs/ until its blob is adopted: our own partial file, a ModelScope
+# workdir (download_file resumes from a file inside it), and that client's finished file.
+_LEFTOVERS = (".incomplete", ".hub", ".hub.done")
+_LEFTOVER_AGE = 3600
+
 _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
         b"# This file is a cache directory tag created by oscar-zoo.\n")
 
@@ -368,8 +373,8 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
         keep.update(v for v in (meta.get("files") or {}).values() if is_sha256(str(v)))
         keep.update(v for v in (meta.get("origin_files") or {}).values() if is_sha256(str(v)))
     for blob in sorted(cache.blobs.glob("*")) if cache.blobs.exists() else []:
-        if blob.name.endswith(".incomplete") or blob.name.endswith(".hub"):
-            if time.time() - blob.stat().st_mtime > 3600:  # nobody is resuming it any more
+        if blob.name.endswith(_LEFTOVERS):
+            if time.time() - _last_touched(blob) > _LEFTOVER_AGE:  # nobody resumes or adopts it now
                 gone.append((blob, _size(blob)))
         elif is_sha256(blob.name) and blob.name not in keep and blob not in doomed:
             gone.append((blob, blob.stat().st_size))
@@ -384,6 +389,18 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
             else:
                 path.unlink(missing_ok=True)
     return gone
+
+
+def _last_touched(path: Path) -> float:
+    """Newest mtime in the tree: ModelScope writes a workdir's download a few folders down,
+    which leaves the workdir's own mtime at its creation, however long the download runs."""
+    try:
+        times = [path.lstat().st_mtime]
+        if path.is_dir() and not path.is_symlink():
+            times += [p.lstat().st_mtime for p in path.rglob("*")]
+    except FileNotFoundError:  # renamed while we looked: a download is finishing right now
+        return time.time()
+    return max(times)
 
 
 def _size(path: Path) -> int:

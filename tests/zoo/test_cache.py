@@ -158,6 +158,35 @@ def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
     assert all(cache.has_blob(sha) for sha in v_blob.values())  # the zoo's .pt files are kept
 
 
+def test_prune_ages_out_what_a_killed_download_left_in_the_blob_store():
+    """<key>.hub is ModelScope's workdir (it resumes from a file inside), <key>.hub.done its
+    finished file before we adopt it (zoo/sources/hubs.py): a process killed in between left
+    the .hub.done behind for good."""
+    cache = Cache()
+    cache.ensure()
+    old = time.time() - 2 * 3600
+    stale = [_leftover(cache, "1", ".hub.done", old), _leftover(cache, "2", ".hub.done", old, tree=True),
+             _leftover(cache, "3", ".hub", old, tree=True), _leftover(cache, "4", ".incomplete", old)]
+    fresh = [_leftover(cache, "5", ".hub.done"), _leftover(cache, "6", ".hub", tree=True)]
+    # made two hours ago, but its download (a few folders down) is still being written
+    active = _leftover(cache, "7", ".hub", old, tree=True)
+    os.utime(active / "Qwen3-30B-A3B" / "k_rotation_perhead.pt.incomplete", None)
+    assert {p for p, _ in prune(cache)} == set(stale)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in fresh + [active])
+
+
+def _leftover(cache: Cache, key: str, suffix: str, mtime: float | None = None, tree: bool = False):
+    """blobs/<key * 64><suffix>: a file, or a tree like ModelScope's workdir; every mtime set."""
+    path = cache.blobs / f"{key * 64}{suffix}"
+    inner = path / "Qwen3-30B-A3B" / "k_rotation_perhead.pt.incomplete" if tree else path
+    inner.parent.mkdir(parents=True, exist_ok=True)
+    inner.write_bytes(b"x" * 100)
+    if mtime is not None:
+        for p in (inner, inner.parent, path) if tree else (path,):
+            os.utime(p, (mtime, mtime))
+    return path
+
+
 def test_cache_ls_and_login(hf_only, sandbox):
     pull("glm-4.7-fp8")
     data = json.loads(CliRunner().invoke(cli, ["cache", "ls", "--json"]).stdout)

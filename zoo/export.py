@@ -6,7 +6,9 @@
     vllm         the same per-layer checkpoints, for vLLM's oscar_int2 backend (no per-head yet)
 
 Exports are built once per (digest, format, layers) under <cache>/exports/ and reused, so a warm
-`pull --format sglang` only reads a small JSON file. Written without torch (zoo/interop/pt_writer.py).
+`pull --format sglang` only reads a small JSON file and stats the files it lists (export.json
+records their sizes: they are written without fsync, so a crash may leave one short, and such an
+export is built again). Written without torch (zoo/interop/pt_writer.py).
 `--out DIR` copies the files there.
 """
 
@@ -62,11 +64,12 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
         edir = bundle_dir
     else:
         edir = cache.export_dir(digest, fmt, layer_spec(layers))
-        if not (edir / INFO).is_file():
+        info = _intact(edir)
+        if info is None:
             with cache.lock(f"export-{digest}-{fmt}-{layer_spec(layers)}", f"the {fmt} export"):
-                if not (edir / INFO).is_file():
-                    _build(bundle_dir, fmt, layers, edir)
-        info = json.loads((edir / INFO).read_text())
+                info = _intact(edir)
+                if info is None:
+                    info = _build(bundle_dir, fmt, layers, edir)
         files = {role: edir / name for role, name in info["files"].items()}
     if out is not None:
         files = _copy_out(files, Path(out))
@@ -110,7 +113,27 @@ def _load(bundle_dir: Path, layers: list[int] | None):
     return bundle
 
 
-def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> None:
+def _intact(edir: Path) -> dict | None:
+    """export.json of an export whose files are all there at their recorded sizes, else None.
+
+    Stat only, no hashing: this is the warm path. The files were written without fsync, so
+    after a crash one may be short or missing; an export.json from before sizes were recorded
+    cannot tell, and counts as stale too."""
+    try:
+        info = json.loads((edir / INFO).read_text())
+        sizes = info["sizes"]
+        if set(sizes) != set(info["files"].values()):
+            return None
+        if any((edir / name).stat().st_size != size for name, size in sizes.items()):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a torn or edited one too
+        return None
+    return info
+
+
+def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> dict:
+    """Write the export to a staging dir and publish it at `edir` (over a stale one); returns
+    its export.json."""
     bundle = _load(bundle_dir, layers)
     with staging_dir(edir) as tmp:
         if fmt == "safetensors":
@@ -125,10 +148,12 @@ def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> 
             write_file(tmp / k_name, k, durable=False)
             write_file(tmp / v_name, v, durable=False)
             files = {"k": k_name, "v": v_name}
-        info = {"format": fmt, "layers": layers, "files": files}
+        sizes = {name: (tmp / name).stat().st_size for name in files.values()}
+        info = {"format": fmt, "layers": layers, "files": files, "sizes": sizes}
         atomic_write_bytes(tmp / INFO, json.dumps(info, indent=2).encode() + b"\n")
         edir.parent.mkdir(parents=True, exist_ok=True)
         publish_dir(tmp, edir, overwrite=edir.exists())
+    return info
 
 
 def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]:

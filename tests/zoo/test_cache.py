@@ -139,6 +139,30 @@ def test_verify_a_bundle_directory(hf_only, tmp_path):
     assert r.digest
 
 
+def test_an_export_left_short_by_a_crash_is_built_again(hf_only, tmp_path):
+    """Exports are written without fsync: after a crash a file can be short or missing while
+    export.json says the export is done."""
+    first = pull("glm-4.7-fp8", fmt="sglang")
+    k, v = first.export.files["k"], first.export.files["v"]
+    whole = {f: f.read_bytes() for f in (k, v)}
+    info = first.export.dir / "export.json"
+    assert json.loads(info.read_text())["sizes"] == {f.name: len(b) for f, b in whole.items()}
+    os.truncate(k, len(whole[k]) // 2)
+    v.unlink()
+    again = pull("glm-4.7-fp8", fmt="sglang")
+    assert again.export.files == first.export.files and again.cached
+    assert {f: f.read_bytes() for f in (k, v)} == whole
+    # an export.json from before sizes were recorded cannot vouch for its files: built again
+    old = json.loads(info.read_text())
+    del old["sizes"]
+    info.write_text(json.dumps(old))
+    os.truncate(k, 0)
+    result = CliRunner().invoke(cli, ["export", "glm-4.7-fp8", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / k.name).read_bytes() == k.read_bytes() == whole[k]
+    assert "sizes" in json.loads(info.read_text())
+
+
 def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
     old = pull("glm-4.7-fp8", fmt="sglang")
     # the zoo entry is re-calibrated upstream: new files, new digest, the ref moves

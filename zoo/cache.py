@@ -62,9 +62,6 @@ class Snapshot:
     digest: str
     path: Path
 
-    def meta(self) -> dict:
-        return Cache(self.path.parents[2]).read_meta(self.model, self.digest)
-
 
 @dataclass(frozen=True)
 class Part:

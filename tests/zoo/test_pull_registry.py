@@ -198,6 +198,22 @@ def test_cache_ls_lists_layers_parts_beside_snapshots(registry, glm_bundles):
     table = CliRunner().invoke(cli, ["cache", "ls"]).stdout.splitlines()
     assert table[1].split()[:4] == ["MODEL", "REFS", "DIGEST", "LAYERS"]
     assert [line.split()[3] for line in table[2:-1]] == [r["layers"] or "all" for r in rows]
+    shown = json.loads(CliRunner().invoke(cli, ["show", "glm-4.7-fp8", "--json"]).stdout)["cache"]
+    assert sorted((c["digest"], c["layers"] or "") for c in shown) == sorted(
+        (d, layers or "") for d, layers, _ in expected)
+
+
+def test_show_offline_answers_from_a_layers_part(registry, glm_bundles, monkeypatch):
+    registry.publish_dir(glm_bundles[0].path)
+    pull("glm-4.7-fp8@1", layers="0-3")
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["version"] == {"version": 1, "status": "cached", "digest": glm_bundles[0].digest}
+    assert [c["layers"] for c in data["cache"]] == ["0-3"]
+    text = CliRunner().invoke(cli, ["show", "glm-4.7-fp8"]).stdout
+    assert "layers 0-3" in text
 
 
 def test_layers_from_the_registry_export_as_safetensors(registry, glm_bundles, tmp_path):

@@ -219,10 +219,12 @@ def show_command(spec, as_json):
     if entry is None and data["registry"] is None:
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
     cache = Cache()
-    for snap in cache.snapshots(data["name"]):
-        meta = cache.read_meta(snap.model, snap.digest)
-        refs = [r for r, d in cache.refs(snap.model).items() if d == snap.digest]
-        data["cache"].append({"digest": snap.digest, "refs": refs, "path": str(snap.path),
+    held = [(s.model, s.digest, s.path, None) for s in cache.snapshots(data["name"])]
+    held += [(p.model, p.digest, p.path, p.layers) for p in cache.parts(data["name"])]
+    for model, digest, path, layers in held:
+        meta = cache.read_meta(model, digest)
+        refs = [r for r, d in cache.refs(model).items() if d == digest]
+        data["cache"].append({"digest": digest, "refs": refs, "path": str(path), "layers": layers,
                               "source": meta.get("origin"), "version": meta.get("version")})
     if not ref.is_default and data["version"] is None:     # no registry answered: the cache may
         data["version"] = _cached_version(data["cache"], ref, data["name"])
@@ -272,7 +274,8 @@ def _show_text(d: dict) -> str:
         for f in v.get("files", []):
             lines.append(f"    {f['name']:<24} {_size(f['size']):>9}  {f['sha256'][:16]}")
     for s in d["cache"]:
-        lines.append(f"  cached       {s['digest'][:12]} refs {','.join(s['refs']) or '-'}  {s['path']}")
+        part = f" layers {s['layers']}" if s["layers"] else ""
+        lines.append(f"  cached       {s['digest'][:12]}{part} refs {','.join(s['refs']) or '-'}  {s['path']}")
     return "\n".join(lines)
 
 

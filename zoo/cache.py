@@ -343,12 +343,12 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
     live: set[tuple[str, str]] = set()
     for mdir in sorted((cache.root / "models").glob("*")):
         refs = set(cache.refs(mdir.name).values())
-        for snap in sorted((mdir / "snapshots").glob("*")):
+        for snap in _entries(mdir / "snapshots"):
             if snap.name in refs:
                 live.add((mdir.name, snap.name))
             else:
                 gone.append((snap, _size(snap)))
-        for part in sorted((mdir / "partial").glob("*")):
+        for part in _entries(mdir / "partial"):
             if part.name in refs:
                 live.add((mdir.name, part.name))
             else:
@@ -357,10 +357,11 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
             if (mdir.name, meta.stem) not in live:
                 gone.append((meta, meta.stat().st_size))
     digests = {d for _, d in live}
-    for exp in sorted((cache.root / "exports").glob("*")):
+    for exp in _entries(cache.root / "exports"):
         if exp.name not in digests:
             gone.append((exp, _size(exp)))
     doomed = {p for p, _ in gone}
+    gone += [(p, _size(p)) for p in _stale_staging(cache) if not doomed & {p, *p.parents}]
     keep: set[str] = set()
     for name, digest in live:
         keep.add(digest)
@@ -386,6 +387,20 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
             else:
                 path.unlink(missing_ok=True)
     return gone
+
+
+def _entries(folder: Path) -> list[Path]:
+    # a hidden name is a staging dir (files.staging_dir) of a pull or export that may be running
+    # now: it is not a snapshot without a ref, and _stale_staging ages it out instead
+    return sorted(p for p in folder.glob("*") if not p.name.startswith("."))
+
+
+def _stale_staging(cache: Cache) -> list[Path]:
+    """Staging dirs (.NAME.*.partial) a killed pull or export left beside the snapshot, part or
+    export it was building; the finally that removes them does not run on SIGKILL."""
+    spots = ["models/*/snapshots", "models/*/partial/*", "exports/*"]
+    found = [p for spot in spots for p in cache.root.glob(f"{spot}/.*.partial") if p.is_dir()]
+    return sorted(p for p in found if time.time() - _last_touched(p) > _LEFTOVER_AGE)
 
 
 def _last_touched(path: Path) -> float:

@@ -199,6 +199,30 @@ def test_prune_ages_out_what_a_killed_download_left_in_the_blob_store():
     assert not any(p.exists() for p in stale) and all(p.exists() for p in fresh + [active])
 
 
+def test_prune_ages_out_staging_dirs_and_spares_a_pull_in_progress(hf_only):
+    """A staging dir (.NAME.*.partial) beside a snapshot is a pull building it right now, or one
+    killed before its finally ran: prune must not take the first for an orphan snapshot, and
+    must not leave the second behind for good."""
+    result = pull("glm-4.7-fp8", fmt="sglang")
+    cache = Cache()
+    old = time.time() - 2 * 3600
+    spots = [result.path.parent, result.export.dir.parent,
+             cache.model_dir("glm-4.7-fp8") / "partial" / result.digest]
+    stale, fresh = [], []
+    for i, spot in enumerate(spots):
+        for tag, bucket, mtime in (("old", stale, old), ("new", fresh, None)):
+            d = spot / f".{'a' * 64 if i == 0 else 'sglang'}.{tag}{i}.partial"
+            (d / "inner").mkdir(parents=True)
+            (d / "inner" / "rotations.safetensors").write_bytes(b"x" * 10)
+            if mtime is not None:
+                for p in (d / "inner" / "rotations.safetensors", d / "inner", d):
+                    os.utime(p, (mtime, mtime))
+            bucket.append(d)
+    assert {p for p, _ in prune(cache)} == set(stale)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in fresh)
+    assert result.path.exists() and result.export.files["k"].exists()
+
+
 def _leftover(cache: Cache, key: str, suffix: str, mtime: float | None = None, tree: bool = False):
     """blobs/<key * 64><suffix>: a file, or a tree like ModelScope's workdir; every mtime set."""
     path = cache.blobs / f"{key * 64}{suffix}"

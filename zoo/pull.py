@@ -390,49 +390,77 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
     """Fetch only some layers from the registry (layers.safetensors). The registry has no
     per-layer hashes, so the part is checked structurally: the bundle digest in its header,
     tensor names and shapes against the manifest, finite values, orthogonal rotations."""
-    from .manifest import parse_manifest
-
     raw = plan.manifest if isinstance(plan.manifest, bytes) else \
         cache.blob(fetch(plan.manifest, cache, progress)).read_bytes()
     if sha256_bytes(raw) != plan.digest:
         raise IntegrityError(f"{plan.origin}: bundle.json does not hash to the announced digest")
-    cache.add_bytes(raw, plan.digest)
-    manifest = parse_manifest(raw)
+    # read plainly: pydantic (parse_manifest) is for a part not yet here, so a warm pull skips it
+    available, granularity = _layers_and_granularity(raw)
     if fmt is not None:
-        check_format(fmt, manifest.method.granularity)
-    geo = manifest.geometry
-    chosen = select_layers(spec, geo.attention_layers or list(range(geo.num_layers)))
+        check_format(fmt, granularity)
+    chosen = select_layers(spec, available)
     pdir = cache.partial_dir(plan.model, plan.digest, layer_spec(chosen))
     fetched = 0
     if not (pdir / "rotations.safetensors").exists():
         with cache.lock(f"partial-{plan.digest}-{layer_spec(chosen)}", "a --layers download"):
             if not (pdir / "rotations.safetensors").exists():
-                remote = plan.partial(",".join(map(str, chosen)))
-                part = cache.incomplete(f"partial-{plan.digest[:16]}-{layer_spec(chosen)}")
-                download_to(remote, part, progress)
-                fetched = part.stat().st_size
-                sha = _check_partial(part, plan, manifest, chosen)
-                cache.adopt(part, sha)
-                with staging_dir(pdir) as tmp:
-                    link_file(cache.blob(plan.digest), tmp / MANIFEST)
-                    link_file(cache.blob(sha), tmp / "rotations.safetensors")
-                    atomic_write_bytes(tmp / ".partial.json", json.dumps(
-                        {"layers": chosen, "rotations.safetensors": sha}).encode())
-                    publish_dir(tmp, pdir)
-                seal(pdir)
-    for ref in plan.refs:
-        cache.write_ref(plan.model, ref, plan.digest)
-    meta = cache.read_meta(plan.model, plan.digest) or {}
-    meta.update({"model": plan.model, "digest": plan.digest, "source": plan.source,
-                 "origin": plan.origin, "imported": False, "status": plan.status,
-                 "validated": plan.validated, "version": plan.version, "pulled_at": _now()})
-    cache.write_meta(plan.model, plan.digest, meta)
+                fetched = _fetch_part(plan, cache, raw, chosen, pdir, progress)
+    _record(plan, cache)
     notes = list(plan.notes) + [f"fetched layers {layer_spec(chosen)} only ({len(chosen)} of "
-                                f"{len(geo.attention_layers or range(geo.num_layers))}), checked "
-                                "structurally (the registry keeps no per-layer hashes)"]
+                                f"{len(available)}), checked structurally (the registry keeps no "
+                                "per-layer hashes)"]
     return PullResult(plan.model, plan.digest, plan.source, plan.origin, plan.version, pdir, False,
                       plan.validated, plan.status, cached=fetched == 0, layers=chosen,
                       notes=notes, fetched_bytes=fetched)
+
+
+def _layers_and_granularity(raw: bytes) -> tuple[list[int], str]:
+    """The bundle's layers with a KV cache and its rotation granularity; a manifest that does not
+    even say these gets the schema's own error."""
+    try:
+        m = json.loads(raw)
+        geo = m["geometry"]
+        return list(geo.get("attention_layers") or range(geo["num_layers"])), m["method"]["granularity"]
+    except (ValueError, KeyError, TypeError):
+        from .manifest import parse_manifest
+
+        parse_manifest(raw)  # raises BundleFormatError saying what is wrong
+        raise
+
+
+def _fetch_part(plan: Plan, cache: Cache, raw: bytes, chosen: list[int], pdir: Path,
+                progress: bool) -> int:
+    """Download, check and link one --layers part; returns the bytes fetched."""
+    from .manifest import parse_manifest
+
+    manifest = parse_manifest(raw)
+    cache.add_bytes(raw, plan.digest)
+    remote = plan.partial(",".join(map(str, chosen)))
+    part = cache.incomplete(f"partial-{plan.digest[:16]}-{layer_spec(chosen)}")
+    download_to(remote, part, progress)
+    fetched = part.stat().st_size
+    sha = _check_partial(part, plan, manifest, chosen)
+    cache.adopt(part, sha)
+    with staging_dir(pdir) as tmp:
+        link_file(cache.blob(plan.digest), tmp / MANIFEST)
+        link_file(cache.blob(sha), tmp / "rotations.safetensors")
+        atomic_write_bytes(tmp / ".partial.json", json.dumps(
+            {"layers": chosen, "rotations.safetensors": sha}).encode())
+        publish_dir(tmp, pdir)
+    seal(pdir)
+    return fetched
+
+
+def _record(plan: Plan, cache: Cache) -> None:
+    """Refs and meta of a --layers part; a warm pull rewrites (and fsyncs) nothing."""
+    for ref in plan.refs:
+        cache.write_ref(plan.model, ref, plan.digest)
+    old = cache.read_meta(plan.model, plan.digest) or {}
+    meta = dict(old, model=plan.model, digest=plan.digest, source=plan.source, origin=plan.origin,
+                imported=False, status=plan.status, validated=plan.validated, version=plan.version)
+    if meta != old:
+        meta["pulled_at"] = _now()
+        cache.write_meta(plan.model, plan.digest, meta)
 
 
 # --- the cache alone ---------------------------------------------------------------------------

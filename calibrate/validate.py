@@ -105,12 +105,23 @@ def _int2(spec: CacheSpec, k, v, quantizer: Quantizer):
             dequantized(v, spec.rot_v.to(v.device), spec.clip_v, spec.group_size, None, quantizer))
 
 
+def _check_finite(k, v, lid: int) -> None:
+    # The INT2 kernels leave a row with NaN or inf in it unspecified (the float64 reference gives
+    # NaN): a model that overflows would be scored on garbage instead of being named
+    if not bool(torch.isfinite(k).all() & torch.isfinite(v).all()):
+        raise InvalidInput(f"layer {lid}: the model's own keys or values hold NaN or inf on the "
+                           f"held-out text (in {k.dtype}), so INT2 quality cannot be measured; "
+                           "check that the model loads correctly (dtype, weights) or validate "
+                           "with other --data")
+
+
 def _attention_args(q, k, mask, kw):
     return capture.bool_mask(mask, q.shape[2], k.shape[2], q.device), kw.get("scaling") or q.shape[-1] ** -0.5
 
 
 def _measure_observer(specs, errors: _LayerErrors, sink, recent, quantizer):
     def observer(module, q, k, v, mask, kw):
+        _check_finite(k, v, module.layer_idx)
         allowed, scaling = _attention_args(q, k, mask, kw)
         rows = torch.arange(min(sink + recent, q.shape[2]), q.shape[2], device=q.device)
         if len(rows) == 0:
@@ -126,6 +137,7 @@ def _measure_observer(specs, errors: _LayerErrors, sink, recent, quantizer):
 
 def _replace_observer(per_layer, sink, recent, quantizer):
     def observer(module, q, k, v, mask, kw):
+        _check_finite(k, v, module.layer_idx)
         allowed, scaling = _attention_args(q, k, mask, kw)
         k_i, v_i = _int2(per_layer[module.layer_idx], k, v, quantizer)
         return mixed_attention(q, k, v, allowed, scaling, k_i, v_i, sink, recent)

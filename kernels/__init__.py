@@ -14,6 +14,8 @@ quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=
     exact float32), subtract mean @ R, clamp each row at its sort-semantics |x| quantile,
     asymmetric min/max per group, codes 0..3, packed 4 per byte in OSCAR's quarter-strided order.
     -> (packed uint8 [T, H, d/4], scales_zeros [T, H, 2G] in scale_dtype, scale at 2g, zero at 2g+1)
+    x must be finite: a row holding NaN or inf gets unspecified codes and scales (the reference
+    gives NaN), as checking every value would cost the hot path; validate names such a layer.
 
 dequantize_kv(packed, scales_zeros, group_size=None)
     -> float32 [T, H, d] in the rotated basis: (code - zero) * scale in float32.

@@ -115,3 +115,24 @@ def test_validation_with_one_window_reports_one_evaluation_set(truncated_model):
         assert len(v.delta_nll_by_set) == 1, v
         assert v.delta_nll_by_set[0] == pytest.approx(v.delta_nll)
     assert report.eval_tokens == 127
+
+
+def test_validation_names_a_layer_whose_own_keys_overflow(truncated_model):
+    # The INT2 kernels leave a row holding inf or NaN unspecified, so such a model must be named,
+    # not scored. A forward hook stands in for an overflowing model (none is available offline).
+    from oscar_zoo.calibrate.int2_attention import kernel_quantizer
+    from oscar_zoo.calibrate.validate import ValidationConfig, validate
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    model, tok = truncated_model(2)
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_search=False,
+                            sink_tokens=16, recent_tokens=32)
+    bundle = calibrate(cfg, loaded=(model, tok)).bundle
+    hook = model.model.layers[1].self_attn.k_proj.register_forward_hook(
+        lambda m, i, out: out.index_fill(-1, torch.tensor([5]), float("inf")))
+    try:
+        with pytest.raises(InvalidInput, match="layer 1: the model's own keys or values hold NaN or inf"):
+            validate(bundle, model, tok, ValidationConfig(context_len=128, windows=1,
+                                                          baselines=("naive",)), kernel_quantizer())
+    finally:
+        hook.remove()

@@ -17,10 +17,13 @@
       exports/<digest>/<format>[-layers-<spec>]/      engine files, built once per digest
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
+      .locks/gc.lock                        shared by pulls, exclusive for prune
 
 A snapshot directory appears only by rename after every file in it is verified, so its existence
 means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
 the same bundle serialize on a per-blob / per-snapshot lock, and the second finds the work done.
+A pull holds gc.lock shared from its first blob to its last ref, prune holds it exclusive: prune
+never sees a pull's blobs or snapshot before the ref that keeps them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ from typing import Iterator
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
 from .files import atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file, staging_dir
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 # What a download leaves in blobs/ until its blob is adopted: our own partial file, a ModelScope
 # workdir (download_file resumes from a file inside it), and that client's finished file.
@@ -237,6 +245,40 @@ class Cache:
             lock.release()
 
 
+    @contextmanager
+    def gc_guard(self, exclusive: bool = False) -> Iterator[None]:
+        """Shared by pulls (many at once), exclusive for prune: until its refs are written a
+        pull's new blobs and snapshot look like garbage. Waiting is bounded by lock_timeout."""
+        if fcntl is None:  # no shared flock here: pulls then serialize with each other too
+            with self.lock("gc", "the cache (a pull or a prune)"):
+                yield
+            return
+        path = self.root / ".locks" / "gc.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # one open file description per holder, so threads of one process exclude each other too
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, exclusive)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _flock_within(fd: int, how: int, exclusive: bool) -> None:
+    timeout = float(settings.get("lock_timeout"))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = "a pull is still running" if exclusive else "a prune is running"
+                raise LockTimeout(f"waited {timeout:g} s for the cache: {holder}. Try again when "
+                                  "it has finished, or raise OSCAR_ZOO_LOCK_TIMEOUT") from None
+            time.sleep(0.05)
+
+
 def _ref_file(ref: str) -> str:
     ref = ref.strip()
     if not ref or ref.startswith(".") or "/" in ref or "\\" in ref or "\x00" in ref:
@@ -336,9 +378,30 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     return checked, problems
 
 
-def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
+def prune(cache: Cache, dry_run: bool = False,
+          only: set[Path] | None = None) -> list[tuple[Path, int]]:
     """Remove what nothing points at: snapshots no ref names (and their meta and exports),
-    blobs no snapshot uses, stale partial downloads and temp dirs. Returns [(path, bytes)]."""
+    blobs no snapshot uses, stale partial downloads and temp dirs. Returns [(path, bytes)].
+
+    Waits for pulls in progress (their blobs have no ref yet). `only`: remove no more than
+    these paths, the list a user confirmed; what became garbage since stays for the next prune.
+    """
+    if not cache.root.exists():
+        return []
+    with cache.gc_guard(exclusive=True):
+        gone = _garbage(cache)
+        if only is not None:
+            gone = [(p, n) for p, n in gone if p in only]
+        if not dry_run:
+            for path, _ in gone:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+    return gone
+
+
+def _garbage(cache: Cache) -> list[tuple[Path, int]]:
     gone: list[tuple[Path, int]] = []
     live: set[tuple[str, str]] = set()
     for mdir in sorted((cache.root / "models").glob("*")):
@@ -380,12 +443,6 @@ def prune(cache: Cache, dry_run: bool = False) -> list[tuple[Path, int]]:
     for t in sorted(tmp.glob("*")) if tmp.exists() else []:
         if time.time() - t.stat().st_mtime > 3600:
             gone.append((t, _size(t)))
-    if not dry_run:
-        for path, _ in gone:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
     return gone
 
 

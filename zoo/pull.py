@@ -181,6 +181,12 @@ def materialize(plan: Plan, cache: Cache, layers: str | None = None, progress: b
     With `fmt`, a bundle that format cannot carry is refused before its rotations are fetched.
     """
     cache.ensure()
+    with cache.gc_guard():  # a prune now would take our new blobs for garbage
+        return _materialize(plan, cache, layers, progress, fmt)
+
+
+def _materialize(plan: Plan, cache: Cache, layers: str | None, progress: bool,
+                 fmt: str | None) -> PullResult:
     if plan.kind == "bundle":
         snap = plan.digest and cache.snapshot(plan.model, plan.digest)
         if layers and plan.partial and not snap:

@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -221,6 +223,56 @@ def test_prune_ages_out_staging_dirs_and_spares_a_pull_in_progress(hf_only):
     assert {p for p, _ in prune(cache)} == set(stale)
     assert not any(p.exists() for p in stale) and all(p.exists() for p in fresh)
     assert result.path.exists() and result.export.files["k"].exists()
+
+
+def test_prune_waits_for_a_pull_whose_refs_are_not_written_yet(hf_only, monkeypatch):
+    """Until its refs exist, a pull's new blobs and snapshot are garbage to prune: a prune run
+    in that window removed the snapshot the pull then returned."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "30")
+    pruned: list = []
+    pruner = threading.Thread(target=lambda: pruned.extend(prune(Cache())))
+    real_write_ref = Cache.write_ref
+
+    def write_ref_after_a_prune_started(self, name, ref, digest):
+        if not pruner.is_alive() and not pruned:
+            assert self.snapshot(name, digest) and not self.refs(name)
+            pruner.start()
+            time.sleep(0.5)
+            assert pruner.is_alive()  # waiting for this pull
+        real_write_ref(self, name, ref, digest)
+
+    monkeypatch.setattr(Cache, "write_ref", write_ref_after_a_prune_started)
+    result = pull("glm-4.7-fp8")
+    pruner.join(timeout=30)
+    assert not pruner.is_alive() and pruned == []
+    assert verify_cache(Cache()) == (3, []) and (result.path / "bundle.json").is_file()
+
+
+def test_prune_times_out_naming_the_pull_it_waits_for(hf_only, monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.3")
+    cache = Cache()
+    cache.ensure()
+    with cache.gc_guard():
+        with pytest.raises(LockTimeout, match="a pull is still running.*OSCAR_ZOO_LOCK_TIMEOUT"):
+            prune(cache)
+
+
+def test_prune_removes_no_more_than_the_user_confirmed(hf_only, monkeypatch):
+    cache = Cache()
+    cache.ensure()
+    old = time.time() - 2 * 3600
+    listed = _leftover(cache, "1", ".incomplete", old)
+    late = []
+
+    def confirm_while_a_download_dies(*args, **kwargs):
+        late.append(_leftover(cache, "2", ".incomplete", old))  # garbage the user never saw
+        return True
+
+    monkeypatch.setattr(click, "confirm", confirm_while_a_download_dies)
+    result = CliRunner().invoke(cli, ["prune", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["removed"] == [str(listed)]
+    assert not listed.exists() and late[0].exists()
 
 
 def _leftover(cache: Cache, key: str, suffix: str, mtime: float | None = None, tree: bool = False):

@@ -345,7 +345,8 @@ def prune_command(dry_run, yes, as_json):
         info("\n".join(f"  {p} ({_size(n)})" for p, n in plan))
         click.confirm(f"remove {len(plan)} item(s), {_size(total)}?", abort=True, err=True)
     if not dry_run:
-        prune(cache)
+        plan = prune(cache, only={p for p, _ in plan})
+        total = sum(n for _, n in plan)
     emit({"removed": [str(p) for p, _ in plan], "bytes": total, "dry_run": dry_run}, as_json,
          lambda d: "\n".join(d["removed"] + [f"{'would free' if dry_run else 'freed'} {_size(total)}"]))
 

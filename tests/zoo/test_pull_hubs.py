@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from oscar_zoo.zoo.bundle import verify_bundle
+from oscar_zoo.zoo.cache import Cache
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.errors import (BundleNotFound, ModelNotFound, OfflineError, RemoteError,
                                   Unauthorized, VersionNotFound)
@@ -136,6 +137,23 @@ def test_modelscope_serves_when_the_hf_hub_fails(seed_zoo, hub):
     assert r.source == "modelscope" and r.origin.startswith(f"modelscope:{MS_ZOO}/")
     assert hub.requests("GET", "/api/v1/models/togethercomputer/OSCAR-RotationZoo/repo?")
     assert not hub.requests("GET", "/resolve/")
+
+
+@pytest.mark.parametrize("intact", [True, False])
+def test_a_modelscope_file_a_killed_pull_left_unadopted_is_used(seed_zoo, hub, zoo_files, intact):
+    """The ModelScope client's finished file waits at <key>.hub.done until we adopt it; a pull
+    killed in between left a whole download that the next pull fetched again."""
+    seed_zoo()
+    hub.fail("*", r"^/api/models/|/resolve/", status=503, hub="hf")
+    data = zoo_files[f"{GLM_FOLDER}/{GLM_FILES[0]}"]
+    sha = hashlib.sha256(data).hexdigest()
+    cache = Cache()
+    cache.ensure()
+    (cache.blobs / f"{sha}.hub.done").write_bytes(data if intact else data[:-1] + b"x")
+    r = pull("glm-4.7-fp8")
+    assert r.source == "modelscope" and cache.blob(sha).read_bytes() == data
+    assert bool(hub.requests("GET", GLM_FILES[0])) != intact
+    assert not (cache.blobs / f"{sha}.hub.done").exists()
 
 
 def test_out_dir_and_json(seed_zoo, tmp_path, monkeypatch):

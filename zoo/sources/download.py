@@ -39,7 +39,8 @@ class RemoteFile:
     size: int | None = None
     headers: dict = field(default_factory=dict, repr=False)  # may hold a token: never printed
     git_sha1: str | None = None        # hub listing of a small, non-LFS file
-    fetch: Callable[[Path], Path] | None = None  # a hub client's own downloader (ModelScope)
+    # a hub client's own downloader (ModelScope): fetch(workdir) -> the file, at <workdir>.done
+    fetch: Callable[[Path], Path] | None = None
     source: str = ""                   # "registry", "hf", ... for messages
 
 
@@ -131,10 +132,7 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
             return remote.sha256  # another process finished it while we waited
         partial = cache.incomplete(key)
         if remote.fetch is not None:
-            got = remote.fetch(partial.parent / f"{key}.hub")
-            partial.unlink(missing_ok=True)
-            got.replace(partial)
-            return _verify_and_adopt(remote, cache, partial)
+            return _fetch_with_hub_client(remote, cache, partial, key)
         fresh_retry_left = True
         while True:
             resumed = partial.exists() and partial.stat().st_size > 0
@@ -148,6 +146,21 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
                           "from the start")
                     continue
                 raise
+
+
+def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key: str) -> str:
+    workdir = partial.parent / f"{key}.hub"
+    finished = workdir.with_name(workdir.name + ".done")
+    if finished.is_file():  # a run killed between the hub client's download and our adopt
+        finished.replace(partial)
+        try:
+            return _verify_and_adopt(remote, cache, partial)
+        except IntegrityError:
+            _note(f"{remote.name}: the copy a killed run left did not verify; fetching it again")
+    got = remote.fetch(workdir)
+    partial.unlink(missing_ok=True)
+    got.replace(partial)
+    return _verify_and_adopt(remote, cache, partial)
 
 
 def _verify_and_adopt(remote: RemoteFile, cache: Cache, partial: Path) -> str:

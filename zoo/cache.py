@@ -28,6 +28,7 @@ never sees a pull's blobs or snapshot before the ref that keeps them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -249,34 +250,51 @@ class Cache:
     def gc_guard(self, exclusive: bool = False) -> Iterator[None]:
         """Shared by pulls (many at once), exclusive for prune: until its refs are written a
         pull's new blobs and snapshot look like garbage. Waiting is bounded by lock_timeout."""
-        if fcntl is None:  # no shared flock here: pulls then serialize with each other too
-            with self.lock("gc", "the cache (a pull or a prune)"):
+        fd = self._gc_flock(exclusive)
+        if fd is None:  # no flock here (Windows, some network filesystems): pulls serialize too
+            with self.lock("gc-serial", "the cache (a pull or a prune)"):
                 yield
             return
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+    def _gc_flock(self, exclusive: bool) -> int | None:
+        if fcntl is None:
+            return None
         path = self.root / ".locks" / "gc.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         # one open file description per holder, so threads of one process exclude each other too
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            _flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, exclusive)
-            yield
-        finally:
+            if _flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, exclusive):
+                return fd
+        except BaseException:
             os.close(fd)
+            raise
+        os.close(fd)
+        return None
 
 
-def _flock_within(fd: int, how: int, exclusive: bool) -> None:
+def _flock_within(fd: int, how: int, exclusive: bool) -> bool:
+    """Take the flock within lock_timeout; False where the filesystem has no flock."""
     timeout = float(settings.get("lock_timeout"))
     deadline = time.monotonic() + timeout
     while True:
         try:
             fcntl.flock(fd, how | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 holder = "a pull is still running" if exclusive else "a prune is running"
                 raise LockTimeout(f"waited {timeout:g} s for the cache: {holder}. Try again when "
                                   "it has finished, or raise OSCAR_ZOO_LOCK_TIMEOUT") from None
             time.sleep(0.05)
+        except OSError as e:
+            if e.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+                return False
+            raise
 
 
 def _ref_file(ref: str) -> str:

@@ -257,6 +257,23 @@ def test_prune_times_out_naming_the_pull_it_waits_for(hf_only, monkeypatch):
             prune(cache)
 
 
+def test_pull_and_prune_on_a_filesystem_without_flock(hf_only, hub, monkeypatch):
+    """Some network filesystems answer flock with ENOSYS: the cache then falls back to soft
+    lock files (filelock's), and pull and prune still work. Mocked: no such filesystem here."""
+    import errno
+    import fcntl
+
+    def no_flock(fd, how):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    old = pull("glm-4.7-fp8")
+    hub.seed("hf", HF_ZOO, {f"{GLM_FOLDER}/{GLM_FILES[0]}": oscar_pt("qqt_r_h_pbr", "layer", 1, 92, 128, None, 9)})
+    new = pull("glm-4.7-fp8")
+    assert old.path in {p for p, _ in prune(Cache())}
+    assert not old.path.exists() and verify_cache(Cache()) == (3, []) and new.path.exists()
+
+
 def test_prune_removes_no_more_than_the_user_confirmed(hf_only, monkeypatch):
     cache = Cache()
     cache.ensure()

@@ -245,7 +245,6 @@ class Cache:
         finally:
             lock.release()
 
-
     @contextmanager
     def gc_guard(self, exclusive: bool = False) -> Iterator[None]:
         """Shared by pulls (many at once), exclusive for prune: until its refs are written a

@@ -163,8 +163,11 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
                                                    Alias.name == ref.lower()))
         row = alias.version if alias else None
     if row is None:
+        newest = session.scalar(select(func.max(BundleVersion.number))
+                                 .where(BundleVersion.model_id == model.id))
         known = sorted(alias_map(session, model))
-        hint = f" Aliases: {', '.join(known)}." if known else " It has no versions yet."
+        hint = f" Its versions: 1 to {newest}." if newest else " It has no versions yet."
+        hint += f" Aliases: {', '.join(known)}." if known else ""
         raise VersionNotFound(f"{model.name} has no version {ref!r}.{hint}")
     return row
 

@@ -161,6 +161,27 @@ def seed_zoo(hub, zoo_files):
 
 
 @pytest.fixture
+def registry(tmp_path, monkeypatch, hub):
+    """A real registry server (SQLite) on loopback, the client pointed at it first."""
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry,hf,modelscope")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def glm_bundles(tmp_path_factory):
+    """Two random GLM-4.7-FP8 bundles (seeds 0 and 1), made once per test module."""
+    from tests.utils.bundles import make_bundle
+
+    root = tmp_path_factory.mktemp("bundles")
+    return [make_bundle(root / f"glm{i}", model="glm-4.7-fp8", seed=i) for i in (0, 1)]
+
+
+@pytest.fixture
 def cache_root(sandbox):
     return sandbox / "cache"
 

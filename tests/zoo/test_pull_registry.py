@@ -20,23 +20,6 @@ from oscar_zoo.zoo.registry_client import RegistryClient
 from tests.utils.bundles import make_bundle
 
 
-@pytest.fixture
-def registry(tmp_path, monkeypatch, hub):
-    from tests.utils.databases import fresh_database
-    from tests.utils.registry_server import run_registry
-
-    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
-        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
-        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry,hf,modelscope")
-        yield server
-
-
-@pytest.fixture(scope="module")
-def glm_bundles(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundles")
-    return [make_bundle(root / f"glm{i}", model="glm-4.7-fp8", seed=i) for i in (0, 1)]
-
-
 def test_pull_from_the_registry_end_to_end(registry, glm_bundles):
     registry.publish_dir(glm_bundles[0].path)
     result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8", "--json"], catch_exceptions=False)

@@ -453,7 +453,7 @@ def export_command(target, fmt, out, layers, as_json):
 @click.command("publish")
 @click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--status", type=click.Choice(["draft", "published"]), default=None,
-              help="Publish as a draft (promote later) instead of published.")
+              help="Publish as a draft (`oscar-zoo promote NAME@V` later) instead of published.")
 @click.option("--name", help="Model to publish under (default: the manifest's model name).")
 @json_option
 def publish_command(bundle_dir, status, name, as_json):

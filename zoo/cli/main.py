@@ -10,7 +10,7 @@ import click
 from .. import __version__
 from ..errors import OscarZooError
 from . import (bundle_cmds, calibrate_cmds, client_cmds, jobs_cmds, mirror_cmds, registry_cmds,
-               settings_cmd, worker_cmd)
+               settings_cmd, versions_cmds, worker_cmd)
 
 
 class ZooGroup(click.Group):
@@ -33,8 +33,8 @@ def cli():
     """oscar-zoo: calibrate, validate, publish and pull OSCAR INT2 KV-cache rotations."""
 
 
-for _module in (bundle_cmds, calibrate_cmds, settings_cmd, registry_cmds, client_cmds, mirror_cmds,
-                jobs_cmds, worker_cmd):
+for _module in (bundle_cmds, calibrate_cmds, settings_cmd, registry_cmds, client_cmds,
+                versions_cmds, mirror_cmds, jobs_cmds, worker_cmd):
     _module.register(cli)
 
 

@@ -93,9 +93,7 @@ class Cache:
         return self.root / "blobs" / "sha256"
 
     def blob(self, sha256: str) -> Path:
-        if not is_sha256(sha256):
-            raise BundleFormatError(f"not a sha256 digest: {sha256!r}")
-        return self.blobs / sha256
+        return self.blobs / _sha(sha256)
 
     def incomplete(self, key: str) -> Path:
         return self.blobs / f"{key}.incomplete"
@@ -104,13 +102,13 @@ class Cache:
         return self.root / "models" / model_key(name)
 
     def snapshot_dir(self, name: str, digest: str) -> Path:
-        return self.model_dir(name) / "snapshots" / digest
+        return self.model_dir(name) / "snapshots" / _sha(digest)
 
     def partial_dir(self, name: str, digest: str, spec: str) -> Path:
-        return self.model_dir(name) / "partial" / digest / f"layers-{spec}"
+        return self.model_dir(name) / "partial" / _sha(digest) / f"layers-{spec}"
 
     def export_dir(self, digest: str, fmt: str, layer_spec: str | None = None) -> Path:
-        return self.root / "exports" / digest / (fmt if not layer_spec else f"{fmt}-layers-{layer_spec}")
+        return self.root / "exports" / _sha(digest) / (fmt if not layer_spec else f"{fmt}-layers-{layer_spec}")
 
     def ensure(self) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)
@@ -178,7 +176,7 @@ class Cache:
 
     def write_ref(self, name: str, ref: str, digest: str) -> None:
         if self.read_ref(name, ref) != digest:  # a warm pull rewrites (and fsyncs) nothing
-            atomic_write_bytes(self.model_dir(name) / "refs" / _ref_file(ref), (digest + "\n").encode())
+            atomic_write_bytes(self.model_dir(name) / "refs" / _ref_file(ref), (_sha(digest) + "\n").encode())
 
     def read_ref(self, name: str, ref: str) -> str | None:
         try:
@@ -190,6 +188,8 @@ class Cache:
     def refs(self, name: str) -> dict[str, str]:
         out = {}
         for p in sorted((self.model_dir(name) / "refs").glob("*")):
+            if p.name.startswith("."):  # the temp file of a write_ref that was killed
+                continue
             value = p.read_text().strip()
             if is_sha256(value):
                 out[p.name] = value
@@ -197,11 +197,11 @@ class Cache:
 
     def write_meta(self, name: str, digest: str, meta: dict) -> None:
         data = json.dumps(meta, indent=2, sort_keys=True).encode() + b"\n"
-        atomic_write_bytes(self.model_dir(name) / "meta" / f"{digest}.json", data)
+        atomic_write_bytes(self.model_dir(name) / "meta" / f"{_sha(digest)}.json", data)
 
     def read_meta(self, name: str, digest: str) -> dict:
         try:
-            return json.loads((self.model_dir(name) / "meta" / f"{digest}.json").read_text())
+            return json.loads((self.model_dir(name) / "meta" / f"{_sha(digest)}.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
@@ -294,6 +294,13 @@ def _flock_within(fd: int, how: int, exclusive: bool) -> bool:
             if e.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
                 return False
             raise
+
+
+def _sha(digest: str) -> str:
+    """A digest that is about to name a cache path (a blob, a snapshot, its meta)."""
+    if not is_sha256(digest):
+        raise BundleFormatError(f"not a sha256 digest: {str(digest)[:80]!r}")
+    return digest
 
 
 def _ref_file(ref: str) -> str:

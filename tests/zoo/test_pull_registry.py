@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from oscar_zoo.zoo.bundle import read, verify_bundle
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.cache import Cache
-from oscar_zoo.zoo.errors import (InvalidInput, ModelNotFound, OfflineError, Unauthorized,
-                                  VersionNotFound)
+from oscar_zoo.zoo.errors import (InvalidInput, ModelNotFound, OfflineError, RemoteError,
+                                  Unauthorized, VersionNotFound)
 from oscar_zoo.zoo.pull import pull
 from oscar_zoo.zoo.registry_client import RegistryClient
 from tests.utils.bundles import make_bundle
@@ -268,3 +268,25 @@ def test_vllm_of_a_per_head_bundle_on_a_hub_mirror_fetches_no_rotations(registry
         pull("smollm2-135m", fmt="vllm")
     assert hub.requests("GET", "/bundle.json") and not hub.requests("GET", "/rotations.safetensors")
     assert not Cache().has_blob(per_head_bundle.manifest.file("rotations.safetensors").sha256)
+
+
+def test_a_digest_that_is_not_a_sha256_never_names_a_cache_path(registry, glm_bundles, monkeypatch,
+                                                               tmp_path):
+    """The digest a registry or mirror announces names snapshots/<digest> and meta/<digest>.json:
+    a hostile or broken server's '../..' must be refused before any of them is made."""
+    registry.publish_dir(glm_bundles[0].path)
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+    real_model = RegistryClient.model
+    evil = "../" * 12 + str(tmp_path / "escaped" / "evil").lstrip("/")
+
+    def model_with_a_bad_digest(self, name):
+        detail = real_model(self, name)
+        for v in detail.get("versions", []):
+            v["digest"] = evil
+        return detail
+
+    monkeypatch.setattr(RegistryClient, "model", model_with_a_bad_digest)
+    with pytest.raises(RemoteError, match="not a sha256 hex digest"):
+        pull("glm-4.7-fp8")
+    assert not (tmp_path / "escaped").exists()
+    assert not any(Cache().root.glob("models/*/refs/*"))

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, RemoteError
+from ..files import is_sha256
 from .download import RemoteFile
 
 DEFAULT_ALIASES = ("recommended", "latest")
@@ -80,3 +81,11 @@ class Plan:
     granularity: str | None = None     # "oscar-pt": layer | kv_head, as the catalog declares it
     partial: Callable[[str], RemoteFile] | None = None  # layer spec -> layers.safetensors
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        # the digest names cache paths (snapshots/<digest>, meta/<digest>.json): a server's word
+        # that is not a sha256 must not reach them
+        if self.digest is not None and not is_sha256(self.digest):
+            raise RemoteError(f"{self.origin}: announced bundle digest {self.digest[:80]!r} is "
+                              "not a sha256 hex digest; this source is broken or not to be "
+                              "trusted (tell its operator)")

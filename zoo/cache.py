@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
@@ -146,14 +146,20 @@ class Cache:
         path = self.snapshot_dir(name, digest)
         return Snapshot(model_key(name), digest, path) if path.is_dir() else None
 
-    def link_snapshot(self, name: str, digest: str, files: dict[str, str]) -> Path:
-        """Create snapshots/<digest>/ with one link per file into the blob store, atomically."""
+    def link_snapshot(self, name: str, digest: str, files: dict[str, str],
+                      check: Callable[[Path], None] | None = None) -> Path:
+        """Create snapshots/<digest>/ with one link per file into the blob store, atomically.
+
+        `check` runs on the staged tree: a snapshot that exists has passed it, even if the
+        process is killed the moment after."""
         final = self.snapshot_dir(name, digest)
         if final.is_dir():
             return final
         with staging_dir(final) as tmp:
             for fname, sha in files.items():
                 link_file(self.blob(sha), safe_join(tmp, fname))
+            if check is not None:
+                check(tmp)
             publish_dir(tmp, final)
         seal(final)
         return final

@@ -243,9 +243,7 @@ def _materialize_bundle(plan: Plan, cache: Cache, progress: bool,
         fetched += sum(f.size or 0 for f in remotes if not cache.has_blob(f.sha256, f.size))
         shas = _fetch_all(remotes, cache, progress)
         files = {MANIFEST: digest, **{f.name: s for f, s in zip(remotes, shas)}}
-        path = cache.link_snapshot(plan.model, digest, files)
-        _verify_new_snapshot(path)
-        return digest, path, fetched
+        return digest, cache.link_snapshot(plan.model, digest, files, check=_check_snapshot), fetched
 
 
 def _materialize_import(plan: Plan, cache: Cache, progress: bool,
@@ -294,22 +292,15 @@ def _store_bundle(bundle, model: str, cache: Cache) -> tuple[str, Path]:
         return digest, cache.link_snapshot(model, digest, files)
 
 
-def _verify_new_snapshot(path: Path) -> None:
+def _check_snapshot(path: Path) -> None:
     """What a consumer relies on beyond the sha256 of each file (checked as it was fetched,
     against the manifest): the manifest schema, tensor names, shapes, dtypes, finite values,
-    orthogonal rotations. A snapshot that fails is removed again, so nothing half-trusted
-    stays in the cache."""
-    import shutil
-
+    orthogonal rotations. Runs before the snapshot appears, so nothing half-trusted does."""
     from safetensors.numpy import load_file
 
     from .bundle import check_tensors, read_manifest
 
-    try:
-        check_tensors(read_manifest(path), load_file(str(path / "rotations.safetensors")))
-    except Exception:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
+    check_tensors(read_manifest(path), load_file(str(path / "rotations.safetensors")))
 
 
 def _fetch_all(remotes: list[RemoteFile], cache: Cache, progress: bool) -> list[str]:

@@ -290,3 +290,23 @@ def test_a_digest_that_is_not_a_sha256_never_names_a_cache_path(registry, glm_bu
         pull("glm-4.7-fp8")
     assert not (tmp_path / "escaped").exists()
     assert not any(Cache().root.glob("models/*/refs/*"))
+
+
+def test_a_snapshot_appears_only_after_its_tensors_are_checked(registry, glm_bundles, monkeypatch):
+    """Interrupted during the tensor checks (Ctrl-C here; a kill alike), a pull used to leave a
+    published snapshot that every later pull and `verify` trusted unchecked."""
+    import oscar_zoo.zoo.bundle as bundle_module
+
+    registry.publish_dir(glm_bundles[0].path)
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(bundle_module, "check_tensors", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pull("glm-4.7-fp8")
+    assert Cache().snapshot("glm-4.7-fp8", glm_bundles[0].digest) is None
+    assert not list(Cache().root.glob("models/*/snapshots/*"))  # no staging dir left either
+    assert pull("glm-4.7-fp8").digest == glm_bundles[0].digest

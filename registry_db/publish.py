@@ -120,7 +120,12 @@ def model_for(session: Session, manifest: Manifest, name: str | None = None,
                                f"upload it to /v1/models/{ref.name}/versions")
     if model is None:
         _check_new_model(manifest)
-        return _create_model(session, manifest, created_by) if create else None
+        if not create:
+            return None
+        model = _create_model(session, manifest, created_by)
+        if model is None:
+            return _created_concurrently(session, manifest, name)
+        return model
     if ref.hub_id.lower() != model.hub_id_lower:
         raise InvalidInput(f"the bundle names model {ref.name!r} with hub id {ref.hub_id!r}, but "
                            f"the registry knows {model.name} as {model.hub_id}; fix bundle.json")
@@ -142,7 +147,8 @@ def _check_new_model(manifest: Manifest) -> None:
                            f"hub id like org/repo; got {ref.name!r} and {ref.hub_id!r}")
 
 
-def _create_model(session: Session, manifest: Manifest, created_by: str | None) -> Model:
+def _create_model(session: Session, manifest: Manifest, created_by: str | None) -> Model | None:
+    """The new model row, or None when a concurrent upload created it (or its hub id) first."""
     ref = manifest.model
     values = dict(name=ref.name.lower(), hub_id=ref.hub_id, hub_id_lower=ref.hub_id.lower(),
                   architecture=ref.architecture, aliases=[],
@@ -151,9 +157,20 @@ def _create_model(session: Session, manifest: Manifest, created_by: str | None) 
         with session.begin_nested():
             model = Model(**values)
             session.add(model)
-    except DBIntegrityError:  # a concurrent upload created it first
-        return resolve_model(session, ref.name)
+    except DBIntegrityError:
+        return None
     audit.record(session, created_by, "model.create", model.name, hub_id=model.hub_id)
+    return model
+
+
+def _created_concurrently(session: Session, manifest: Manifest, name: str | None) -> Model:
+    # The winner's bundle may name another hub id or geometry than ours: check ours against
+    # its row exactly as if it had been there first (PostgreSQL; SQLite has one writer).
+    model = model_for(session, manifest, name, create=False)
+    if model is None:
+        ref = manifest.model
+        raise Conflict(f"another upload created a model clashing with {ref.name} ({ref.hub_id}) "
+                       "at the same moment; retry the upload")
     return model
 
 

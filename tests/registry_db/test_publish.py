@@ -180,3 +180,58 @@ def test_an_upload_cannot_claim_to_be_a_jobs_result(registry, tmp_path):
     # provenance from elsewhere (an id this registry never issued) is still recorded
     pub = registry.publish(tmp_path / "a", "someone", source_job="ci-run-812")
     assert pub.created and pub.version.source_job == "ci-run-812"
+
+
+def _upload_bundle(tmp_path, dirname: str, name: str, hub_id: str, head_dim: int = 32):
+    from oscar_zoo.registry_db.publish import prepare_bundle
+
+    manifest = make_manifest("smollm2-135m").model_copy(update={
+        "model": ModelRef(name=name, hub_id=hub_id, architecture="Llama"),
+        "geometry": Geometry.of(ModelGeometry(4, 4, 2, head_dim))})
+    write(Bundle(manifest, *make_tensors(manifest)), tmp_path / dirname)
+    return prepare_bundle(tmp_path / dirname)
+
+
+@pytest.mark.parametrize("winner, ours, outcome", [
+    (("foo", "me/foo", 32), ("foo", "you/foo", 32), "knows foo as me/foo"),
+    (("foo", "me/foo", 32), ("foo", "me/foo", 16), "head_dim 16 \\(model has 32\\)"),
+    (("bar", "me/baz", 32), ("qux", "me/baz", 32), None),      # only the hub id collides
+], ids=["other-hub-id", "other-geometry", "hub-id-only"])
+def test_a_model_created_concurrently_is_checked_like_an_existing_one(
+        registry, tmp_path, monkeypatch, winner, ours, outcome):
+    """Two first uploads of one new model: the loser's INSERT fails on the unique index once the
+    winner commits. It took the winner's row unchecked, so a bundle of another hub id or another
+    geometry joined the model (a hub-id-only clash even answered ModelNotFound) (PostgreSQL)."""
+    from oscar_zoo.registry_db import publish
+    from oscar_zoo.registry_db.publish import model_for, record_version, store_blobs
+
+    if registry.db.is_sqlite:
+        pytest.skip("SQLite has one writer: the two transactions cannot overlap")
+    first = _upload_bundle(tmp_path, "winner", *winner)
+    second = _upload_bundle(tmp_path, "ours", *ours)
+    for p in (first, second):
+        store_blobs(registry.blobs, p)
+    check_new_model = publish._check_new_model
+
+    def winner_commits_first(manifest):
+        # ours found no model and is about to insert one: the other upload commits it now
+        monkeypatch.setattr(publish, "_check_new_model", check_new_model)
+        check_new_model(manifest)
+        with registry.db.write() as other:
+            record_version(other, model_for(other, first.manifest), first, "token:alice")
+
+    monkeypatch.setattr(publish, "_check_new_model", winner_commits_first)
+    with registry.db.write() as s:
+        if outcome is None:
+            model = model_for(s, second.manifest, created_by="token:bob")
+            assert model.name == "bar"
+            record_version(s, model, second, "token:bob")
+        else:
+            with pytest.raises((InvalidInput, BundleFormatError), match=outcome):
+                model_for(s, second.manifest, created_by="token:bob")
+    with registry.db.read() as s:
+        models = list(s.scalars(select(Model).where(Model.source == "upload")))
+        assert [(m.name, m.hub_id, m.geometry["head_dim"]) for m in models] == [
+            (winner[0], winner[1], 32)]
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == (
+            2 if outcome is None else 1)

@@ -78,7 +78,7 @@ class Part:
 
     model: str
     digest: str
-    layers: str                     # the spec, as export.layer_spec writes it: 3-7, 3-39.10
+    layers: str                     # the spec, as export.layer_spec writes it: 3-7, 0-1_3
     path: Path
 
 

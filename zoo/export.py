@@ -14,6 +14,7 @@ export is built again). Written without torch (zoo/interop/pt_writer.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -44,11 +45,20 @@ class ExportResult:
 
 
 def layer_spec(layers: list[int] | None) -> str | None:
-    """Canonical, file-name-safe spelling of a layer list: 0-45 or 3-39.10 (first-last.count)."""
+    """File-name-safe spelling of a layer list, one per list: 0-45, 0-1_3, 0-10_20-30. It names
+    cache dirs, so two lists must never share one; past 100 characters a hash keeps it short."""
     if not layers:
         return None
-    contiguous = layers == list(range(layers[0], layers[-1] + 1))
-    return f"{layers[0]}-{layers[-1]}" if contiguous else f"{layers[0]}-{layers[-1]}.{len(layers)}"
+    runs, start = [], layers[0]
+    for prev, cur in zip(layers, layers[1:] + [None]):
+        if cur != prev + 1:
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    spec = "_".join(runs)
+    if len(spec) > 100:
+        digest = hashlib.sha256(",".join(map(str, layers)).encode()).hexdigest()[:16]
+        spec = f"{layers[0]}-{layers[-1]}.{len(layers)}.{digest}"
+    return spec
 
 
 def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[int] | None = None,
@@ -64,10 +74,10 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
         edir = bundle_dir
     else:
         edir = cache.export_dir(digest, fmt, layer_spec(layers))
-        info = _intact(edir)
+        info = _intact(edir, layers)
         if info is None:
             with cache.lock(f"export-{digest}-{fmt}-{layer_spec(layers)}", f"the {fmt} export"):
-                info = _intact(edir)
+                info = _intact(edir, layers)
                 if info is None:
                     info = _build(bundle_dir, fmt, layers, edir)
         files = {role: edir / name for role, name in info["files"].items()}
@@ -113,14 +123,17 @@ def _load(bundle_dir: Path, layers: list[int] | None):
     return bundle
 
 
-def _intact(edir: Path) -> dict | None:
-    """export.json of an export whose files are all there at their recorded sizes, else None.
+def _intact(edir: Path, layers: list[int] | None) -> dict | None:
+    """export.json of an export of these layers whose files are all there at their recorded
+    sizes, else None.
 
     Stat only, no hashing: this is the warm path. The files were written without fsync, so
     after a crash one may be short or missing; an export.json from before sizes were recorded
     cannot tell, and counts as stale too."""
     try:
         info = json.loads((edir / INFO).read_text())
+        if info["layers"] != layers:  # a cache dir named by an older, ambiguous layer_spec
+            return None
         sizes = info["sizes"]
         if set(sizes) != set(info["files"].values()):
             return None

@@ -330,13 +330,17 @@ def parse_layer_spec(spec: str) -> list[tuple[int, int, bool]]:
     for item in spec.split(","):
         item = item.strip()
         lo, dash, hi = item.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not _number(lo) or (dash and not _number(hi)):
             raise InvalidInput(f"bad --layers {spec!r}: use layer numbers and ranges, e.g. 0-45 or 0-45,60")
         a, b = int(lo), int(hi) if dash else int(lo)
         if a > b:
             raise InvalidInput(f"bad --layers range {item!r}: the start is past the end")
         out.append((a, b, bool(dash)))
     return out
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes '²', which int() refuses
 
 
 def select_layers(spec: str, available: list[int]) -> list[int]:
@@ -398,9 +402,9 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
     chosen = select_layers(spec, available)
     pdir = cache.partial_dir(plan.model, plan.digest, layer_spec(chosen))
     fetched = 0
-    if not (pdir / "rotations.safetensors").exists():
+    if not _holds(pdir, chosen):
         with cache.lock(f"partial-{plan.digest}-{layer_spec(chosen)}", "a --layers download"):
-            if not (pdir / "rotations.safetensors").exists():
+            if not _holds(pdir, chosen):
                 fetched = _fetch_part(plan, cache, raw, chosen, pdir, progress)
     _record(plan, cache)
     notes = list(plan.notes) + [f"fetched layers {layer_spec(chosen)} only ({len(chosen)} of "
@@ -409,6 +413,13 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
     return PullResult(plan.model, plan.digest, plan.source, plan.origin, plan.version, pdir, False,
                       plan.validated, plan.status, cached=fetched == 0, layers=chosen,
                       notes=notes, fetched_bytes=fetched)
+
+
+def _holds(pdir: Path, chosen: list[int]) -> bool:
+    try:
+        return json.loads((pdir / ".partial.json").read_text())["layers"] == chosen
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _layers_and_granularity(raw: bytes) -> tuple[list[int], str]:

@@ -131,3 +131,17 @@ def test_export_list_and_show_without_a_registry(seed_zoo, tmp_path):
     assert "per KV head" in text and "48 of 48 layers" in text
     bad = runner.invoke(cli, ["show", "qwen3-8bb"])
     assert bad.exit_code == 1 and "Did you mean: qwen3-8b" in bad.stderr
+
+
+@pytest.mark.parametrize("spec", ["", "²", "3-²", "0,,2"])
+def test_export_refuses_a_layer_spec_it_cannot_read(tmp_path, spec):
+    """'' used to export every layer (pull refused it), '²' passed str.isdigit and died in int()."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    r = CliRunner().invoke(cli, ["export", str(bundle.path), "--layers", spec, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "bad --layers" in r.stderr, r.output
+    assert not (tmp_path / "o").exists()

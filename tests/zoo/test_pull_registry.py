@@ -310,3 +310,22 @@ def test_a_snapshot_appears_only_after_its_tensors_are_checked(registry, glm_bun
     assert Cache().snapshot("glm-4.7-fp8", glm_bundles[0].digest) is None
     assert not list(Cache().root.glob("models/*/snapshots/*"))  # no staging dir left either
     assert pull("glm-4.7-fp8").digest == glm_bundles[0].digest
+
+
+@pytest.mark.parametrize("first, second", [("0,1,3", "0,2,3"), ("0-10,20-30", "0-20,30")])
+def test_two_layer_lists_never_share_a_part_or_an_export(registry, glm_bundles, first, second):
+    """Their cache dirs used to be named first-last.count, so the second list was answered with
+    the first one's part and export: an engine got layers it did not ask for, and lacked others."""
+    torch = pytest.importorskip("torch")
+    registry.publish_dir(glm_bundles[0].path)
+    for spec in (first, second, first):
+        r = pull("glm-4.7-fp8", layers=spec, fmt="sglang")
+        want = [i for a, _, b in (p.partition("-") for p in spec.split(","))
+                for i in range(int(a), int(b or a) + 1)]
+        assert r.layers == want
+        k = torch.load(r.export.files["k"], weights_only=True)
+        assert sorted(k["layers"]) == want
+        part = read(r.path, verify=False)  # the whole bundle's manifest, some of its layers
+        assert sorted(part.k) == want
+        for layer in (want[0], want[-1]):
+            np.testing.assert_array_equal(part.k[layer].rotation, glm_bundles[0].k[layer].rotation)

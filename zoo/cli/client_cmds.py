@@ -444,7 +444,7 @@ def export_command(target, fmt, out, layers, as_json):
         name, ref = parse_spec(target)
         result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
         bdir, digest = result.path, result.digest
-    chosen = _layers_of(bdir, layers) if layers else None
+    chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
     result = export(cache, digest, bdir, fmt, chosen, out)
     emit(result.to_dict(), as_json,
          lambda d: (result.recipe.shell() if result.recipe else str(result.dir)))

@@ -8,6 +8,7 @@ an engine or a reviewer needs to use or trust the rotations is here, not in env 
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -27,8 +28,27 @@ V_OBJECTIVES = ("sst", "vtv", "hadamard", "identity", "imported")
 COMPOSITIONS = ("plain", "pbr", "br", "r_h", "h_pbr", "h_r_pbr", "h_pbr_r", "r_h_pbr", "none")
 
 
+def check_finite(value: Any, where: str = "value") -> Any:
+    """`value` unchanged; raises ValueError naming the first NaN or Infinity inside it.
+
+    Python's json reads and writes them, but they are not JSON (RFC 8259): a manifest or a
+    job record holding one is unreadable to strict parsers and to the API's responses.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}: NaN and Infinity are not JSON; "
+                         "use a finite number or null")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{where}[{i}]")
+    return value
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: float fields refuse NaN and Infinity (see check_finite for free-form ones)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelRef(Strict):
@@ -114,6 +134,11 @@ class Calibration(Strict):
     imported_from: str | None = None
     job_id: str | None = None
     spec: dict[str, Any] | None = None   # the declarative job spec, copied verbatim
+
+    @field_validator("spec")
+    @classmethod
+    def _finite_spec(cls, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_finite(spec, "spec")
 
 
 class VariantResult(Strict):

@@ -29,13 +29,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy import exists, select
 
 from ...registry_db import jobs as jobs_db
 from ...registry_db.models import Job
 from ...registry_db.publish import model_for, prepare_bundle, store_blobs
 from ...zoo.errors import LeaseLost
+from ...zoo.manifest import check_finite
 from ..auth import require
 from ..serialize import iso
 from .jobs import detail_of
@@ -49,7 +50,9 @@ CLAIM_POLL_S = 0.5
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN or Infinity in timings or progress would be stored, and then every read of the job
+    # answers 500: its JSON cannot be written
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @field_validator("*")
     @classmethod
@@ -57,6 +60,11 @@ class Strict(BaseModel):
         if isinstance(value, str) and "\x00" in value:
             raise ValueError("may not contain NUL characters")
         return value
+
+    @field_validator("*")
+    @classmethod
+    def _finite(cls, value, info: ValidationInfo):
+        return check_finite(value, info.field_name)
 
 
 class ClaimRequest(Strict):

@@ -187,3 +187,37 @@ def test_wrong_content_type_and_fields(publisher, tmp_path, snapshot):
                   headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
     assert snapshot(server) == before
+
+
+VALIDATION = {"passed": True, "criterion": "x", "tolerance": 0.1, "dataset": "d",
+              "context_len": 2048, "eval_windows": 2, "eval_tokens": 4096, "sink_tokens": 64,
+              "recent_tokens": 256, "group_size": 64, "scale_dtype": "float32", "bf16_nll": 1.0,
+              "bits_int2_tier": 2.5, "bits_at_context": 2.6, "created_at": "2026-01-01T00:00:00Z",
+              "code_version": "0.1.0",
+              "variants": [{"name": "bundle", "delta_nll": 0.01, "kl": 0.01, "attn_rel_error": 0.1}]}
+
+
+def _with_validation(m):
+    m["validation"] = json.loads(json.dumps(VALIDATION))
+    return m["validation"]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: _with_validation(m)["variants"][0].update(delta_nll=float("inf")), "finite number"),
+    (lambda m: _with_validation(m).update(bf16_nll=float("nan")), "finite number"),
+    (lambda m: m["calibration"].update(spec={"k_clip": float("nan")}), "spec.k_clip is nan"),
+], ids=["inf-delta-nll", "nan-bf16-nll", "nan-in-spec"])
+def test_nan_or_infinity_in_the_manifest_is_refused(publisher, tmp_path, snapshot, edit, says):
+    """Python's json writes NaN and Infinity, which are not JSON: such a version was committed,
+    then every answer naming it was a 500, and the served bundle.json unreadable to strict
+    parsers."""
+    server, http = publisher
+    make_bundle(tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
+    edit(manifest)
+    (tmp_path / "b" / "bundle.json").write_text(json.dumps(manifest))
+    before = snapshot(server)
+    r = http.post("/v1/models/smollm2-135m/versions", files=_files(tmp_path / "b"))
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"]
+    assert snapshot(server) == before

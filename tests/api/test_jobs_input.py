@@ -1,0 +1,54 @@
+"""Bad job and worker requests: a 4xx with a clear message, and nothing stored that would make
+a later read of the job fail."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def jobs_http(registry_server):
+    """(submitter client, worker client) on the real registry."""
+    with registry_server.client(registry_server.token("jobs:submit", name="owner")) as sub, \
+            registry_server.client(registry_server.token("jobs:work", name="gpu")) as work:
+        yield sub, work
+
+
+def _json(client, path: str, body: str):
+    # raw text: httpx (like the json module's strict mode) would not send NaN itself
+    return client.post(path, content=body, headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("body", [
+    '{"lease": "%s", "phase": "pass1", "timings": {"loading": NaN}}',
+    '{"lease": "%s", "phase": "pass1", "timings": {"loading": Infinity}}',
+    '{"lease": "%s", "phase": "pass1", "progress": {"done": 1, "rate": NaN}}',
+], ids=["nan-timing", "inf-timing", "nan-progress"])
+def test_progress_with_nan_is_refused_and_the_job_stays_readable(jobs_http, body):
+    """Stored, NaN timings made GET /v1/jobs/{id} answer 500 for good (not JSON)."""
+    sub, work = jobs_http
+    job = sub.post("/v1/jobs", json={"model": "smollm2-135m"}).json()["id"]
+    claim = work.post("/v1/workers/claim", json={"worker": "w1", "gpus": 1})
+    lease = claim.json()["lease"]["token"]
+    r = _json(work, f"/v1/jobs/{job}/progress", body % lease)
+    assert r.status_code == 422, r.text
+    assert "finite number" in r.json()["detail"] or "progress.rate is nan" in r.json()["detail"]
+    assert sub.get(f"/v1/jobs/{job}").status_code == 200
+    r = _json(work, f"/v1/jobs/{job}/complete", '{"lease": "%s", "timings": {"total": NaN}}' % lease)
+    assert r.status_code == 422, r.text
+    assert sub.get(f"/v1/jobs/{job}").json()["status"] == "running"
+
+
+@pytest.mark.parametrize("body, says", [
+    ('{"model": "smollm2-135m", "ray_resources": {"tpu": NaN}}', "spec.ray_resources.tpu is nan"),
+    ('{"model": "smollm2-135m", "validation": {"tolerance": Infinity}}',
+     "spec.validation.tolerance is inf"),
+], ids=["nan-ray-resource", "inf-tolerance"])
+def test_a_spec_with_nan_is_refused(jobs_http, body, says):
+    """The job was stored, then its submit, every read of it and every claim answered 500."""
+    sub, work = jobs_http
+    r = _json(sub, "/v1/jobs", body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"] and "not JSON" in r.json()["detail"]
+    assert sub.get("/v1/jobs").json()["items"] == []
+    assert work.post("/v1/workers/claim", json={"worker": "w1", "ray": True}).status_code == 204

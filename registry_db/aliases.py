@@ -41,6 +41,8 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
                            "`recommended` or your own alias instead")
     if version is not None and version.model_id != model.id:
         raise InvalidInput(f"version {version.number} belongs to another model")
+    if version is not None and not _system:
+        _lock_status(session, version)
     if version is not None and version.status != "published":
         raise Conflict(f"version {version.number} is {version.status}; aliases point at published "
                        "versions only")
@@ -63,6 +65,17 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
                  version=version.number if version else None, reason=reason)
     session.flush()
     return True
+
+
+def _lock_status(session: Session, version: BundleVersion) -> None:
+    # The status was read without a lock: a yank committed since would be missed and the alias
+    # would point at a yanked version (PostgreSQL; SQLite has one writer). FOR SHARE waits for a
+    # yank in flight and holds off a later one until this move commits. `latest` skips this: it
+    # is moved under the model lock after every status change (refresh_latest), which orders it,
+    # and a yank holding its version's lock while waiting for the model lock would deadlock here.
+    session.execute(select(BundleVersion.id).where(BundleVersion.id == version.id)
+                    .with_for_update(read=True))
+    session.refresh(version)
 
 
 def refresh_latest(session: Session, model: Model, by: str | None, reason: str) -> None:

@@ -1,0 +1,64 @@
+"""Moving aliases while versions change status (PostgreSQL: two transactions really overlap;
+SQLite has one writer, so they cannot)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+
+from oscar_zoo.registry_db.aliases import move_alias
+from oscar_zoo.registry_db.models import BundleVersion
+from oscar_zoo.registry_db.publish import yank_version
+from oscar_zoo.registry_db.queries import alias_map, resolve_model, resolve_version
+from oscar_zoo.registry_db.registry import open_registry
+from oscar_zoo.zoo.errors import Conflict
+from tests.utils.bundles import make_bundle
+
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture
+def registry(registry_db_url, tmp_path):
+    reg = open_registry(registry_db_url, tmp_path / "data")
+    if reg.db.is_sqlite:
+        reg.close()
+        pytest.skip("SQLite has one writer: the two transactions cannot overlap")
+    make_bundle(tmp_path / "b")
+    reg.publish(tmp_path / "b", "token:pub")
+    yield reg
+    reg.close()
+
+
+def _yank(registry, reason: str = "broken") -> None:
+    with registry.db.write() as s:
+        yank_version(s, resolve_version(s, resolve_model(s, MODEL), 1), reason, "token:ops")
+
+
+def test_an_alias_is_not_moved_to_a_version_yanked_since_it_was_read(registry):
+    """PUT .../aliases/recommended read the version as published; a yank committed before the
+    move: the alias pointed at the yanked version."""
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        version = resolve_version(s, model, "1")
+        assert version.status == "published"
+        _yank(registry)
+        with pytest.raises(Conflict, match="version 1 is yanked"):
+            move_alias(s, model, "recommended", version, "token:pub")
+    with registry.db.read() as s:
+        assert "recommended" not in alias_map(s, resolve_model(s, MODEL))
+
+
+def test_a_yank_waits_for_an_alias_move_in_flight(registry):
+    """A yank that committed between the move's status check and its commit left the alias on
+    a yanked version just the same: the move holds the version's status until it commits."""
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        move_alias(s, model, "recommended", resolve_version(s, model, "1"), "token:pub")
+        with pytest.raises(OperationalError, match="lock"), registry.db.write() as other:
+            # the yank's own lock (yank_version), without waiting: it must not be granted now
+            other.execute(select(BundleVersion.id).where(BundleVersion.number == 1)
+                          .with_for_update(key_share=True, nowait=True))
+    _yank(registry)     # after the move's commit: the yank goes ahead
+    with registry.db.read() as s:
+        assert resolve_version(s, resolve_model(s, MODEL), "1").status == "yanked"

@@ -229,3 +229,15 @@ def test_cli_convert_refuses_to_guess_between_files(tmp_path):
     res = CliRunner().invoke(cli, ["convert", "--from", "sglang", str(tmp_path), "--model", "qwen3-8b",
                                    "--out", str(tmp_path / "b")])
     assert res.exit_code == 1 and "name the K and V files explicitly" in res.output
+
+
+@pytest.mark.parametrize("objective", ["qqt_r_h_pbr_fast", "ktk_newcomp"])
+def test_an_objective_from_a_newer_oscar_imports_as_imported(objective):
+    """A suffix that is no composition we know used to fail the manifest's schema with a raw
+    pydantic traceback; the rotations load fine, only the label is unknown."""
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, seed=1, objective=objective)
+    v = _random_oscar(range(30), 64, seed=2, objective="sst_r_h_pbr")
+    b = bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+    assert (b.manifest.method.k_objective, b.manifest.method.composition) == ("imported", "none")
+    np.testing.assert_array_equal(b.k[3].rotation, k.layers[3].rotation)

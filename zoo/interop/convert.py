@@ -18,7 +18,8 @@ from ..bundle import Bundle, SideTensors
 from ..errors import BundleFormatError
 from ..catalog import CatalogEntry
 from ..geometry import ModelGeometry
-from ..manifest import Calibration, Clip, Geometry, Manifest, Method, ModelRef, Quantization, utc_now
+from ..manifest import (COMPOSITIONS, Calibration, Clip, Geometry, Manifest, Method, ModelRef,
+                        Quantization, utc_now)
 from .oscar_pt import OscarFile, OscarLayer, read_file, write_file
 
 _TAG = re.compile(r"seq(\d+)_prompt(\d+)_group(\d+)")
@@ -53,9 +54,9 @@ def _method(objective: str) -> tuple[str, str]:
     if objective == "cov_eig_hadamard_perhead":  # V2: own covariance, eigvecs by desc. eigenvalue, then H
         return "own", "r_h"
     m = re.match(r"^(qqt|sst|ktk|vtv)_(.+)$", objective)
-    if m:
+    if m and m.group(2) in COMPOSITIONS:
         return m.group(1), m.group(2)
-    return "imported", "none"
+    return "imported", "none"  # a newer OSCAR's recipe: the rotations load, the label is ours
 
 
 def bundle_from_oscar(k: OscarFile, v: OscarFile, model: CatalogEntry, serving: ServingDefaults,

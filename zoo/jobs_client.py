@@ -81,7 +81,7 @@ class JobsClient:
             except (httpx.TransportError, OfflineError):
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > reconnect_s:
-                    raise OfflineError(f"lost the registry at {self.endpoint} for "
+                    raise OfflineError(f"lost the registry at {self.registry.where} for "
                                        f"{reconnect_s:.0f} s while following job {job_id}") from None
                 time.sleep(1.0)
 

@@ -67,6 +67,7 @@ def _name(name: str) -> str:
 class RegistryClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
+        self.where = settings.redact_url(self.endpoint)  # for messages: never its password
         self.token = token if token is not None else current_token()
         self._http = None
 
@@ -119,7 +120,7 @@ class RegistryClient:
                     time.sleep(min(0.25 * 2 ** attempt, 4.0))
                     continue
                 raise OfflineError(
-                    f"cannot reach the registry at {self.endpoint} ({type(e).__name__}); check "
+                    f"cannot reach the registry at {self.where} ({type(e).__name__}); check "
                     "OSCAR_ZOO_ENDPOINT and your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
                     "local cache") from None
             if r.status_code >= 500 and attempt + 1 < attempts:
@@ -141,7 +142,7 @@ class RegistryClient:
             return r.json()
         except ValueError:
             kind = r.headers.get("Content-Type", "no content type").split(";")[0]
-            raise RemoteError(f"registry {self.endpoint}: {r.request.url.path} answered "
+            raise RemoteError(f"registry {self.where}: {r.request.url.path} answered "
                               f"{r.status_code} with {kind}, not JSON; is OSCAR_ZOO_ENDPOINT the "
                               "oscar-zoo registry's base URL?") from None
 
@@ -154,7 +155,7 @@ class RegistryClient:
         if not isinstance(detail, str):
             detail = f"{r.status_code} {r.reason_phrase}"
         title = body.get("title", "") if isinstance(body, dict) else ""
-        where = f"registry {self.endpoint}"
+        where = f"registry {self.where}"
         code = r.status_code
         if code == 404:
             cls = {"Model not found": ModelNotFound, "Version not found": VersionNotFound,

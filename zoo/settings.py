@@ -112,6 +112,28 @@ def raw(name: str) -> str | None:
     return s.default if value is None else value
 
 
+def shown(name: str):
+    """A setting's value fit to print: a secret as ***, a URL's password (a database URL, an
+    endpoint with user:password@) as ***."""
+    if setting(name).secret:
+        return "***" if raw(name) else None
+    value = get(name)
+    return redact_url(value) if isinstance(value, str) else value
+
+
+def redact_url(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        if not parts.password:
+            return url
+    except ValueError:  # not a URL after all
+        return url
+    netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"
+    return parts._replace(netloc=netloc).geturl()
+
+
 def get(name: str):
     """The typed value of a setting, read from the environment now."""
     s = setting(name)

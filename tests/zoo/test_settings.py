@@ -40,3 +40,26 @@ def test_settings_command_masks_secrets(monkeypatch):
     monkeypatch.setenv("OSCAR_ZOO_TOKEN", "ozk_secret_value")
     out = CliRunner().invoke(cli, ["settings", "--json"]).output
     assert "ozk_secret_value" not in out and "OSCAR_ZOO_CACHE" in out
+
+
+def test_settings_command_masks_passwords_in_urls(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_DATABASE_URL", "postgresql://zoo:S3cretPw@db.internal:5432/zoo")
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "https://alice:tok123@reg.example")
+    rows = {r["env"]: r["value"] for r in __import__("json").loads(
+        CliRunner().invoke(cli, ["settings", "--json"]).stdout)}
+    assert rows["OSCAR_ZOO_DATABASE_URL"] == "postgresql://zoo:***@db.internal:5432/zoo"
+    assert rows["OSCAR_ZOO_ENDPOINT"] == "https://alice:***@reg.example"
+    human = CliRunner().invoke(cli, ["settings"]).stdout
+    assert "S3cretPw" not in human and "tok123" not in human
+
+
+def test_registry_errors_never_show_the_endpoint_password(monkeypatch):
+    """An unreachable registry's error names the endpoint: without its user:password@ part."""
+    from oscar_zoo.zoo.errors import OfflineError
+    from oscar_zoo.zoo.registry_client import RegistryClient
+
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with RegistryClient("http://alice:tok123@127.0.0.1:9") as client:
+        with pytest.raises(OfflineError) as e:
+            client.model("smollm2-135m")
+    assert "alice:***@127.0.0.1:9" in str(e.value) and "tok123" not in str(e.value)

@@ -12,8 +12,7 @@ from .output import emit, json_option
 @json_option
 def settings_command(as_json: bool):
     """Show every setting with its env var and current value."""
-    rows = [{"name": s.name, "env": s.env, "help": s.help,
-             "value": ("***" if s.secret and settings.raw(s.name) else _show(settings.get(s.name)))}
+    rows = [{"name": s.name, "env": s.env, "help": s.help, "value": _show(settings.shown(s.name))}
             for s in settings.SETTINGS]
     emit(rows, as_json, lambda rs: "\n".join(f"{r['env']:36} {r['value']!s:40} {r['help']}" for r in rs))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..catalog import CatalogEntry
 from ..errors import VersionNotFound
 from ..registry_client import RegistryClient
+from ..settings import redact_url
 from .base import DEFAULT_ALIASES, Plan, Ref
 from .download import RemoteFile
 
@@ -40,7 +41,7 @@ class RegistrySource:
             notes.append(f"version {number} of {model} is a draft, not published")
         return Plan(
             source="registry", model=model, kind="bundle", digest=digest, version=number,
-            origin=client.url(f"/v1/models/{model}/versions/{number}"),
+            origin=redact_url(client.url(f"/v1/models/{model}/versions/{number}")),
             refs=[f"v{number}", *summary.get("aliases", [])], status=summary.get("status"),
             validated=summary.get("validation_passed"),
             manifest=locate(MANIFEST, digest, None), locate=locate, notes=notes,
@@ -52,7 +53,7 @@ class RegistrySource:
         """(version summary, model name) for the ref, from the model detail when it lists it."""
         detail = self.client.model(name)
         model, aliases = detail["name"], detail.get("version_aliases", {})
-        where = f"registry {self.client.endpoint}: {model}"
+        where = f"registry {self.client.where}: {model}"
         if ref.version is not None:
             number = ref.version
         elif ref.alias is not None:

@@ -252,7 +252,7 @@ def complete(session: Session, job_id: str, token: str, timings: dict | None = N
 def fail(session: Session, job_id: str, token: str, error: str, retryable: bool = True,
          cancelled: bool = False) -> Job:
     """The attempt ended without a result. Cancelled -> cancelled; retryable and attempts left
-    -> queued again; else failed."""
+    -> queued again (cancelled if a cancel is pending); else failed."""
     job = leased(session, job_id, token)
     now = now_utc()
     if cancelled:
@@ -266,24 +266,24 @@ def fail(session: Session, job_id: str, token: str, error: str, retryable: bool 
 
 
 def release(session: Session, job_id: str, token: str) -> Job:
-    """The worker is shutting down: requeue without spending an attempt."""
+    """The worker is shutting down: requeue without spending an attempt (or, if a cancel is
+    pending, cancel)."""
     job = leased(session, job_id, token)
-    _requeue(job, None)
-    job.attempts = max(job.attempts - 1, 0)
+    _requeue(job, None, refund=True)
     return job
 
 
 def release_held_by(session: Session, holders: list[str]) -> list[str]:
-    """Requeue (without spending an attempt) running jobs leased to these workers: the local
-    executor calls this after its workers stopped. Returns the job ids."""
+    """Requeue (without spending an attempt; cancel, if a cancel is pending) running jobs leased
+    to these workers: the local executor calls this after its workers stopped. Returns the job
+    ids."""
     if not holders:
         return []
     rows = session.scalars(select(Job).where(Job.status == "running", Job.lease_holder.in_(holders))
                            .with_for_update(skip_locked=True))
     out = []
     for job in rows:
-        _requeue(job, None)
-        job.attempts = max(job.attempts - 1, 0)
+        _requeue(job, None, refund=True)
         out.append(job.id)
     return out
 
@@ -309,7 +309,14 @@ def sweep(session: Session, now: datetime | None = None) -> list[tuple[str, str]
     return out
 
 
-def _requeue(job: Job, reason: str | None) -> None:
+def _requeue(job: Job, reason: str | None, refund: bool = False) -> None:
+    """Back to queued (refund: without spending the attempt), or cancelled if that was asked."""
+    if job.cancel_requested:
+        # claim skips a job with a cancel pending: requeued, it would sit in the queue forever
+        _finish(job, "cancelled", None, now_utc())
+        return
+    if refund:
+        job.attempts = max(job.attempts - 1, 0)
     job.status, job.phase = "queued", "queued"
     job.progress = _progress("queued", **({"requeued": reason} if reason else {}))
     job.lease_holder = job.lease_token = job.lease_expires_at = None

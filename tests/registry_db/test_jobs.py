@@ -1,0 +1,80 @@
+"""Job state changes in the database (registry_db/jobs.py), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from oscar_zoo.registry_db import jobs
+from oscar_zoo.registry_db.registry import open_registry
+
+
+@pytest.fixture
+def registry(registry_db_url, tmp_path):
+    reg = open_registry(registry_db_url, tmp_path / "data")
+    yield reg
+    reg.close()
+
+
+def submit(registry, gpus: int = 1, **spec) -> str:
+    with registry.db.write() as s:
+        job, _ = jobs.submit(s, {"model": "smollm2-135m", **spec}, model="smollm2-135m",
+                             gpus=gpus, max_attempts=3, lease_seconds=60)
+        return job.id
+
+
+def claim(registry, worker: str = "w1", gpus: int | None = 1) -> tuple[str, str] | None:
+    with registry.db.write() as s:
+        got = jobs.claim(s, worker, gpus)
+        return (got[0].id, got[1]) if got else None
+
+
+def status(registry, job_id: str) -> tuple[str, bool]:
+    with registry.db.read() as s:
+        job = jobs.get(s, job_id)
+        return job.status, job.cancel_requested
+
+
+# --- a cancel pending when the attempt ends ----------------------------------------------------
+
+def _fail_retryable(s, job_id, token):
+    jobs.fail(s, job_id, token, "child died", retryable=True)
+
+
+def _release(s, job_id, token):
+    jobs.release(s, job_id, token)
+
+
+def _release_held_by(s, job_id, token):
+    assert jobs.release_held_by(s, ["w1"]) == [job_id]
+
+
+@pytest.mark.parametrize("end", [_fail_retryable, _release, _release_held_by],
+                         ids=["fail-retryable", "release", "release-held-by"])
+def test_a_cancel_pending_when_the_attempt_ends_cancels_the_job(registry, end):
+    """The worker had not heard of the cancel yet when its attempt ended: the job went back to
+    queued with cancel_requested set, which claim skips: queued forever."""
+    job_id = submit(registry)
+    _, token = claim(registry)
+    with registry.db.write() as s:
+        jobs.request_cancel(s, job_id, "token:owner")
+    assert status(registry, job_id) == ("running", True)
+    with registry.db.write() as s:
+        end(s, job_id, token)
+    assert status(registry, job_id)[0] == "cancelled"
+    with registry.db.read() as s:
+        job = jobs.get(s, job_id)
+        assert job.finished_at is not None and job.lease_token is None
+
+
+@pytest.mark.parametrize("end, attempts", [(_fail_retryable, 1), (_release, 0),
+                                            (_release_held_by, 0)],
+                         ids=["fail-retryable", "release", "release-held-by"])
+def test_without_a_cancel_the_job_is_queued_again(registry, end, attempts):
+    job_id = submit(registry)
+    _, token = claim(registry)
+    with registry.db.write() as s:
+        end(s, job_id, token)
+    assert status(registry, job_id) == ("queued", False)
+    with registry.db.read() as s:
+        assert jobs.get(s, job_id).attempts == attempts     # a release spends no attempt
+    assert claim(registry, "w2")[0] == job_id

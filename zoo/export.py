@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,7 +190,7 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
 
 
 def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
-    """Copy (atomically, following the cache's links) into a user directory."""
+    """Copy (following the cache's links) into a user directory, all files or none."""
     from .files import atomic_writer
 
     try:
@@ -198,9 +199,13 @@ def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
         raise InvalidInput(f"--out {out}: cannot create that directory ({e.strerror}); choose "
                            "another path") from None
     copied = {}
-    for role, src in files.items():
-        dest = out / src.name
-        with open(src, "rb") as fin, atomic_writer(dest) as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-        copied[role] = dest
+    # every file is written to its temp name before any is renamed (the writers close in a row
+    # at the end): a failure leaves `out` as it was, never a new K beside an old V
+    with ExitStack() as renames:
+        for role, src in files.items():
+            dest = out / src.name
+            fout = renames.enter_context(atomic_writer(dest))
+            with open(src, "rb") as fin:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+            copied[role] = dest
     return copied

@@ -145,3 +145,31 @@ def test_export_refuses_a_layer_spec_it_cannot_read(tmp_path, spec):
     r = CliRunner().invoke(cli, ["export", str(bundle.path), "--layers", spec, "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "bad --layers" in r.stderr, r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_export_out_is_all_new_files_or_all_old_ones(tmp_path, monkeypatch):
+    """Re-exporting another bundle into the same --out and failing (or being killed) after the
+    first file used to leave the new K beside the old V: both complete, the pair wrong."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    out = tmp_path / "rotations"
+    old, new = (make_bundle(tmp_path / f"b{i}", model="qwen3-8b", seed=i) for i in (0, 1))
+    assert CliRunner().invoke(cli, ["export", str(old.path), "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_copy, calls = shutil.copyfileobj, []
+
+    def copy_then_fail_on_the_second_file(fin, fout, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_copy(fin, fout, *args)
+
+    monkeypatch.setattr(shutil, "copyfileobj", copy_then_fail_on_the_second_file)
+    r = CliRunner().invoke(cli, ["export", str(new.path), "--out", str(out)])
+    assert r.exit_code != 0 and len(calls) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temp file left either

@@ -292,6 +292,17 @@ def test_prune_removes_no_more_than_the_user_confirmed(hf_only, monkeypatch):
     assert not listed.exists() and late[0].exists()
 
 
+def test_a_ref_write_killed_before_its_rename_is_no_ref(hf_only):
+    """atomic_write_bytes leaves refs/.NAME.*.tmp when killed between fsync and rename: that
+    file used to count as a ref, keeping its digest from prune for good."""
+    result = pull("glm-4.7-fp8")
+    cache = Cache()
+    refs_dir = cache.model_dir("glm-4.7-fp8") / "refs"
+    (refs_dir / ".latest.x1y2.tmp").write_text("a" * 64 + "\n")
+    assert "a" * 64 not in cache.refs("glm-4.7-fp8").values()
+    assert set(cache.refs("glm-4.7-fp8").values()) == {result.digest}
+
+
 def _leftover(cache: Cache, key: str, suffix: str, mtime: float | None = None, tree: bool = False):
     """blobs/<key * 64><suffix>: a file, or a tree like ModelScope's workdir; every mtime set."""
     path = cache.blobs / f"{key * 64}{suffix}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import secrets
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
@@ -152,11 +152,8 @@ def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) ->
     gpus: the worker's GPUs (0 = CPU only, which runs 1-GPU jobs); None = any (the Ray
     dispatcher, which hands placement to Ray). Jobs asking for custom Ray resources go to Ray.
     """
-    stmt = (select(Job).where(Job.status == "queued", Job.cancel_requested.is_(False))
-            .order_by(Job.created_at, Job.id).limit(CLAIM_BATCH)
-            .with_for_update(skip_locked=True))
-    for job in session.scalars(stmt):
-        if (job.spec.get("ray_resources") and not ray) or (gpus is not None and job.gpus > max(gpus, 1)):
+    for job in _queued(session, gpus):
+        if job.spec.get("ray_resources") and not ray:
             continue
         now = now_utc()
         token = secrets.token_hex(16)
@@ -168,6 +165,24 @@ def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) ->
         job.timings = {}
         return job, token
     return None
+
+
+def _queued(session: Session, gpus: int | None) -> Iterator[Job]:
+    """Queued jobs that fit in `gpus`, oldest first, row-locked, batch after batch until the
+    queue ends: the Ray check is left to the caller (it reads the JSON spec), so a whole batch
+    may hold nothing this worker can run while a job it can waits further back."""
+    stmt = select(Job).where(Job.status == "queued", Job.cancel_requested.is_(False))
+    if gpus is not None:
+        stmt = stmt.where(Job.gpus <= max(gpus, 1))
+    stmt = stmt.order_by(Job.created_at, Job.id).limit(CLAIM_BATCH).with_for_update(skip_locked=True)
+    batch = list(session.scalars(stmt))
+    while batch:
+        yield from batch
+        if len(batch) < CLAIM_BATCH:
+            return
+        at, last_id = batch[-1].created_at, batch[-1].id
+        batch = list(session.scalars(stmt.where(
+            (Job.created_at > at) | ((Job.created_at == at) & (Job.id > last_id)))))
 
 
 def leased(session: Session, job_id: str, token: str) -> Job:

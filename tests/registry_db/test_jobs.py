@@ -78,3 +78,28 @@ def test_without_a_cancel_the_job_is_queued_again(registry, end, attempts):
     with registry.db.read() as s:
         assert jobs.get(s, job_id).attempts == attempts     # a release spends no attempt
     assert claim(registry, "w2")[0] == job_id
+
+
+# --- claim: the oldest job this worker can run, however far back ----------------------------
+
+def test_a_job_behind_a_full_batch_of_bigger_ones_is_claimed(registry):
+    """claim read the oldest CLAIM_BATCH queued jobs and filtered by GPUs after the LIMIT: a
+    1-GPU worker got nothing while a 1-GPU job waited behind 32 8-GPU ones."""
+    for seed in range(jobs.CLAIM_BATCH):
+        submit(registry, gpus=8, seed=seed)
+    small = submit(registry, gpus=1)
+    assert claim(registry, gpus=1)[0] == small
+    assert claim(registry, gpus=1) is None
+    assert claim(registry, gpus=8) is not None       # the big ones are still there for others
+
+
+@pytest.mark.parametrize("ray_jobs", [jobs.CLAIM_BATCH, jobs.CLAIM_BATCH + 1])
+def test_a_job_behind_a_full_batch_of_ray_jobs_is_claimed(registry, ray_jobs):
+    for seed in range(ray_jobs):
+        submit(registry, seed=seed, ray_resources={"tpu": 1.0})
+    plain = submit(registry)
+    assert claim(registry, gpus=None)[0] == plain
+    assert claim(registry, gpus=None) is None        # the queue holds only Ray jobs now
+    with registry.db.write() as s:
+        job, _ = jobs.claim(s, "ray-dispatcher", None, ray=True)
+        assert job.spec["seed"] == 0                  # Ray's oldest first

@@ -13,7 +13,7 @@ from typing import Callable
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..registry_db.tokens import authenticate
+from ..registry_db.tokens import actor_of, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo tokens create`")
 
@@ -24,7 +24,7 @@ def require(scope: str) -> Callable[..., str]:
         token = credentials.credentials if credentials else None
         with request.app.state.registry.db.read() as session:
             row = authenticate(session, token, scope)
-            return f"token:{row.name}"
+            return actor_of(row)
 
     dependency.__name__ = f"require_{scope.replace(':', '_')}"
     return dependency

@@ -35,6 +35,7 @@ from .queries import resolve_model
 from .tensors import head_span, read_spans
 
 RETRIES = 64
+ARCHITECTURE_MAX = 200
 _MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -145,6 +146,13 @@ def _check_new_model(manifest: Manifest) -> None:
     if not _MODEL_NAME.match(ref.name.lower()) or not _HUB_ID.match(ref.hub_id):
         raise InvalidInput(f"a new model needs a plain name (letters, digits, '.', '_', '-') and a "
                            f"hub id like org/repo; got {ref.name!r} and {ref.hub_id!r}")
+    # stored in the model's row (models.architecture, String(200)); PostgreSQL refuses longer
+    # text and NUL, so the upload failed only at the insert, after its blobs were written
+    arch = ref.architecture or ""
+    if len(arch) > ARCHITECTURE_MAX or "\x00" in arch:
+        raise InvalidInput(f"model.architecture must be at most {ARCHITECTURE_MAX} characters, "
+                           f"without NUL (got {len(arch)} characters); use the class name from "
+                           "the model's config.json, e.g. Qwen3ForCausalLM")
 
 
 def _create_model(session: Session, manifest: Manifest, created_by: str | None) -> Model | None:

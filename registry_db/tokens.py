@@ -21,6 +21,9 @@ from .models import SCOPES, ApiToken
 
 PREFIX = "ozk_"
 _SHAPE = re.compile(r"^ozk_[A-Za-z0-9_-]{43}$")
+ACTOR = "token:"
+ACTOR_MAX = 200                          # created_by, updated_by and the audit log's actor
+NAME_MAX = ACTOR_MAX - len(ACTOR)        # so that token:<name> fits
 
 
 def hash_token(token: str) -> str:
@@ -36,6 +39,7 @@ def create_token(session: Session, scopes: list[str], name: str = "",
     bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise InvalidInput(f"unknown scope(s) {bad or '(none)'}; choose from {', '.join(SCOPES)}")
+    _check_name(name)
     token = PREFIX + secrets.token_urlsafe(32)
     row = ApiToken(name=name or f"token-{token[4:10]}", prefix=token[:12], token_hash=hash_token(token),
                    scopes=sorted(set(scopes)), created_by=created_by)
@@ -44,6 +48,20 @@ def create_token(session: Session, scopes: list[str], name: str = "",
     audit.record(session, created_by, "token.create", f"token:{row.id}", name=row.name,
                  scopes=row.scopes)
     return row, token
+
+
+def _check_name(name: str) -> None:
+    # the name is recorded as the actor of every write the token makes: too long, or with a NUL
+    # (PostgreSQL text cannot hold one), each of those writes would fail
+    if len(name) > NAME_MAX or "\x00" in name:
+        raise InvalidInput(f"a token name must be at most {NAME_MAX} characters, without NUL "
+                           f"(got {len(name)} characters); choose a shorter label")
+
+
+def actor_of(row: ApiToken) -> str:
+    """`token:<name>`: who a write was made by, in created_by and the audit log."""
+    # cut, for a name longer than NAME_MAX made before names were checked
+    return f"{ACTOR}{row.name}"[:ACTOR_MAX]
 
 
 def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:

@@ -146,3 +146,20 @@ def test_python_publish_api_matches_http(registry_server, tmp_path):
         body = http.get("/v1/models/smollm2-135m/versions/1").json()
     assert body["digest"] == bundle.digest and body["source_job"] == "j1"
     assert body["manifest"] == read(tmp_path / "b").manifest.model_dump(mode="json")
+
+
+def test_a_token_named_before_names_were_limited_can_still_publish(registry_server, tmp_path):
+    """A 200-character token name (allowed once) made created_by `token:<name>` too long for
+    its column: every publish with that token was a 500 on PostgreSQL."""
+    from sqlalchemy import update
+
+    from oscar_zoo.registry_db.models import ApiToken
+
+    token = registry_server.token("bundles:publish", name="ci")
+    with registry_server.registry.db.write() as session:
+        session.execute(update(ApiToken).values(name="ci-" + "x" * 197))
+    make_bundle(tmp_path / "b")
+    with registry_server.client(token) as http:
+        r = upload_bundle(http, tmp_path / "b")
+    assert r.status_code == 201, r.text
+    assert r.json()["created_by"] == ("token:ci-" + "x" * 197)[:200]

@@ -235,3 +235,24 @@ def test_a_model_created_concurrently_is_checked_like_an_existing_one(
             (winner[0], winner[1], 32)]
         assert s.scalar(select(func.count()).select_from(BundleVersion)) == (
             2 if outcome is None else 1)
+
+
+@pytest.mark.parametrize("architecture", ["X" * 201, "Qwen3\x00ForCausalLM"], ids=["long", "nul"])
+def test_a_new_models_architecture_is_checked_before_anything_is_stored(
+        registry, tmp_path, architecture):
+    """models.architecture is String(200): PostgreSQL refused a longer one, or a NUL, only at
+    the insert (a 500, after the blobs were written); SQLite stored it as given."""
+    _upload_bundle(tmp_path, "b", "my-model", "me/my-model")
+    manifest = read(tmp_path / "b").manifest
+    odd = manifest.model_copy(update={"model": manifest.model.model_copy(
+        update={"architecture": architecture})})
+    write(Bundle(odd, *make_tensors(odd)), tmp_path / "odd")
+    with pytest.raises(InvalidInput, match="model.architecture must be at most 200 characters"):
+        registry.publish(tmp_path / "odd", "token:pub")
+    assert list(registry.blobs.all()) == []
+    with registry.db.read() as s:
+        assert s.scalar(select(Model).where(Model.name == "my-model")) is None
+    ok = manifest.model_copy(update={"model": manifest.model.model_copy(
+        update={"architecture": "X" * 200})})
+    write(Bundle(ok, *make_tensors(ok)), tmp_path / "ok")
+    assert registry.publish(tmp_path / "ok", "token:pub").version.model.architecture == "X" * 200

@@ -53,3 +53,18 @@ def test_admin_implies_every_scope_and_bad_scopes(db):
             create_token(s, ["root"])
         with pytest.raises(NotFound):
             revoke_token(s, "nobody")
+
+
+@pytest.mark.parametrize("name", ["x" * 195, "ci\x00bot"], ids=["long", "nul"])
+def test_a_token_name_must_fit_in_the_actor_it_becomes(db, name):
+    """Every write records `token:<name>` in a String(200) column: with a 195..200-character
+    name the token was created, then each of its writes failed on PostgreSQL (a 500)."""
+    from oscar_zoo.registry_db.tokens import NAME_MAX, actor_of
+
+    with db.write() as s:
+        with pytest.raises(InvalidInput, match=f"at most {NAME_MAX} characters, without NUL"):
+            create_token(s, ["bundles:publish"], name)
+        row, _ = create_token(s, ["bundles:publish"], "x" * NAME_MAX)
+        assert actor_of(row) == "token:" + "x" * NAME_MAX and len(actor_of(row)) == 200
+    with db.read() as s:
+        assert [t.name for t in list_tokens(s)] == ["x" * NAME_MAX]

@@ -1,7 +1,9 @@
 """The one place errors become HTTP: RFC 9457 `application/problem+json`, never a stack trace.
 
 Domain errors (zoo.errors.OscarZooError) carry their status and title; FastAPI's validation
-errors and Starlette's HTTP errors (unknown route, wrong method) get the same shape.
+errors and Starlette's HTTP errors (unknown route, wrong method) get the same shape. A value the
+database refuses (sqlalchemy DataError: too long for its column, a NUL on PostgreSQL) is the
+request's fault too, where a check upstream missed it: 422, not 500.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..zoo.errors import NotFound, OscarZooError, RangeNotSatisfiable, Unauthorized
@@ -64,6 +67,14 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> ProblemRe
     return problem(status, title, detail, request.url.path, getattr(exc, "headers", None))
 
 
+async def data_error(request: Request, exc: DataError) -> ProblemResponse:
+    # logged: each one is a check missing before the write, to add where the value comes in
+    log.warning("database refused a value on %s %s: %s", request.method, request.url.path,
+                exc.orig)
+    return problem(422, "Invalid input", "a value in the request cannot be stored (too long, or "
+                   "holding a NUL character); shorten or clean it and retry", request.url.path)
+
+
 async def unexpected_error(request: Request, exc: Exception) -> ProblemResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem(500, "Internal error", "the registry hit an unexpected error; it has been "
@@ -74,4 +85,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(OscarZooError, domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(DataError, data_error)
     app.add_exception_handler(Exception, unexpected_error)

@@ -221,3 +221,23 @@ def test_nan_or_infinity_in_the_manifest_is_refused(publisher, tmp_path, snapsho
     assert r.status_code == 422, r.text
     assert says in r.json()["detail"]
     assert snapshot(server) == before
+
+
+def test_a_value_the_database_refuses_is_a_422_not_a_500(publisher, tmp_path, monkeypatch):
+    """The safety net behind the checks: were one missing (here: the new-model check is
+    switched off), PostgreSQL's refusal of a too-long value is the request's fault, a 422."""
+    from oscar_zoo.registry_db import publish
+
+    server, http = publisher
+    if server.registry.db.is_sqlite:
+        pytest.skip("SQLite stores any length in a VARCHAR(200): nothing to refuse")
+    monkeypatch.setattr(publish, "_check_new_model", lambda manifest: None)
+    make_bundle(tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
+    manifest["model"] = {"name": "my-model", "hub_id": "me/my-model", "revision": None,
+                         "architecture": "X" * 201}
+    (tmp_path / "b" / "bundle.json").write_text(json.dumps(manifest))
+    r = http.post("/v1/models/my-model/versions", files=_files(tmp_path / "b"))
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert "cannot be stored" in r.json()["detail"] and "Traceback" not in r.text

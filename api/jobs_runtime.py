@@ -49,8 +49,9 @@ class JobsRuntime:
         if self.executor is not None:
             holders = self.executor.stop()
             with self.registry.db.write() as session:
-                for job_id in jobs_db.release_held_by(session, holders):
-                    log.warning("job %s: requeued (its worker stopped with the server)", job_id)
+                for job_id, status in jobs_db.release_held_by(session, holders):
+                    done = "requeued" if status == "queued" else status  # cancelled: one was pending
+                    log.warning("job %s: %s (its worker stopped with the server)", job_id, done)
                 if self.token_id is not None:
                     revoke_token(session, str(self.token_id), by="serve")
         self.stopping.set()

@@ -288,10 +288,10 @@ def release(session: Session, job_id: str, token: str) -> Job:
     return job
 
 
-def release_held_by(session: Session, holders: list[str]) -> list[str]:
+def release_held_by(session: Session, holders: list[str]) -> list[tuple[str, str]]:
     """Requeue (without spending an attempt; cancel, if a cancel is pending) running jobs leased
-    to these workers: the local executor calls this after its workers stopped. Returns the job
-    ids."""
+    to these workers: the local executor calls this after its workers stopped. Returns (job id,
+    new status) per job."""
     if not holders:
         return []
     rows = session.scalars(select(Job).where(Job.status == "running", Job.lease_holder.in_(holders))
@@ -299,7 +299,7 @@ def release_held_by(session: Session, holders: list[str]) -> list[str]:
     out = []
     for job in rows:
         _requeue(job, None, refund=True)
-        out.append(job.id)
+        out.append((job.id, job.status))
     return out
 
 

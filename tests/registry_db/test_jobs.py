@@ -45,7 +45,8 @@ def _release(s, job_id, token):
 
 
 def _release_held_by(s, job_id, token):
-    assert jobs.release_held_by(s, ["w1"]) == [job_id]
+    [(released, status)] = jobs.release_held_by(s, ["w1"])
+    assert released == job_id and status == jobs.get(s, job_id).status
 
 
 @pytest.mark.parametrize("end", [_fail_retryable, _release, _release_held_by],

@@ -32,7 +32,8 @@ _MIRROR = re.compile(r"^(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN or Infinity in a stored spec would make every read of its job answer 500 (not JSON)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ValidationSpec(Strict):

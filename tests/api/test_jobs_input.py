@@ -40,15 +40,16 @@ def test_progress_with_nan_is_refused_and_the_job_stays_readable(jobs_http, body
 
 
 @pytest.mark.parametrize("body, says", [
-    ('{"model": "smollm2-135m", "ray_resources": {"tpu": NaN}}', "spec.ray_resources.tpu is nan"),
+    ('{"model": "smollm2-135m", "ray_resources": {"tpu": NaN}}',
+     "ray_resources.tpu: Input should be a finite number"),
     ('{"model": "smollm2-135m", "validation": {"tolerance": Infinity}}',
-     "spec.validation.tolerance is inf"),
+     "validation.tolerance: Input should be a finite number"),
 ], ids=["nan-ray-resource", "inf-tolerance"])
 def test_a_spec_with_nan_is_refused(jobs_http, body, says):
     """The job was stored, then its submit, every read of it and every claim answered 500."""
     sub, work = jobs_http
     r = _json(sub, "/v1/jobs", body)
     assert r.status_code == 422, r.text
-    assert says in r.json()["detail"] and "not JSON" in r.json()["detail"]
+    assert says in r.json()["detail"]
     assert sub.get("/v1/jobs").json()["items"] == []
     assert work.post("/v1/workers/claim", json={"worker": "w1", "ray": True}).status_code == 204

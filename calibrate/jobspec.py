@@ -135,17 +135,22 @@ def complete(spec: JobSpec, entry: catalog.CatalogEntry | None) -> JobSpec:
     if entry is not None and not is_path(spec.model) and spec.publish_as is None:
         upd["model"] = entry.name
     defaults = dict(tokens=settings.get("calib_tokens"), seq_len=settings.get("calib_seq_len"),
-                    sink_tokens=entry.sink_tokens if entry else 64,
-                    recent_tokens=entry.recent_tokens if entry else 256,
                     gpus=entry.gpus if entry else 1,
                     lease_seconds=float(settings.get("job_lease_seconds")),
-                    max_attempts=settings.get("job_max_attempts"))
+                    max_attempts=settings.get("job_max_attempts"), **int2_defaults(entry))
     for key, value in defaults.items():
         if getattr(spec, key) is None:
             upd[key] = value
-    if spec.group_size is None and entry is not None:
-        upd["group_size"] = min(entry.group_size, entry.geometry.head_dim)
     return spec.model_copy(update=upd)
+
+
+def int2_defaults(entry: catalog.CatalogEntry | None) -> dict:
+    """The INT2 cache a model is served with (OSCAR's shipped settings for it): what clip search
+    and validation must simulate. For a job spec and for `oscar-zoo calibrate` alike."""
+    if entry is None:
+        return {"sink_tokens": 64, "recent_tokens": 256}
+    return {"sink_tokens": entry.sink_tokens, "recent_tokens": entry.recent_tokens,
+            "group_size": min(entry.group_size, entry.geometry.head_dim)}
 
 
 def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:

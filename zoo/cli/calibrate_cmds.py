@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -42,8 +43,9 @@ class PhaseBars:
 @click.option("--data", "data", multiple=True,
               help="Calibration text: builtin:pydoc (default), a .txt/.jsonl file, or hf:ORG/NAME. Repeatable.")
 @click.option("--text-field", default="text", show_default=True, help="JSONL/dataset text field.")
-@click.option("--tokens", type=int, default=None, help="Token budget [default: 30000, OSCAR's].")
-@click.option("--seq-len", type=int, default=None, help="Tokens per window [default: 2048].")
+@click.option("--tokens", type=click.IntRange(min=1), default=None,
+              help="Token budget [default: 30000, OSCAR's].")
+@click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per window [default: 2048].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Windows per forward pass [default: 1 on a CPU, 32K tokens' worth on a GPU].")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -73,35 +75,54 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
     from oscar_zoo.calibrate.data import BUILTIN
+    from oscar_zoo.calibrate.jobspec import int2_defaults
+    from oscar_zoo.calibrate.loading import resolve_source
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
 
     from .. import bundle as bundle_mod
 
+    src = resolve_source(model, revision)
+    int2 = int2_defaults(src.entry)  # the cache OSCAR serves this model with, as a job would
     cfg = CalibrationConfig(
-        model=model, revision=revision, data=list(data) or [BUILTIN],
-        text_field=text_field, tokens=tokens or settings.get("calib_tokens"),
-        seq_len=seq_len or settings.get("calib_seq_len"), batch_size=batch_size, seed=seed,
-        k_objective=k_objective, v_objective=v_objective, composition=composition,
-        granularity=granularity, key_centering=key_centering, clip_search=clip_search,
-        clip_per_head=clip_per_head, group_size=group_size, scale_dtype=scale_dtype)
+        model=model, revision=revision, data=list(data) or [BUILTIN], text_field=text_field,
+        tokens=tokens if tokens is not None else settings.get("calib_tokens"),
+        seq_len=seq_len if seq_len is not None else settings.get("calib_seq_len"),
+        batch_size=batch_size, seed=seed, k_objective=k_objective, v_objective=v_objective,
+        composition=composition, granularity=granularity, key_centering=key_centering,
+        clip_search=clip_search, clip_per_head=clip_per_head, scale_dtype=scale_dtype,
+        group_size=group_size or int2.get("group_size"), sink_tokens=int2["sink_tokens"],
+        recent_tokens=int2["recent_tokens"])
     bars = PhaseBars()
-    result = calibrate(cfg, progress=bars)
-    bundle = result.bundle
-    if run_validation:
-        bundle = _validate_in_place(bundle, bars)
+    t0 = time.perf_counter()
+    loaded = _load(src, bars) if run_validation else None  # one load for both steps
+    load_s = time.perf_counter() - t0
+    result = calibrate(cfg, progress=bars, loaded=loaded)
+    for phase in ("loading", "total"):  # calibrate() times a load only when it does it
+        result.timings[phase] = result.timings.get(phase, 0.0) + load_s
     bars.close()
-    written = bundle_mod.write(bundle, out, overwrite=overwrite)
+    written = bundle_mod.write(result.bundle, out, overwrite=overwrite)
     info(f"wrote {out} ({result.tokens_per_pass:,} tokens per pass, {result.timings['total']:.1f} s)")
+    if run_validation:  # after the write: a failure here keeps the calibration
+        bundle = _validate_in_place(result.bundle, loaded, bars)
+        bars.close()
+        written = bundle_mod.write(bundle, out, overwrite=True)
+        info(f"validation report stored in {out}/bundle.json")
     data_out = {**bundle_mod.summary(written.manifest), "path": str(out),
                 "timings_s": {k: round(v, 3) for k, v in result.timings.items()}}
     emit(data_out, as_json, _human)
 
 
-def _validate_in_place(bundle, bars):
-    from oscar_zoo.calibrate.loading import load_model, resolve_source
+def _load(src, bars):
+    from oscar_zoo.calibrate.loading import load_model
+
+    bars(phase="loading", done=0, total=1)
+    return load_model(src)
+
+
+def _validate_in_place(bundle, loaded, bars):
     from oscar_zoo.calibrate.validate import ValidationConfig, validate
 
-    model, tok = load_model(resolve_source(bundle.manifest.model.name))
+    model, tok = loaded
     report = validate(bundle, model, tok, ValidationConfig(), _quantizer(bundle, model), progress=bars)
     bundle.manifest = bundle.manifest.model_copy(update={"validation": report})
     return bundle
@@ -132,6 +153,7 @@ def _human(d: dict) -> str:
 @click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--model", help="Model to run (default: the bundle's own, e.g. its catalog name).")
 @click.option("--data", "data", multiple=True, help="Held-out text (default: builtin:pydoc, held-out half).")
+@click.option("--text-field", default="text", show_default=True, help="JSONL/dataset text field.")
 @click.option("--context-len", type=int, default=2048, show_default=True)
 @click.option("--windows", type=int, default=6, show_default=True,
               help="Evaluation windows, split alternately into two sets for a noise estimate.")
@@ -140,17 +162,18 @@ def _human(d: dict) -> str:
 @click.option("--write/--no-write", "write_back", default=True, show_default=True,
               help="Store the report in the bundle's manifest (rewritten atomically).")
 @json_option
-def validate_command(bundle_dir, model, data, context_len, windows, tolerance, write_back, as_json):
+def validate_command(bundle_dir, model, data, text_field, context_len, windows, tolerance,
+                     write_back, as_json):
     """Measure a bundle's INT2 quality on held-out text beside Hadamard and naive INT2."""
-    from oscar_zoo.calibrate.loading import load_model, resolve_source
+    from oscar_zoo.calibrate.loading import load_model
     from oscar_zoo.calibrate.validate import ValidationConfig, validate
 
     from .. import bundle as bundle_mod
 
     bundle = bundle_mod.read(bundle_dir)
-    loaded = load_model(resolve_source(model or bundle.manifest.model.name))
-    cfg = ValidationConfig(data=list(data) or ValidationConfig().data, context_len=context_len,
-                           windows=windows, tolerance=tolerance)
+    cfg = ValidationConfig(data=list(data) or ValidationConfig().data, text_field=text_field,
+                           context_len=context_len, windows=windows, tolerance=tolerance)
+    loaded = load_model(_bundle_model(bundle.manifest.model, model))
     bars = PhaseBars()
     report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars)
     bars.close()
@@ -159,6 +182,22 @@ def validate_command(bundle_dir, model, data, context_len, windows, tolerance, w
         bundle_mod.write(bundle, bundle_dir, overwrite=True)
         info(f"report stored in {bundle_dir}/bundle.json")
     emit(report.model_dump(mode="json"), as_json, _human_report)
+
+
+def _bundle_model(ref, model: str | None):
+    """--model, else the bundle's own model at the revision it was calibrated on."""
+    from oscar_zoo.calibrate.loading import resolve_source
+
+    from ..errors import ModelNotFound
+
+    if model:
+        return resolve_source(model)
+    try:
+        return resolve_source(ref.name, ref.revision)
+    except ModelNotFound:
+        raise ModelNotFound(f"the bundle's model {ref.name!r} is neither in the catalog nor a hub "
+                            "id; pass --model with the directory or .gguf it was calibrated "
+                            "from") from None
 
 
 def _human_report(r: dict) -> str:

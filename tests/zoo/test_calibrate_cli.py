@@ -1,0 +1,112 @@
+"""`oscar-zoo calibrate | validate`: how the CLI wires its options into a calibration.
+
+The calibration and validation themselves are replaced here: they take minutes on a CPU and are
+tested for real in tests/calibrate (and run end to end by `make demo`). What is tested is what
+the command passes them, what it writes and when."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+import oscar_zoo.calibrate.loading as loading
+import oscar_zoo.calibrate.pipeline as pipeline
+import oscar_zoo.calibrate.validate as validate_mod
+from oscar_zoo.zoo import bundle as bundle_mod
+from oscar_zoo.zoo.cli import calibrate_cmds
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import InvalidInput
+from tests.utils.bundles import make_bundle
+
+
+class Stop(Exception):
+    pass
+
+
+def _capture_config(monkeypatch) -> list:
+    seen = []
+
+    def calibrate(cfg, progress=None, loaded=None):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "calibrate", calibrate)
+    return seen
+
+
+@pytest.mark.parametrize("model, sink, recent, group", [
+    ("qwen3-30b-a3b", 128, 1024, 128), ("gemma-4-12b", 64, 512, 256), ("qwen3-8b", 64, 256, 128)])
+def test_calibrate_simulates_the_cache_the_model_is_served_with(monkeypatch, tmp_path, model,
+                                                                sink, recent, group):
+    """The command used 64 / 256 / 128 for every model while a job used the catalog's, so the
+    clip search was tuned for windows OSCAR does not serve that model with."""
+    seen = _capture_config(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", model, "--out", str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop), r.output
+    assert (seen[0].sink_tokens, seen[0].recent_tokens, seen[0].group_size) == (sink, recent, group)
+    r = CliRunner().invoke(cli, ["calibrate", model, "--group-size", "64", "--out", str(tmp_path / "b")])
+    assert seen[1].group_size == 64
+
+
+@pytest.mark.parametrize("flag", ["--tokens", "--seq-len"])
+def test_a_zero_budget_is_refused_not_replaced_by_the_default(monkeypatch, tmp_path, flag):
+    seen = _capture_config(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", flag, "0", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and flag in r.output and not seen
+
+
+def test_calibrate_validate_loads_once_and_keeps_the_bundle_when_validation_fails(monkeypatch,
+                                                                               tmp_path):
+    """--validate reloaded the model by the manifest's short name (a local .gguf: not found; a
+    local fine-tune named like a catalog model: the hub's weights) after calibrating, and an
+    error there lost the calibration, written only at the very end."""
+    made = bundle_mod.read(make_bundle(tmp_path / "made", model="qwen3-8b").path)
+    loads, calls = [], []
+    monkeypatch.setattr(loading, "load_model", lambda src: loads.append(src) or ("M", "T"))
+
+    def calibrate(cfg, progress=None, loaded=None):
+        calls.append(loaded)
+        return SimpleNamespace(bundle=made, tokens_per_pass=1, timings={"total": 1.0})
+
+    def validate(bundle, model, tok, cfg, quantizer, progress=None):
+        calls.append((model, tok))
+        raise InvalidInput("held-out text too short")
+
+    monkeypatch.setattr(pipeline, "calibrate", calibrate)
+    monkeypatch.setattr(validate_mod, "validate", validate)
+    monkeypatch.setattr(calibrate_cmds, "_quantizer", lambda bundle, model: None)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--revision", "abc123", "--validate",
+                                 "--out", str(out)])
+    assert r.exit_code == 1 and "held-out text too short" in r.stderr, r.output
+    assert [(s.path, s.revision) for s in loads] == [("Qwen/Qwen3-8B", "abc123")]
+    assert calls == [("M", "T"), ("M", "T")]
+    assert bundle_mod.read(out).manifest.model.name == "qwen3-8b"  # written and verified
+
+
+def test_validate_of_a_bundle_from_a_local_model_asks_for_model(tmp_path):
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")
+    manifest = bundle_mod.read(b.path).manifest
+    local = manifest.model_copy(update={"model": manifest.model.model_copy(update={"name": "my-ft"})})
+    with pytest.raises(Exception) as e:
+        calibrate_cmds._bundle_model(local.model, None)
+    assert "pass --model" in str(e.value)
+    assert calibrate_cmds._bundle_model(manifest.model, None).path == "Qwen/Qwen3-8B"
+
+
+def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path):
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")
+    seen = []
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
+    monkeypatch.setattr(calibrate_cmds, "_quantizer", lambda bundle, model: None)
+
+    def validate(bundle, model, tok, cfg, quantizer, progress=None):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(validate_mod, "validate", validate)
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--data", "d.jsonl", "--text-field", "content"])
+    assert isinstance(r.exception, Stop), r.output
+    assert seen[0].text_field == "content" and seen[0].data == ["d.jsonl"]

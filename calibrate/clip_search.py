@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from oscar_zoo.zoo.errors import InvalidInput
+
 from .int2_attention import Quantizer, dequantized, mixed_attention
 
 GRID = (0.62, 0.69, 0.75, 0.80, 0.85, 0.89, 0.92, 0.94, 0.97, 1.0)
@@ -30,7 +32,7 @@ def query_rows(t: int, sink: int, recent: int, n: int, seed: int) -> torch.Tenso
     """Up to n query positions whose cache has an INT2 part (i >= sink + recent)."""
     first = sink + recent
     if t <= first:
-        raise ValueError(f"windows of {t} tokens have no INT2 keys with sink {sink} + recent "
+        raise InvalidInput(f"windows of {t} tokens have no INT2 keys with sink {sink} + recent "
                          f"{recent}; use --seq-len > {first} (2048 is a good choice)")
     rows = torch.arange(first, t)
     if len(rows) > n:

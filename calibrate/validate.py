@@ -26,7 +26,8 @@ from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 from . import capture, fit
 from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
-from .pipeline import hardware
+from .loading import model_geometry
+from .pipeline import check_int2_windows, hardware
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 
@@ -40,6 +41,35 @@ class ValidationConfig:
     tolerance: float = 0.05           # nats/token the bundle may lose to the Hadamard baseline
     naive_fraction: float = 0.5       # ... and it must stay below this fraction of naive INT2's
     baselines: tuple[str, ...] = ("oscar-shipped", "hadamard", "naive")
+
+    def check(self, sink: int, recent: int) -> None:
+        """Before any forward: settings under which validation would measure nothing."""
+        if self.windows < 1:
+            raise InvalidInput(f"windows {self.windows}: validate on at least 1 window (6, the "
+                               "default, gives two sets for a noise estimate)")
+        check_int2_windows(sink, recent, context_len=self.context_len)
+
+
+def check_geometry(bundle: Bundle, model) -> None:
+    """InvalidInput naming what differs when the bundle was calibrated for another geometry:
+    its rotations would meet layers (or heads) they were not made for."""
+    want, have = bundle.manifest.geometry.to_geometry(), model_geometry(model)
+    diffs = [f"{name} {getattr(want, name)} in the bundle, {getattr(have, name)} in the model"
+             for name in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim")
+             if getattr(want, name) != getattr(have, name)]
+    if want.layers() != have.layers():
+        if want.num_layers == have.num_layers:   # else the count above says it already
+            diffs.append(f"attention layers {want.layers()} in the bundle, {have.layers()} in the model")
+    else:   # per-layer sizes only matter (and only make sense) over the same layers
+        for what, of in (("head_dim", "head_dim_of"), ("kv heads", "kv_heads_of")):
+            bad = [i for i in want.layers() if getattr(want, of)(i) != getattr(have, of)(i)]
+            if bad:
+                diffs.append(f"{what} differs on layers {bad[:8]}")
+    if diffs:
+        name = bundle.manifest.model.name
+        raise InvalidInput(f"this bundle was calibrated for {name}, whose geometry the model "
+                           f"does not share ({'; '.join(diffs)}): validate it with the model it "
+                           "was calibrated on (--model left out picks it by name)")
 
 
 def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: int):
@@ -157,6 +187,8 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     checks them before calibrating)."""
     m = bundle.manifest
     sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
+    cfg.check(sink, recent)
+    check_geometry(bundle, model)
     src, windows = held_out or eval_windows(tokenizer, cfg.data, cfg.text_field, cfg.context_len,
                                             cfg.windows)
     specs = variant_specs(bundle, cfg.baselines)

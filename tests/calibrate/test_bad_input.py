@@ -2,7 +2,7 @@
 use, before a model is loaded or run, instead of a raw traceback after the expensive work.
 
 No test here loads the real model or touches the network: models are stand-ins whose config is
-all the checks read.
+all the checks read, and the hub is either offline or a raised huggingface_hub error.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from oscar_zoo.calibrate import clip_search, pipeline
+from oscar_zoo.calibrate import clip_search, loading, pipeline
 from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
 from oscar_zoo.calibrate.validate import ValidationConfig, validate
 from oscar_zoo.zoo.bundle import Bundle
-from oscar_zoo.zoo.errors import InvalidInput
+from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound, OfflineError
 from tests.utils.bundles import make_manifest, make_tensors
 
 
@@ -119,3 +119,72 @@ def test_validation_of_a_matching_model_goes_on_to_the_text(monkeypatch):
     monkeypatch.setattr(validate_mod, "eval_windows", stop)
     with pytest.raises(RuntimeError, match="reached eval_windows"):
         validate(_bundle(), _model(), None, ValidationConfig(context_len=512, windows=2), quantizer=None)
+
+
+# --- model sources: paths that do not exist, hub ids, hub errors -----------------------------------
+
+@pytest.mark.parametrize("name", ["./typo-dir", "../typo-dir", "/x/missing.gguf", "~/no/such/dir",
+                                  "missing.gguf"])
+def test_a_missing_path_is_model_not_found(name):
+    with pytest.raises(ModelNotFound, match=f"no such file or directory: {name}"):
+        loading.resolve_source(name)
+
+
+def test_an_existing_file_that_is_no_model_is_model_not_found(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelNotFound, match="neither a model directory nor a .gguf file"):
+        loading.resolve_source(str(f))
+
+
+@pytest.mark.parametrize("name", ["a/b/c", "org/na me", "-org/name", "org/"])
+def test_only_a_hub_id_spelling_is_taken_as_a_hub_id(name):
+    with pytest.raises(ModelNotFound, match="is not a catalog model"):
+        loading.resolve_source(name)
+
+
+def test_a_hub_id_is_resolved_without_the_network():
+    src = loading.resolve_source("HuggingFaceTB/SmolLM2-360M", "main")
+    assert (src.path, src.gguf_file, src.revision) == ("HuggingFaceTB/SmolLM2-360M", None, "main")
+
+
+def test_an_uncached_hub_model_offline_is_offline_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OfflineError, match="nobody-xyz/no-such-model is not in the local hub cache"):
+        loading.load_model(loading.resolve_source("nobody-xyz/no-such-model"))
+
+
+def _hub_failure(cause: Exception):
+    def from_pretrained(*args, **kwargs):   # how transformers reports hub errors: OSError from e
+        raise OSError("transformers' multi-line message") from cause
+    return from_pretrained
+
+
+@pytest.mark.parametrize("cause, error, match", [
+    ("RepositoryNotFoundError", ModelNotFound, "org/gone at revision v9 was not found on the hub"),
+    ("RevisionNotFoundError", ModelNotFound, "org/gone at revision v9 was not found"),
+    ("LocalEntryNotFoundError", OfflineError, "org/gone at revision v9 is not in the local hub cache"),
+])
+def test_hub_errors_become_domain_errors(monkeypatch, cause, error, match):
+    import transformers
+    from huggingface_hub import errors as hub
+
+    cls = getattr(hub, cause)
+    exc = cls.__new__(cls)   # its __init__ wants an HTTP response whose type varies by version
+    exc.args = ("hub said no",)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", _hub_failure(exc))
+    with pytest.raises(error, match=match):
+        loading.load_model(loading.resolve_source("org/gone", "v9"))
+
+
+def test_other_os_errors_pass_through(monkeypatch):
+    # A disk or permission fault may pass on another attempt: it stays an OSError.
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        _hub_failure(PermissionError(13, "Permission denied")))
+    with pytest.raises(OSError) as e:
+        loading.load_model(loading.resolve_source("org/gone"))
+    assert not isinstance(e.value, (ModelNotFound, OfflineError))

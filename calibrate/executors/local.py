@@ -1,7 +1,8 @@
 """The embedded default executor: worker processes beside `oscar-zoo serve`.
 
-One worker per GPU (GPUs split evenly when OSCAR_ZOO_WORKERS asks for fewer workers: 8 GPUs
-and 1 worker = one worker that runs 8-GPU jobs), or one on the CPU when there is none. Each is
+One worker per GPU (when OSCAR_ZOO_WORKERS asks for fewer workers, every GPU is still given out,
+as evenly as they divide: 8 GPUs and 1 worker = one worker that runs 8-GPU jobs; 8 GPUs and 3
+workers = 3, 3 and 2), or one on the CPU when there is none. Each is
 `oscar-zoo worker` against the server's own URL, in its own session (so Ctrl-C on the server
 does not reach it directly), and restarted when it dies. If the server itself is killed, a
 worker finishes its current job against the restarted server, then exits (--exit-with-parent).
@@ -38,12 +39,14 @@ class Slot:
 
 
 def plan(gpus: list[str], workers: int | None) -> list[list[str]]:
-    """GPU ids per worker."""
+    """GPU ids per worker, consecutive; every id is used, the first workers taking one more
+    when the GPUs do not divide evenly (a GPU left out would sit idle while jobs wait)."""
     if not gpus:
         return [[] for _ in range(workers or 1)]
     n = max(1, min(workers or len(gpus), len(gpus)))
-    per = len(gpus) // n
-    return [gpus[i * per:(i + 1) * per] for i in range(n)]
+    per, extra = divmod(len(gpus), n)
+    bounds = [i * per + min(i, extra) for i in range(n + 1)]
+    return [gpus[bounds[i]:bounds[i + 1]] for i in range(n)]
 
 
 class LocalExecutor:

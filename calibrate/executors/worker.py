@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import LeaseLost, OfflineError, RemoteError
+from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -49,8 +49,10 @@ def new_worker_id(kind: str = "worker") -> str:
 
 
 def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event,
-               exit_with_parent: bool = False, once: bool = False) -> None:
-    """Claim and run jobs until `stop` is set (or, with exit_with_parent, the parent is gone)."""
+               exit_with_parent: bool = False, once: bool = False,
+               devices: str | None = None) -> None:
+    """Claim and run jobs until `stop` is set (or, with exit_with_parent, the parent is gone).
+    devices: CUDA_VISIBLE_DEVICES for each job's runner (None: inherit this process's)."""
     parent = os.getppid()
     failures = 0
     while not stop.is_set():
@@ -70,7 +72,8 @@ def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event
             continue
         log.info("worker %s: running job %s", worker, claimed["job"]["id"])
         try:
-            outcome = Attempt(client, claimed["job"], claimed["lease"], worker, stop).run()
+            outcome = Attempt(client, claimed["job"], claimed["lease"], worker, stop,
+                              devices=devices).run()
             log.info("worker %s: job %s %s", worker, claimed["job"]["id"], outcome)
         except Exception:  # noqa: BLE001 - the lease runs out and the job is retried elsewhere
             log.exception("worker %s: job %s broke the worker's own code", worker, claimed["job"]["id"])
@@ -100,8 +103,9 @@ class Attempt:
     cancelled, released, lost)."""
 
     def __init__(self, client: JobsClient, job: dict, lease: dict, worker: str,
-                 stop: threading.Event, info: dict | None = None):
+                 stop: threading.Event, info: dict | None = None, devices: str | None = None):
         self.client, self.job, self.worker, self.stop = client, job, worker, stop
+        self.devices = devices   # CUDA_VISIBLE_DEVICES for the runner; None: inherit ours
         self.id, self.spec = job["id"], job["spec"]
         self.token, self.lease_s = lease["token"], float(lease["seconds"])
         self.expires = time.monotonic() + self.lease_s      # our own view of the lease
@@ -141,7 +145,7 @@ class Attempt:
             self.child = subprocess.Popen(
                 [sys.executable, "-P", "-m", "oscar_zoo.calibrate.runner", str(work / "job.json"),
                  str(work / "out")],
-                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=self._child_env(),
                 start_new_session=True, preexec_fn=_die_with_parent)
         self.info["runner_pid"] = self.child.pid
         reader = threading.Thread(target=self._read_events, daemon=True, name=f"events-{self.id[:8]}")
@@ -185,6 +189,13 @@ class Attempt:
         return None
 
     # --- child process -------------------------------------------------------------------------
+
+    def _child_env(self) -> dict | None:
+        # The runner spreads a model over every GPU it can see (device_map="auto"): it must see
+        # only the worker's own, or --gpus would limit what is claimed but not what is used.
+        if self.devices is None:
+            return None
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": self.devices}
 
     def _read_events(self) -> None:
         for line in self.child.stdout:
@@ -380,6 +391,21 @@ def visible_gpus() -> list[str]:
     return [x.strip() for x in out.splitlines() if x.strip().isdigit()]
 
 
+def runner_devices(gpus: int | None) -> str | None:
+    """CUDA_VISIBLE_DEVICES for the runners of a worker started with --gpus N: the first N ids
+    it can see ("" for 0, the CPU); None without --gpus (the runner sees what the worker sees)."""
+    if gpus is None:
+        return None
+    ids = visible_gpus()
+    if len(ids) < gpus:
+        if ids or os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            raise ConfigError(f"--gpus {gpus}, but this worker sees {len(ids)} GPU(s) "
+                              f"({','.join(ids) or 'none'}): lower --gpus or make more visible "
+                              "(CUDA_VISIBLE_DEVICES)")
+        ids = [str(i) for i in range(gpus)]   # no nvidia-smi to list them: CUDA counts from 0
+    return ",".join(ids[:gpus])
+
+
 def install_stop_signals(stop: threading.Event) -> None:
     def handler(signum, _frame):
         log.warning("worker: %s received; stopping after giving back the current job",
@@ -393,8 +419,9 @@ def install_stop_signals(stop: threading.Event) -> None:
 def main_loop(registry: str, token: str | None, gpus: int | None, worker: str | None,
               exit_with_parent: bool, once: bool) -> None:
     """`oscar-zoo worker`: a standalone worker against a registry URL."""
+    devices = runner_devices(gpus)   # before anything starts: a bad --gpus is refused at once
     stop = threading.Event()
     install_stop_signals(stop)
     gpus = len(visible_gpus()) if gpus is None else gpus
     with JobsClient(registry, token) as client:
-        run_worker(client, worker or new_worker_id(), gpus, stop, exit_with_parent, once)
+        run_worker(client, worker or new_worker_id(), gpus, stop, exit_with_parent, once, devices)

@@ -20,7 +20,8 @@ from .. import settings
 @click.option("--registry", "registry", envvar="OSCAR_ZOO_ENDPOINT", required=True,
               help="Registry base URL [env OSCAR_ZOO_ENDPOINT].")
 @click.option("--gpus", type=click.IntRange(0, 1024),
-              help="GPUs this worker may use [default: every visible one; 0 = CPU].")
+              help="GPUs this worker may use: the first N visible ones, which are all its jobs "
+              "see [default: every visible one; 0 = CPU].")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: run jobs here, one at a time; ray: hand each job to a Ray cluster.")
 @click.option("--ray-address", help="Ray cluster address for --executor ray "

@@ -110,3 +110,21 @@ def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path)
     r = CliRunner().invoke(cli, ["validate", str(b.path), "--data", "d.jsonl", "--text-field", "content"])
     assert isinstance(r.exception, Stop), r.output
     assert seen[0].text_field == "content" and seen[0].data == ["d.jsonl"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["validate", "{b}", "--windows", "0"], "windows 0"),
+    (["validate", "{b}", "--context-len", "256"], "must exceed sink 64 + recent 256"),
+    (["calibrate", "qwen3-8b", "--seq-len", "256", "--validate", "--out", "{o}"], "seq_len 256"),
+])
+def test_lengths_that_measure_nothing_are_refused_before_the_model_loads(monkeypatch, tmp_path,
+                                                                         args, says):
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")
+
+    def load_model(src):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    argv = [a.format(b=b.path, o=tmp_path / "o") for a in args]
+    r = CliRunner().invoke(cli, argv)
+    assert r.exit_code == 1 and says in r.stderr, r.output

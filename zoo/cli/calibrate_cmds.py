@@ -78,6 +78,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     from oscar_zoo.calibrate.jobspec import int2_defaults
     from oscar_zoo.calibrate.loading import resolve_source
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
+    from oscar_zoo.calibrate.validate import ValidationConfig
 
     from .. import bundle as bundle_mod
 
@@ -92,6 +93,9 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         clip_search=clip_search, clip_per_head=clip_per_head, scale_dtype=scale_dtype,
         group_size=group_size or int2.get("group_size"), sink_tokens=int2["sink_tokens"],
         recent_tokens=int2["recent_tokens"])
+    cfg.check()  # before a load: a bad length must not cost one
+    if run_validation:
+        ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
     bars = PhaseBars()
     t0 = time.perf_counter()
     loaded = _load(src, bars) if run_validation else None  # one load for both steps
@@ -173,6 +177,8 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
     bundle = bundle_mod.read(bundle_dir)
     cfg = ValidationConfig(data=list(data) or ValidationConfig().data, text_field=text_field,
                            context_len=context_len, windows=windows, tolerance=tolerance)
+    q = bundle.manifest.quantization
+    cfg.check(q.sink_tokens, q.recent_tokens)  # before the load
     loaded = load_model(_bundle_model(bundle.manifest.model, model))
     bars = PhaseBars()
     report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars)

@@ -93,6 +93,11 @@ def parse_spec(body: dict) -> JobSpec:
         raise InvalidInput(f"invalid job spec: {problems}") from None
 
 
+def is_hub_id(model: str) -> bool:
+    """org/name as the Hugging Face Hub spells repository ids."""
+    return bool(_HUB_ID.match(model))
+
+
 def is_path(model: str) -> bool:
     return model.startswith(("/", "~", "./", "../")) or model.endswith(".gguf")
 
@@ -113,7 +118,7 @@ def identity(spec: JobSpec) -> tuple[str, str, catalog.CatalogEntry | None]:
     entry = catalog.find(named)
     if entry is not None:
         return entry.name, entry.hub_id, entry
-    if _HUB_ID.match(named):
+    if is_hub_id(named):
         return named.split("/")[-1].lower(), named, None
     raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
                         "an absolute path the workers can read.", suggestions=catalog.suggest(named))

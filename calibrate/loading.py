@@ -51,6 +51,9 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
     if p.suffix == ".gguf" and p.is_file():
         return ModelSource(str(p.parent), p.name, revision, _entry_for_gguf(p))
     if p.is_dir():
+        if not (p / "config.json").is_file():  # else transformers' OSError, deep in a load
+            raise ModelNotFound(f"{model} has no config.json, so it is not a model directory; give "
+                                "the directory that holds config.json and the weights, or a .gguf")
         return ModelSource(str(p), None, revision, find(p.name))
     if jobspec.is_path(model):   # never a hub id: transformers would try the hub with it
         raise ModelNotFound(_bad_path(model, p))
@@ -61,7 +64,7 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
             return ModelSource(str(gguf.parent), gguf.name, revision, entry)
     if entry is not None:
         return ModelSource(entry.hub_id, None, revision, entry)
-    if jobspec._HUB_ID.match(model):   # the spelling a job spec accepts as a hub id
+    if jobspec.is_hub_id(model):
         return ModelSource(model, None, revision, None)
     raise ModelNotFound(f"{model!r} is not a catalog model, a local directory, a .gguf file or a "
                         "hub id (org/name).")

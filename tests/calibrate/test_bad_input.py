@@ -137,6 +137,15 @@ def test_an_existing_file_that_is_no_model_is_model_not_found(tmp_path):
         loading.resolve_source(str(f))
 
 
+def test_a_directory_without_config_json_is_model_not_found(tmp_path):
+    """transformers raised its own OSError for it, deep inside the load."""
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(ModelNotFound, match="has no config.json"):
+        loading.resolve_source(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert loading.resolve_source(str(tmp_path)).path == str(tmp_path)
+
+
 @pytest.mark.parametrize("name", ["a/b/c", "org/na me", "-org/name", "org/"])
 def test_only_a_hub_id_spelling_is_taken_as_a_hub_id(name):
     with pytest.raises(ModelNotFound, match="is not a catalog model"):

@@ -74,11 +74,12 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Part:
-    """A --layers pull: some layers of the bundle `digest`, at partial/<digest>/layers-<spec>/."""
+    """A --layers pull: some layers of the bundle `digest`, at partial/<digest>/layers-<spec>/
+    (layers None: a whole snapshot, as Cache.held lists it)."""
 
     model: str
     digest: str
-    layers: str                     # the spec, as export.layer_spec writes it: 3-7, 0-1_3
+    layers: str | None              # the spec, as export.layer_spec writes it: 3-7, 0-1_3
     path: Path
 
 
@@ -177,6 +178,12 @@ class Cache:
             for pdir in sorted((mdir / "partial").glob("*/layers-*")):
                 if pdir.is_dir() and is_sha256(pdir.parent.name):
                     yield Part(mdir.name, pdir.parent.name, pdir.name.removeprefix("layers-"), pdir)
+
+    def held(self, name: str | None = None) -> Iterator[Part]:
+        """Everything cached: whole snapshots (layers None), then --layers parts."""
+        for snap in self.snapshots(name):
+            yield Part(snap.model, snap.digest, None, snap.path)
+        yield from self.parts(name)
 
     # --- refs, meta, import index ------------------------------------------------------------
 
@@ -373,8 +380,7 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     with every snapshot that uses it, so the next `pull` fetches it again.
     """
     checked, problems, bad_blobs = 0, [], set()
-    dirs = [(s.model, s.digest, s.path) for s in cache.snapshots(model)]
-    dirs += [(p.model, p.digest, p.path) for p in cache.parts(model)]
+    dirs = [(h.model, h.digest, h.path) for h in cache.held(model)]
     hashes: dict[Path, str] = {}
     for name, digest, path in dirs:
         want_of = dict(cache.read_meta(name, digest).get("files") or {})

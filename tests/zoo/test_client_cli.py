@@ -173,3 +173,12 @@ def test_export_out_is_all_new_files_or_all_old_ones(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["export", str(new.path), "--out", str(out)])
     assert r.exit_code != 0 and len(calls) == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temp file left either
+
+
+@pytest.mark.parametrize("spec, first", [(None, -1), ("0-45", 0), ("10-12", 10), ("3_5", 3),
+                                         ("12-13_20", 12), ("0-91.46.0123abcd", 0)])
+def test_cache_ls_orders_parts_by_their_first_layer_in_every_spelling(spec, first):
+    """layer_spec writes 3_5 and 12-13_20 for lists with gaps; those sorted as whole bundles."""
+    from oscar_zoo.zoo.cli.client_cmds import _first_layer
+
+    assert _first_layer(spec) == first

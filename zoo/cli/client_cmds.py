@@ -7,6 +7,7 @@ progress, summaries and warnings go to stderr. Nothing here imports torch.
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 
 import click
@@ -219,13 +220,12 @@ def show_command(spec, as_json):
     if entry is None and data["registry"] is None:
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
     cache = Cache()
-    held = [(s.model, s.digest, s.path, None) for s in cache.snapshots(data["name"])]
-    held += [(p.model, p.digest, p.path, p.layers) for p in cache.parts(data["name"])]
-    for model, digest, path, layers in held:
-        meta = cache.read_meta(model, digest)
-        refs = [r for r, d in cache.refs(model).items() if d == digest]
-        data["cache"].append({"digest": digest, "refs": refs, "path": str(path), "layers": layers,
-                              "source": meta.get("origin"), "version": meta.get("version")})
+    for h in cache.held(data["name"]):
+        meta = cache.read_meta(h.model, h.digest)
+        refs = [r for r, d in cache.refs(h.model).items() if d == h.digest]
+        data["cache"].append({"digest": h.digest, "refs": refs, "path": str(h.path),
+                              "layers": h.layers, "source": meta.get("origin"),
+                              "version": meta.get("version")})
     if not ref.is_default and data["version"] is None:     # no registry answered: the cache may
         data["version"] = _cached_version(data["cache"], ref, data["name"])
     emit(data, as_json, _show_text)
@@ -363,8 +363,7 @@ def cache_ls(as_json):
     from ..cache import Cache, _size as dir_size
 
     cache = Cache()
-    rows = [_cache_row(cache, s.model, s.digest, s.path, None) for s in cache.snapshots()]
-    rows += [_cache_row(cache, p.model, p.digest, p.path, p.layers) for p in cache.parts()]
+    rows = [_cache_row(cache, h) for h in cache.held()]
     rows.sort(key=lambda r: (r["model"], r["digest"], _first_layer(r["layers"])))
     exports = cache.root / "exports"
     data = {"root": str(cache.root), "bundles": rows,
@@ -372,20 +371,20 @@ def cache_ls(as_json):
     emit(data, as_json, _cache_table)
 
 
-def _cache_row(cache, model: str, digest: str, path: Path, layers: str | None) -> dict:
+def _cache_row(cache, h) -> dict:
     """One snapshot (layers None) or --layers part; a part shares its bundle's refs and meta."""
-    meta = cache.read_meta(model, digest)
-    refs = [r for r, d in cache.refs(model).items() if d == digest]
-    size = sum(p.stat().st_size for p in path.iterdir() if p.exists())
-    return {"model": model, "digest": digest, "refs": refs, "layers": layers,
+    meta = cache.read_meta(h.model, h.digest)
+    refs = [r for r, d in cache.refs(h.model).items() if d == h.digest]
+    size = sum(p.stat().st_size for p in h.path.iterdir() if p.exists())
+    return {"model": h.model, "digest": h.digest, "refs": refs, "layers": h.layers,
             "version": meta.get("version"), "source": meta.get("source"), "origin": meta.get("origin"),
-            "size": size, "path": str(path), "pulled_at": meta.get("pulled_at")}
+            "size": size, "path": str(h.path), "pulled_at": meta.get("pulled_at")}
 
 
 def _first_layer(spec: str | None) -> int:
     """Whole snapshot first, then its parts by their first layer (not 10-19 before 2-9)."""
-    head = (spec or "").split("-")[0]
-    return int(head) if head.isdigit() else -1
+    head = re.match(r"\d+", spec or "")   # 3-7, 3_5, 3-7_9: layer_spec's spellings
+    return int(head.group()) if head else -1
 
 
 def _cache_table(d: dict) -> str:

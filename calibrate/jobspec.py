@@ -158,16 +158,28 @@ def int2_defaults(entry: catalog.CatalogEntry | None) -> dict:
             "group_size": min(entry.group_size, entry.geometry.head_dim)}
 
 
+def check_windows(sink: int, recent: int, seq_len: int | None = None,
+                  context_len: int | None = None) -> None:
+    """InvalidInput when clip search's windows (seq_len) or validation's (context_len) hold no
+    token past the BF16 sink + recent tiers: each would run a whole model pass and then fail or
+    measure nothing. For a job spec, a CLI calibration and a CLI validation alike."""
+    if sink < 0 or recent < 0:
+        raise InvalidInput(f"sink_tokens {sink} and recent_tokens {recent} must be >= 0")
+    window = sink + recent
+    if seq_len is not None and seq_len <= window:
+        raise InvalidInput(f"seq_len {seq_len} leaves no INT2 keys for the clip search with "
+                           f"sink {sink} + recent {recent}; raise seq_len above {window} or lower "
+                           "the windows")
+    if context_len is not None and context_len <= window:
+        raise InvalidInput(f"validation.context_len {context_len} must exceed sink {sink} + recent "
+                           f"{recent} = {window}")
+
+
 def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
     """Reject what cannot run, before it is queued. Raises InvalidInput saying what to change."""
-    window = spec.sink_tokens + spec.recent_tokens
-    if spec.clip_search and spec.seq_len <= window:
-        raise InvalidInput(f"seq_len {spec.seq_len} leaves no INT2 keys for the clip search with "
-                           f"sink {spec.sink_tokens} + recent {spec.recent_tokens}; raise seq_len "
-                           f"above {window} or lower the windows")
-    if spec.validation.enabled and spec.validation.context_len <= window:
-        raise InvalidInput(f"validation.context_len {spec.validation.context_len} must exceed "
-                           f"sink {spec.sink_tokens} + recent {spec.recent_tokens} = {window}")
+    check_windows(spec.sink_tokens, spec.recent_tokens,
+                  seq_len=spec.seq_len if spec.clip_search else None,
+                  context_len=spec.validation.context_len if spec.validation.enabled else None)
     for alias in spec.aliases:
         if not _ALIAS.match(alias) or alias == "latest":
             raise InvalidInput(f"alias {alias!r}: use a lower-case name such as recommended "

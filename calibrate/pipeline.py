@@ -73,24 +73,8 @@ class CalibrationConfig:
             raise InvalidInput(f"clip search needs clip_windows >= 1 and clip_queries >= 1 (got "
                                f"{self.clip_windows} and {self.clip_queries}); use 2 and 256, or "
                                "turn clip search off")
-        check_int2_windows(self.sink_tokens, self.recent_tokens,
-                           seq_len=self.seq_len if self.clip_search else None)
-
-
-def check_int2_windows(sink: int, recent: int, seq_len: int | None = None,
-                       context_len: int | None = None) -> None:
-    """InvalidInput when clip search's windows (seq_len) or validation's (context_len) hold no
-    token past the FP sink + recent tiers: each would run a whole model pass and then fail or
-    measure nothing. The rule is the job spec's (jobspec.check), applied here to a CLI run."""
-    if sink < 0 or recent < 0:
-        raise InvalidInput(f"sink_tokens {sink} and recent_tokens {recent} must be >= 0")
-    # model_construct: only the fields the rule reads, unchecked; the model name is a placeholder
-    validation = jobspec.ValidationSpec.model_construct(enabled=context_len is not None,
-                                                        context_len=context_len)
-    spec = jobspec.JobSpec.model_construct(model="-", seq_len=seq_len, clip_search=seq_len is not None,
-                                           sink_tokens=sink, recent_tokens=recent,
-                                           validation=validation)
-    jobspec.check(spec, None)
+        jobspec.check_windows(self.sink_tokens, self.recent_tokens,
+                              seq_len=self.seq_len if self.clip_search else None)
 
 
 # A small model's forward on a GPU is launch-bound at one window (on an H100, SmolLM2 kept the

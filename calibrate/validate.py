@@ -23,11 +23,11 @@ from oscar_zoo.zoo.catalog import find
 from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
-from . import capture, fit
+from . import capture, fit, jobspec
 from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
 from .loading import model_geometry
-from .pipeline import check_int2_windows, hardware
+from .pipeline import hardware
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 
@@ -47,7 +47,7 @@ class ValidationConfig:
         if self.windows < 1:
             raise InvalidInput(f"windows {self.windows}: validate on at least 1 window (6, the "
                                "default, gives two sets for a noise estimate)")
-        check_int2_windows(sink, recent, context_len=self.context_len)
+        jobspec.check_windows(sink, recent, context_len=self.context_len)
 
 
 def check_geometry(bundle: Bundle, model) -> None:

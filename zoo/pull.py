@@ -402,9 +402,9 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
     chosen = select_layers(spec, available)
     pdir = cache.partial_dir(plan.model, plan.digest, layer_spec(chosen))
     fetched = 0
-    if not _holds(pdir, chosen):
+    if _part_layers(pdir) != chosen:
         with cache.lock(f"partial-{plan.digest}-{layer_spec(chosen)}", "a --layers download"):
-            if not _holds(pdir, chosen):
+            if _part_layers(pdir) != chosen:
                 fetched = _fetch_part(plan, cache, raw, chosen, pdir, progress)
     _record(plan, cache)
     notes = list(plan.notes) + [f"fetched layers {layer_spec(chosen)} only ({len(chosen)} of "
@@ -415,11 +415,12 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
                       notes=notes, fetched_bytes=fetched)
 
 
-def _holds(pdir: Path, chosen: list[int]) -> bool:
+def _part_layers(pdir: Path) -> list[int] | None:
+    """The layers a cached --layers part holds (its .partial.json); None if it holds none."""
     try:
-        return json.loads((pdir / ".partial.json").read_text())["layers"] == chosen
+        return json.loads((pdir / ".partial.json").read_text())["layers"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return None
 
 
 def _layers_and_granularity(raw: bytes) -> tuple[list[int], str]:
@@ -486,7 +487,7 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
             return _cached_result(cache, model, digest, cache.snapshot_dir(model, digest))
         if digest and layers:  # only a --layers part of it may be here
             for pdir in sorted((cache.model_dir(model) / "partial" / digest).glob("layers-*")):
-                chosen = json.loads((pdir / ".partial.json").read_text())["layers"]
+                chosen = _part_layers(pdir) or []
                 # against the whole bundle's layers: a range checked against the part's own
                 # list always fits, and 0-45 would be answered with a cached 0-3
                 want = _layers_of(pdir, layers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from .. import settings
 from .output import emit, info, json_option
 
 
@@ -53,9 +54,7 @@ def serve_command(host: str, port: int, no_workers: bool, executor: str | None,
 
 
 def _shown(app) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(app.state.registry.db.url).render_as_string(hide_password=True)
+    return settings.redact_url(app.state.registry.db.url)
 
 
 @click.group("db")

@@ -39,7 +39,7 @@ class RemoteFile:
     size: int | None = None
     headers: dict = field(default_factory=dict, repr=False)  # may hold a token: never printed
     git_sha1: str | None = None        # hub listing of a small, non-LFS file
-    # a hub client's own downloader (ModelScope): fetch(workdir) -> the file, at <workdir>.done
+    # a hub client's own downloader (ModelScope): fetch(workdir) -> the file, at finished_file()
     fetch: Callable[[Path], Path] | None = None
     source: str = ""                   # "registry", "hf", ... for messages
 
@@ -148,9 +148,14 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
                 raise
 
 
+def finished_file(workdir: Path) -> Path:
+    """Where a hub client's fetch(workdir) leaves its finished file until we adopt it."""
+    return workdir.with_name(workdir.name + ".done")
+
+
 def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key: str) -> str:
     workdir = partial.parent / f"{key}.hub"
-    finished = workdir.with_name(workdir.name + ".done")
+    finished = finished_file(workdir)
     if finished.is_file():  # a run killed between the hub client's download and our adopt
         finished.replace(partial)
         try:

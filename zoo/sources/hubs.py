@@ -21,7 +21,7 @@ from urllib.parse import quote
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
                       RemoteError, Unauthorized, VersionNotFound)
-from .download import RemoteFile, backoff
+from .download import RemoteFile, backoff, finished_file
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -214,7 +214,7 @@ class MSHub:
                 got = self.api().download_file(repo, "model", meta.path, revision=revision,
                                                 local_dir=workdir, expected_sha256=meta.sha256,
                                                 file_size=meta.size)
-            out = workdir.parent / f"{workdir.name}.done"
+            out = finished_file(workdir)
             Path(got).replace(out)
             shutil.rmtree(workdir, ignore_errors=True)
             return out

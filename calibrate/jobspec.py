@@ -26,7 +26,6 @@ from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound
 from oscar_zoo.zoo.geometry import ModelGeometry
 
 BUILTIN_DATA = "builtin:pydoc"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _ALIAS = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 _MIRROR = re.compile(r"^(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -93,11 +92,6 @@ def parse_spec(body: dict) -> JobSpec:
         raise InvalidInput(f"invalid job spec: {problems}") from None
 
 
-def is_hub_id(model: str) -> bool:
-    """org/name as the Hugging Face Hub spells repository ids."""
-    return bool(_HUB_ID.match(model))
-
-
 def is_path(model: str) -> bool:
     return model.startswith(("/", "~", "./", "../")) or model.endswith(".gguf")
 
@@ -118,7 +112,7 @@ def identity(spec: JobSpec) -> tuple[str, str, catalog.CatalogEntry | None]:
     entry = catalog.find(named)
     if entry is not None:
         return entry.name, entry.hub_id, entry
-    if is_hub_id(named):
+    if catalog.is_hub_id(named):
         return named.split("/")[-1].lower(), named, None
     raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
                         "an absolute path the workers can read.", suggestions=catalog.suggest(named))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.catalog import CatalogEntry, find
+from oscar_zoo.zoo.catalog import CatalogEntry, find, is_hub_id
 from oscar_zoo.zoo.errors import ModelNotFound, OfflineError, OscarZooError, UnsupportedModelError
 from oscar_zoo.zoo.files import publish_dir, staging_dir
 from oscar_zoo.zoo.geometry import ModelGeometry, geometry_from_config
@@ -64,7 +64,7 @@ def resolve_source(model: str, revision: str | None = None) -> ModelSource:
             return ModelSource(str(gguf.parent), gguf.name, revision, entry)
     if entry is not None:
         return ModelSource(entry.hub_id, None, revision, entry)
-    if jobspec.is_hub_id(model):
+    if is_hub_id(model):
         return ModelSource(model, None, revision, None)
     raise ModelNotFound(f"{model!r} is not a catalog model, a local directory, a .gguf file or a "
                         "hub id (org/name).")

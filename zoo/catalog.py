@@ -8,12 +8,19 @@ here comes from their config.json (zoo.geometry).
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
-
 from pathlib import Path
 
 from .errors import ModelNotFound
 from .geometry import ModelGeometry, geometry_from_config_file
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def is_hub_id(model: str) -> bool:
+    """org/name as the Hugging Face Hub spells repository ids."""
+    return bool(_HUB_ID.match(model))
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,10 @@ class RegistryClient:
         return self.request("PUT", f"/v1/models/{_name(name)}/aliases/{_ref(alias)}",
                             json=body).json()
 
+    def remove_alias(self, name: str, alias: str, reason: str | None = None) -> dict:
+        return self.request("DELETE", f"/v1/models/{_name(name)}/aliases/{_ref(alias)}",
+                            params={"reason": reason} if reason else None).json()
+
     def yank(self, name: str, ref: str | int, reason: str) -> dict:
         return self.request("POST", f"/v1/models/{_name(name)}/versions/{_ref(ref)}/yank",
                             json={"reason": reason}).json()

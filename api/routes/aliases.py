@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from ...registry_db import queries
 from ...registry_db.aliases import check_alias_name, move_alias
+from ...zoo.errors import AliasNotFound
 from .. import serialize
 from ..auth import require
 from ..deps import reading
@@ -51,4 +52,17 @@ def set_alias(name: str, alias: str, body: AliasRequest, request: Request,
         model = queries.resolve_model(session, name)
         version = queries.resolve_version(session, model, body.version)
         move_alias(session, model, check_alias_name(alias), version, actor, body.reason)
+        return alias_body(session, model, alias)
+
+
+@router.delete("/v1/models/{name:path}/aliases/{alias}", response_model=AliasList,
+               summary="Remove an alias (its history is kept)")
+def remove_alias(name: str, alias: str, request: Request,
+                 reason: str | None = Query(None, max_length=2000, pattern=r"^[^\x00]*$"),
+                 actor: str = Depends(require("bundles:publish"))):
+    with request.app.state.registry.db.write() as session:
+        model = queries.resolve_model(session, name)
+        if not move_alias(session, model, check_alias_name(alias), None, actor, reason):
+            current = ", ".join(a.name for a in queries.current_aliases(session, model)) or "none"
+            raise AliasNotFound(f"{model.name} has no alias {alias!r} to remove; its aliases: {current}")
         return alias_body(session, model, alias)

@@ -105,6 +105,28 @@ def test_aliases_move_with_history(publisher, tmp_path):
     assert http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 1}).status_code == 409
 
 
+def test_an_alias_is_removed_with_its_history_kept(publisher, tmp_path):
+    server, http = publisher
+    make_bundle(tmp_path / "1")
+    upload_bundle(http, tmp_path / "1")
+    assert http.put("/v1/models/smollm2-135m/aliases/canary", json={"version": 1}).status_code == 200
+    r = http.delete("/v1/models/smollm2-135m/aliases/canary", params={"reason": "rollout done"})
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == []
+    assert [(h["from_version"], h["to_version"], h["reason"]) for h in r.json()["history"]][0] == (1, None, "rollout done")
+    assert http.get("/v1/models/smollm2-135m/versions/canary").status_code == 404
+    assert "canary" not in http.get("/v1/models/smollm2-135m").json()["version_aliases"]
+    # gone already, never set, the registry's own, a bad name: 4xx and nothing changes
+    gone = http.delete("/v1/models/smollm2-135m/aliases/canary")
+    assert gone.status_code == 404 and "its aliases: latest" in gone.json()["detail"]
+    assert http.delete("/v1/models/smollm2-135m/aliases/prod").status_code == 404
+    assert http.delete("/v1/models/smollm2-135m/aliases/latest").status_code == 422
+    assert http.delete("/v1/models/smollm2-135m/aliases/Prod!").status_code == 422
+    assert http.delete("/v1/models/smollm2-135m/aliases/canary", params={"reason": "a\x00b"}).status_code == 422
+    history = http.get("/v1/models/smollm2-135m/aliases/canary").json()["history"]
+    assert len(history) == 2 and http.get("/v1/models/smollm2-135m/versions/latest").json()["version"] == 1
+
+
 def test_auth_missing_bad_revoked_and_wrong_scope(registry_server, tmp_path, snapshot):
     make_bundle(tmp_path / "b")
     before = snapshot(registry_server)
@@ -116,6 +138,7 @@ def test_auth_missing_bad_revoked_and_wrong_scope(registry_server, tmp_path, sna
         assert "oscar-zoo tokens create" in r.json()["detail"]
         assert anon.post("/v1/models/smollm2-135m/versions/1/yank",
                          json={"reason": "x"}).status_code == 401
+        assert anon.delete("/v1/models/smollm2-135m/aliases/recommended").status_code == 401
     with registry_server.client("ozk_" + "x" * 43) as bad:
         assert upload_bundle(bad, tmp_path / "b").status_code == 401
     with registry_server.client("not-a-token") as bad:
@@ -124,6 +147,7 @@ def test_auth_missing_bad_revoked_and_wrong_scope(registry_server, tmp_path, sna
     with registry_server.client(jobs_token) as jobs:
         r = upload_bundle(jobs, tmp_path / "b")
         assert r.status_code == 403 and "bundles:publish" in r.json()["detail"]
+        assert jobs.delete("/v1/models/smollm2-135m/aliases/recommended").status_code == 403
     after = snapshot(registry_server)
     assert after["blobs"] == before["blobs"] and after["staging"] == []
     assert after["rows"]["bundle_versions"] == 0

@@ -1,4 +1,4 @@
-"""`oscar-zoo promote | yank | alias` against a real registry server (SQLite) on loopback."""
+"""`oscar-zoo promote | yank | alias | unalias` against a real registry server (SQLite) on loopback."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def test_promote_alias_and_yank_drive_what_pull_gets(registry, glm_bundles, monk
         history = client.aliases(MODEL)["history"]
         assert client.version(MODEL, "latest")["version"] == 1
     assert any(e.get("reason") == "lower loss on GPQA" for e in history)
+
+    r = zoo("unalias", MODEL, "recommended", "--reason", "back to latest")
+    assert r.exit_code == 0 and r.stdout.strip() == f"{MODEL}@recommended removed", r.output
+    assert pull(MODEL).version == 1  # latest again (v2 is yanked)
+    r = zoo("unalias", MODEL, "recommended")
+    assert r.exit_code == 1 and "has no alias 'recommended' to remove; its aliases: latest, stable" in r.stderr, r.output
 
 
 def test_bad_calls_say_how_to_fix_them_and_change_nothing(registry, glm_bundles, monkeypatch):

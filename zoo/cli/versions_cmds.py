@@ -1,4 +1,5 @@
-"""Writes to a model's published versions: promote a draft, yank a version, move an alias.
+"""Writes to a model's published versions: promote a draft, yank a version, move or remove an
+alias.
 
 Versions are immutable; these change only a version's status or which version an alias names,
 and the registry keeps the history of both. Each needs a token with scope bundles:publish.
@@ -73,6 +74,23 @@ def alias_command(spec, alias, reason, as_json):
     emit(body, as_json, lambda d: f"{d['model']}@{alias} -> v{version}")
 
 
+@click.command("unalias")
+@click.argument("name")
+@click.argument("alias")
+@click.option("--reason", help="Why; kept in the alias history.")
+@json_option
+def unalias_command(name, alias, reason, as_json):
+    """Remove ALIAS from model NAME (pulls of NAME@ALIAS then fail; `latest` cannot be removed).
+
+      oscar-zoo unalias qwen3-8b canary --reason "rollout finished"
+    """
+    from ..registry_client import RegistryClient
+
+    with RegistryClient() as client:
+        body = client.remove_alias(name, alias, reason)
+    emit(body, as_json, lambda d: f"{d['model']}@{alias} removed")
+
+
 def register(cli: click.Group) -> None:
-    for cmd in (promote_command, yank_command, alias_command):
+    for cmd in (promote_command, yank_command, alias_command, unalias_command):
         cli.add_command(cmd)

@@ -162,11 +162,12 @@ def check_windows(sink: int, recent: int, seq_len: int | None = None,
     window = sink + recent
     if seq_len is not None and seq_len <= window:
         raise InvalidInput(f"seq_len {seq_len} leaves no INT2 keys for the clip search with "
-                           f"sink {sink} + recent {recent}; raise seq_len above {window} or lower "
-                           "the windows")
+                           f"sink {sink} + recent {recent}; raise --seq-len (seq_len in a job "
+                           f"spec) above {window} or lower the windows")
     if context_len is not None and context_len <= window:
         raise InvalidInput(f"validation.context_len {context_len} must exceed sink {sink} + recent "
-                           f"{recent} = {window}")
+                           f"{recent} = {window}; raise --context-len (validation.context_len in "
+                           f"a job spec) above {window}")
 
 
 def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:

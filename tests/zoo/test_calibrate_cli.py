@@ -114,8 +114,8 @@ def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("args, says", [
     (["validate", "{b}", "--windows", "0"], "windows 0"),
-    (["validate", "{b}", "--context-len", "256"], "must exceed sink 64 + recent 256"),
-    (["calibrate", "qwen3-8b", "--seq-len", "256", "--validate", "--out", "{o}"], "seq_len 256"),
+    (["validate", "{b}", "--context-len", "256"], "must exceed sink 64 + recent 256 = 320; raise --context-len"),
+    (["calibrate", "qwen3-8b", "--seq-len", "256", "--validate", "--out", "{o}"], "raise --seq-len (seq_len in a job spec) above 320"),
 ])
 def test_lengths_that_measure_nothing_are_refused_before_the_model_loads(monkeypatch, tmp_path,
                                                                          args, says):

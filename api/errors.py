@@ -75,10 +75,33 @@ async def data_error(request: Request, exc: DataError) -> ProblemResponse:
                    "holding a NUL character); shorten or clean it and retry", request.url.path)
 
 
-async def unexpected_error(request: Request, exc: Exception) -> ProblemResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return problem(500, "Internal error", "the registry hit an unexpected error; it has been "
-                   "logged on the server", request.url.path)
+class UnexpectedErrors:
+    """Any other exception: logged, answered with a 500 problem, and the connection kept.
+    Starlette's handler for Exception answers and then re-raises, and uvicorn then resets the
+    keep-alive connection under the client's next request."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            if started:     # half a response is out: only dropping the connection tells the client
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            response = problem(500, "Internal error", "the registry hit an unexpected error; it "
+                               "has been logged on the server", scope.get("path"))
+            await response(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:
@@ -86,4 +109,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(DataError, data_error)
-    app.add_exception_handler(Exception, unexpected_error)
+    app.add_middleware(UnexpectedErrors)

@@ -1,12 +1,18 @@
 """Request size limits, enforced before the body is read: a declared Content-Length over the
 limit is refused at once (413), and a chunked body is cut off when it passes the limit.
 
-Uploads (multipart) may be as large as the `max_upload_bytes` setting; any other body 1 MiB.
+Uploads (multipart, to the two upload routes) may be as large as the `max_upload_bytes`
+setting; any other body 1 MiB. The route decides, not the Content-Type: FastAPI reads a JSON
+route's body before its token is checked.
 Before answering 413 the rest of the body is read and dropped (up to DRAIN_LIMIT), because a
 client still sending when the server closes sees a reset instead of the clear 413.
 """
 
 from __future__ import annotations
+
+import re
+
+from fastapi import HTTPException
 
 from ..zoo import settings
 from ..zoo.errors import PayloadTooLarge
@@ -14,6 +20,7 @@ from .errors import problem
 
 OTHER_BODY_LIMIT = 1 << 20
 DRAIN_LIMIT = 64 << 20
+UPLOAD_ROUTES = re.compile(r"^/v1/(models/.+/versions|jobs/[^/]+/result)$")
 
 
 class BodyLimit:
@@ -24,7 +31,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        is_upload = headers.get(b"content-type", b"").startswith(b"multipart/form-data")
+        is_upload = scope["method"] == "POST" and bool(UPLOAD_ROUTES.match(scope["path"]))
         limit = settings.get("max_upload_bytes") if is_upload else OTHER_BODY_LIMIT
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -43,7 +50,9 @@ class BodyLimit:
                 if seen > limit:
                     if message.get("more_body"):
                         await _drain(receive, seen - limit)
-                    raise PayloadTooLarge(_message(limit, is_upload))
+                    # FastAPI's HTTPException: FastAPI turns any other error in reading a
+                    # JSON body into 400 "error parsing the body"
+                    raise HTTPException(413, _message(limit, is_upload))
             return message
 
         return await self.app(scope, limited_receive, send)

@@ -26,8 +26,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     Raises RangeNotSatisfiable for a range that starts past the end.
     """
     m = _RANGE.match((header or "").strip())
-    if not m or (not m.group(1) and not m.group(2)):
-        return None
+    if not m or (not m.group(1) and not m.group(2)) or size == 0:
+        return None     # an empty file has no byte to point at: it is sent whole, as 200
     first, last = m.group(1), m.group(2)
     if not first:  # suffix: the last N bytes
         n = int(last)
@@ -76,15 +76,17 @@ def file_response(request: Request, path: Path, size: int, sha256: str, media_ty
     etag = f'"{sha256}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes",
                # By number the bytes never change; through an alias they may: revalidate.
-               "Cache-Control": "public, max-age=31536000, immutable" if immutable else "no-cache"}
+               "Cache-Control": "public, max-age=31536000, immutable" if immutable else "no-cache",
+               # stored bytes are data: no type sniffing, no scripts even if a browser renders them
+               "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
     if filename:
         headers["Content-Disposition"] = f'attachment; filename="{filename}"'
     if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
-    rng = parse_range(request.headers.get("range"), size)
     if_range = request.headers.get("if-range")
-    if rng is not None and if_range is not None and if_range.strip() != etag:
-        rng = None  # the client's partial copy is of other bytes: send everything
+    # a client whose partial copy is of other bytes gets everything, whatever its Range says
+    fresh = if_range is None or if_range.strip() == etag
+    rng = parse_range(request.headers.get("range"), size) if fresh else None
     start, end = rng if rng else (0, size)
     headers["Content-Length"] = str(end - start)
     status = 200

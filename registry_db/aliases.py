@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session, lazyload
 
 from ..zoo.errors import Conflict, InvalidInput
@@ -46,18 +47,19 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
     if version is not None and version.status != "published":
         raise Conflict(f"version {version.number} is {version.status}; aliases point at published "
                        "versions only")
-    row = session.scalar(select(Alias).options(lazyload("*"))
-                         .where(Alias.model_id == model.id, Alias.name == name).with_for_update())
-    old = row.version_id if row else None
+    now = datetime.now(timezone.utc)
     new = version.id if version else None
+    row = _alias_row(session, model, name)
+    if row is None and new is not None and not _created(session, model, name, new, now, by):
+        row = _alias_row(session, model, name)   # a concurrent move created it first: move that
+        if row is None:
+            raise Conflict(f"alias {name!r} of {model.name} changed during this move; retry")
+    old = row.version_id if row else None
     if old == new:
         return False
-    now = datetime.now(timezone.utc)
-    if row is None:
-        session.add(Alias(model_id=model.id, name=name, version_id=new, updated_at=now, updated_by=by))
-    elif new is None:
+    if row is not None and new is None:
         session.delete(row)
-    else:
+    elif row is not None:
         row.version_id, row.updated_at, row.updated_by = new, now, by
     session.add(AliasEvent(model_id=model.id, alias=name, from_version_id=old, to_version_id=new,
                            at=now, by=by, reason=reason))
@@ -65,6 +67,23 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
                  version=version.number if version else None, reason=reason)
     session.flush()
     return True
+
+
+def _alias_row(session: Session, model: Model, name: str) -> Alias | None:
+    return session.scalar(select(Alias).options(lazyload("*"))
+                          .where(Alias.model_id == model.id, Alias.name == name).with_for_update())
+
+
+def _created(session: Session, model: Model, name: str, version_id: int, now, by) -> bool:
+    """Insert the alias row; False when a concurrent move inserted it first (PostgreSQL: FOR
+    UPDATE locks no row that does not exist yet, so both moves got here)."""
+    try:
+        with session.begin_nested():
+            session.add(Alias(model_id=model.id, name=name, version_id=version_id, updated_at=now,
+                              updated_by=by))
+        return True
+    except DBIntegrityError:
+        return False
 
 
 def _lock_status(session: Session, version: BundleVersion) -> None:

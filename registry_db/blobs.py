@@ -85,10 +85,15 @@ class BlobStore:
     def verified_path(self, sha256: str) -> Path:
         """The blob's path after checking its bytes still hash to its name.
 
-        Raises StorageCorrupt when they do not (the blob is not deleted: an operator looks at it).
+        Raises StorageCorrupt when they do not (the blob is not deleted: an operator looks at it)
+        or when the blob is missing: every caller asks for a blob a row references.
         """
         p = self.path(sha256)
-        st = p.stat()  # FileNotFoundError for a missing blob: the caller decides what that means
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            raise StorageCorrupt(f"stored blob {sha256[:12]}... is missing from the registry's "
+                                 "store; restore it from a mirror") from None
         stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
         with self._lock:
             if self._verified.get(sha256) == stamp:

@@ -1,13 +1,16 @@
-"""Download a version's files by name: ETag (= sha256), HEAD, Range, If-None-Match."""
+"""Download a version's files by name: ETag (= sha256), HEAD, Range, If-None-Match.
+
+A bundle may carry files of any name, uploaded by any publisher: only the bundle's own kinds get
+a content type, everything else is an attachment of opaque bytes, never HTML or SVG that a
+browser would run on the registry's origin.
+"""
 
 from __future__ import annotations
-
-import mimetypes
 
 from fastapi import APIRouter, Request
 
 from ...registry_db import queries
-from ...zoo.errors import FileNotInBundle, StorageCorrupt
+from ...zoo.errors import FileNotInBundle
 from ..deps import reading
 from ..ranges import file_response
 
@@ -35,12 +38,10 @@ def download(name: str, ref: str, filename: str, request: Request):
             names = ", ".join(f.name for f in version.files)
             raise FileNotInBundle(f"version {version.number} of {model.name} has no file "
                                   f"{filename!r}; its files are {names}")
-        try:
-            path = request.app.state.registry.blobs.verified_path(entry.sha256)
-        except FileNotFoundError:
-            raise StorageCorrupt(f"the blob of {filename} ({entry.sha256[:12]}...) is missing from "
-                                 "the registry's store; restore it from a mirror") from None
-        suffix = "." + filename.rsplit(".", 1)[-1] if "." in filename else ""
-        media = MEDIA.get(suffix) or mimetypes.guess_type(filename)[0] or "application/octet-stream"
-        return file_response(request, path, entry.size, entry.sha256, media,
-                             immutable=ref.strip().isascii() and ref.strip().isdigit())
+        path = request.app.state.registry.blobs.verified_path(entry.sha256)
+        suffix = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
+        media = MEDIA.get(suffix)
+        return file_response(request, path, entry.size, entry.sha256,
+                             media or "application/octet-stream",
+                             immutable=ref.strip().isascii() and ref.strip().isdigit(),
+                             filename=None if media else filename)

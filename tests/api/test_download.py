@@ -67,6 +67,9 @@ def test_unsatisfiable_malformed_and_if_range(served):
         assert r.status_code == 200 and r.content == data, header
     stale = http.get(URL, headers={"Range": "bytes=0-9", "If-Range": '"stale"'})
     assert stale.status_code == 200 and len(stale.content) == len(data)
+    # a stale If-Range drops the Range before it is judged (RFC 9110 13.1.5): 200, not 416
+    stale = http.get(URL, headers={"Range": f"bytes={len(data)}-", "If-Range": '"stale"'})
+    assert stale.status_code == 200 and stale.content == data
 
 
 def test_unknown_file_and_path_tricks(served):
@@ -89,3 +92,60 @@ def test_corrupt_blob_is_refused_not_served(served):
     assert r.status_code == 500
     assert r.json()["title"] == "Stored file failed verification"
     assert "Traceback" not in r.text
+
+
+def test_a_missing_blob_is_a_clear_500_on_every_route_and_the_connection_lives(served):
+    """The layer routes and the version page met FileNotFoundError as an unexpected error; after
+    it, uvicorn reset the keep-alive connection under the client's next request."""
+    server, http, data = served
+    server.registry.blobs.path(hashlib.sha256(data).hexdigest()).unlink()
+    for url in (URL, "/v1/models/smollm2-135m/versions/1/layers/0",
+                "/v1/models/smollm2-135m/versions/1/layers.safetensors?layers=0-1"):
+        r = http.get(url)
+        assert r.status_code == 500 and "missing from the registry's store" in r.json()["detail"], url
+    page = http.get("/models/smollm2-135m/versions/1")
+    assert page.status_code == 500 and "text/html" in page.headers["content-type"]
+    assert http.get("/v1/health").status_code == 200     # the same connection
+
+
+def test_an_unexpected_error_is_a_500_problem_and_the_connection_lives(served, monkeypatch):
+    from oscar_zoo.registry_db import queries
+
+    server, http, data = served
+    monkeypatch.setattr(queries, "resolve_model", lambda *a, **k: 1 / 0)
+    r = http.get("/v1/models/smollm2-135m")
+    assert r.status_code == 500 and r.json()["title"] == "Internal error" and "Traceback" not in r.text
+    assert http.get("/v1/health").status_code == 200     # the same connection, not reset
+
+
+def test_files_beyond_the_bundle_kinds_download_as_opaque_attachments(registry_server, tmp_path):
+    """A publisher may add any file: one named .html or .svg was served inline as text/html or
+    image/svg+xml from the registry's origin, a stored XSS for whoever clicked its link."""
+    import json
+
+    b = tmp_path / "b"
+    make_bundle(b)
+    extra = {"notes.html": b"<script>alert(1)</script>", "plot.SVG": b"<svg onload='alert(1)'/>",
+             "empty.md": b""}
+    manifest = json.loads((b / "bundle.json").read_text())
+    for name, body in extra.items():
+        (b / name).write_bytes(body)
+        manifest["files"].append({"name": name, "sha256": hashlib.sha256(body).hexdigest(),
+                                  "size": len(body)})
+    (b / "bundle.json").write_text(json.dumps(manifest))
+    registry_server.publish_dir(b)
+    with registry_server.client() as http:
+        base = "/v1/models/smollm2-135m/versions/1/files/"
+        for name, body in extra.items():
+            r = http.get(base + name)
+            assert r.status_code == 200 and r.content == body, name
+            assert r.headers["x-content-type-options"] == "nosniff"
+            assert r.headers["content-security-policy"] == "sandbox"
+            if name != "empty.md":
+                assert r.headers["content-type"] == "application/octet-stream", name
+                assert r.headers["content-disposition"] == f'attachment; filename="{name}"'
+        assert http.get(base + "bundle.json").headers["content-type"] == "application/json"
+        assert "content-disposition" not in http.get(base + "README.md").headers
+        # a suffix range of an empty file: the whole (empty) file, not "bytes 0--1/0"
+        r = http.get(base + "empty.md", headers={"Range": "bytes=-5"})
+        assert r.status_code == 200 and r.content == b"" and "content-range" not in r.headers

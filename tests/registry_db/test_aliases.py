@@ -62,3 +62,34 @@ def test_a_yank_waits_for_an_alias_move_in_flight(registry):
     _yank(registry)     # after the move's commit: the yank goes ahead
     with registry.db.read() as s:
         assert resolve_version(s, resolve_model(s, MODEL), "1").status == "yanked"
+
+
+def test_two_moves_creating_the_same_alias_both_land(registry, tmp_path):
+    """FOR UPDATE locks no row before the alias exists: the second of two first moves hit the
+    unique index and answered 500. It now waits for the first, then moves the row it made."""
+    import threading
+    import time
+
+    make_bundle(tmp_path / "b2", seed=2)
+    registry.publish(tmp_path / "b2", "token:pub")
+    errors: list[BaseException] = []
+
+    def second():
+        try:
+            with registry.db.write() as s:
+                model = resolve_model(s, MODEL)
+                move_alias(s, model, "recommended", resolve_version(s, model, "2"), "token:b")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        move_alias(s, model, "recommended", resolve_version(s, model, "1"), "token:a")
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(0.5)     # the second move is now waiting on this one's uncommitted row
+    t.join(30)
+    assert not errors, errors
+    with registry.db.read() as s:
+        model = resolve_model(s, MODEL)
+        assert alias_map(s, model)["recommended"] == 2

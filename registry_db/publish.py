@@ -29,10 +29,10 @@ from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
 from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
 from . import audit
-from .aliases import refresh_latest
+from .aliases import LATEST, move_alias, refresh_latest
 from .blobs import BlobStore
 from .models import BundleVersion, LayerIndex, Model, VersionFile
-from .queries import resolve_model
+from .queries import aliases_of, resolve_model
 from .tensors import head_span, read_spans
 
 RETRIES = 64
@@ -285,6 +285,12 @@ def yank_version(session: Session, version: BundleVersion, reason: str, by: str 
     version.yanked_at = datetime.now(timezone.utc)
     audit.record(session, by, "version.yank", f"{version.model.name}/{version.number}", reason=reason)
     session.flush()
+    # aliases name published versions only: `recommended` left on a yanked version would be
+    # what a bare pull and the model page still offer. The history keeps where each pointed.
+    why = f"version {version.number} yanked: {reason}"
+    for name in aliases_of(session, [version.id])[version.id]:
+        if name != LATEST:
+            move_alias(session, version.model, name, None, by, why)
     refresh_latest(session, version.model, by, f"version {version.number} yanked")
 
 

@@ -105,6 +105,25 @@ def test_aliases_move_with_history(publisher, tmp_path):
     assert http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 1}).status_code == 409
 
 
+def test_a_yank_takes_every_alias_off_the_version(publisher, tmp_path):
+    """`recommended` stayed on a yanked version: a bare pull and the model page still offered it."""
+    server, http = publisher
+    for seed in (1, 2):
+        make_bundle(tmp_path / str(seed), seed=seed)
+        upload_bundle(http, tmp_path / str(seed))
+    for alias in ("recommended", "prod"):
+        assert http.put(f"/v1/models/smollm2-135m/aliases/{alias}", json={"version": 1}).status_code == 200
+    assert http.put("/v1/models/smollm2-135m/aliases/canary", json={"version": 2}).status_code == 200
+    assert http.post("/v1/models/smollm2-135m/versions/1/yank", json={"reason": "bad clips"}).status_code == 200
+    body = http.get("/v1/models/smollm2-135m/aliases").json()
+    assert {a["alias"]: a["version"] for a in body["items"]} == {"canary": 2, "latest": 2}
+    gone = {(h["alias"], h["from_version"], h["to_version"], h["reason"]) for h in body["history"][:2]}
+    assert gone == {(a, 1, None, "version 1 yanked: bad clips") for a in ("prod", "recommended")}
+    assert http.get("/v1/models/smollm2-135m").json()["recommended_version"] is None
+    page = http.get("/models/smollm2-135m").text
+    assert "Use version 2" in page
+
+
 def test_an_alias_is_removed_with_its_history_kept(publisher, tmp_path):
     server, http = publisher
     make_bundle(tmp_path / "1")

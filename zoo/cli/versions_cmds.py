@@ -46,7 +46,8 @@ def promote_command(spec, as_json):
 @click.option("--reason", required=True, help="Why; shown to everyone who pulls it.")
 @json_option
 def yank_command(spec, reason, as_json):
-    """Withdraw a version: it leaves `latest`, pulls of it warn, it stays downloadable by number."""
+    """Withdraw a version: it leaves `latest` and every alias, pulls of it warn, it stays
+    downloadable by number."""
     from ..registry_client import RegistryClient
 
     name, ref = _version_spec(spec)

@@ -88,8 +88,9 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 def revoke_token(session: Session, ident: str, by: str | None = None) -> ApiToken:
     """Revoke by id, name or prefix. Raises NotFound, or InvalidInput when a name is ambiguous."""
-    rows = [t for t in list_tokens(session)
-            if ident in (str(t.id), t.name, t.prefix) and t.revoked_at is None]
+    live = [t for t in list_tokens(session) if t.revoked_at is None]
+    # an id names one token: it wins over a token whose name or prefix happens to read the same
+    rows = [t for t in live if str(t.id) == ident] or [t for t in live if ident in (t.name, t.prefix)]
     if not rows:
         raise NotFound(f"no live token with id, name or prefix {ident!r}; see `oscar-zoo tokens list`")
     if len(rows) > 1:

@@ -68,3 +68,17 @@ def test_a_token_name_must_fit_in_the_actor_it_becomes(db, name):
         assert actor_of(row) == "token:" + "x" * NAME_MAX and len(actor_of(row)) == 200
     with db.read() as s:
         assert [t.name for t in list_tokens(s)] == ["x" * NAME_MAX]
+
+
+def test_revoking_by_id_wins_over_a_name_that_reads_the_same(db):
+    """A token named "1" made token 1 unrevocable by its id: "2 tokens match '1'; revoke by id"."""
+    with db.write() as s:
+        first, _ = create_token(s, ["bundles:publish"], "ci")
+        named, _ = create_token(s, ["bundles:publish"], str(first.id))
+        first_id, named_id = first.id, named.id
+    with db.write() as s:
+        assert revoke_token(s, str(first_id)).id == first_id
+    with db.write() as s:   # now the name is the only live match
+        assert revoke_token(s, str(first_id)).id == named_id
+    with db.read() as s:
+        assert all(t.revoked_at is not None for t in list_tokens(s))

@@ -13,6 +13,10 @@ One Attempt per claimed job:
   nothing (another attempt owns the job now);
 - done: upload the bundle (published, or draft when it failed validation), complete; the
   registry moves the spec's aliases and starts mirroring when it records the version.
+- anything else that breaks the attempt (the registry refuses the result, a local I/O error, a
+  bug) stops the runner and fails the job with the cause (retried only for local I/O), so the
+  job neither waits out its lease nor reruns the whole calibration with the cause lost;
+- a SIGTERM to the runner that the worker did not send is a retryable failure, not a cancel.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, RemoteError
+from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -132,6 +136,8 @@ class Attempt:
         except LeaseLost as e:
             log.warning("job %s: %s", self.id, e)
             return "lost"
+        except Exception as e:  # noqa: BLE001 - reported, so the job does not wait out its lease
+            return self._broke(e)
         finally:
             self.ended.set()
             if self.child is not None and self.child.poll() is None:
@@ -155,10 +161,9 @@ class Attempt:
         reader.join(5)
         self._wait_released()            # before any report that lets the lease go
         final = self.final or {}
-        # The runner says "cancelled" for any SIGTERM, ours at shutdown too: that one gives the
-        # job back (below) instead of ending it.
-        stopped_by_us = self.stop.is_set() and not self.cancel.is_set()
-        if self.cancel.is_set() or (final.get("event") == "cancelled" and not stopped_by_us):
+        # The runner says "cancelled" for any SIGTERM: only a cancel we passed on ends the job
+        # so; ours at shutdown gives it back, anyone else's (an operator, earlyoom) is retried.
+        if self.cancel.is_set():
             self._call(lambda: self.client.fail(self.id, self.token, "cancelled", cancelled=True))
             return "cancelled"
         if final.get("event") == "done":
@@ -166,7 +171,31 @@ class Attempt:
         if self.stop.is_set():
             self._call(lambda: self.client.release(self.id, self.token), patience=2.0)
             return "released"
+        if final.get("event") == "cancelled":
+            final = {"event": "error", "retryable": True, "error": (
+                "the runner received SIGTERM from outside the worker (an operator's kill, an "
+                "out-of-memory killer such as earlyoom?); cancel a job with `oscar-zoo jobs "
+                "cancel` or POST /v1/jobs/{id}/cancel")}
         return self._report_error(final, work / "runner.log")
+
+    def _broke(self, e: Exception) -> str:
+        """The attempt cannot go on (the registry refused the result: another model, a geometry
+        mismatch, too large; a full disk; a bug): stop the runner and fail the job with the
+        cause, retried only for a local I/O error, instead of leaving it `running` until its
+        lease runs out and rerunning the whole calibration with the cause lost."""
+        log.error("job %s: attempt broken by %s: %s", self.id, type(e).__name__, e,
+                  exc_info=not isinstance(e, OscarZooError))
+        if self.child is not None and self.child.poll() is None:
+            self._kill_group(signal.SIGKILL)
+        self._wait_released()
+        retryable = isinstance(e, OSError) and not isinstance(e, OscarZooError)
+        message = f"the worker could not finish the attempt: {type(e).__name__}: {e}"
+        try:
+            job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
+        except OscarZooError as report_error:   # LeaseLost included: nothing left to report to
+            log.error("job %s: could not report the failure (%s)", self.id, report_error)
+            return "lost"
+        return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
 
     def _supervise(self) -> str | None:
         """Wait for the child, acting on cancel, shutdown and a lost lease meanwhile."""
@@ -271,6 +300,13 @@ class Attempt:
                     return
                 wait = 1.0
                 continue
+            except OscarZooError as e:
+                # A revoked token (401), a job that is gone (404): no later beat gets through,
+                # so the runner is stopped now rather than the lease running out silently.
+                log.error("job %s: the registry refused the heartbeat (%s); stopping the attempt",
+                          self.id, e)
+                self.lost.set()
+                return
             self.expires = time.monotonic() + float(state.get("lease_seconds") or self.lease_s)
             if state.get("cancel_requested"):
                 self.cancel.set()
@@ -297,6 +333,12 @@ class Attempt:
             return
         except (OfflineError, RemoteError):
             return  # the heartbeat thread decides when the lease is lost
+        except OscarZooError as e:
+            # A refused report (422, 413) is no reason to stop the calibration: the heartbeat
+            # thread keeps the lease; try again after the usual interval.
+            log.warning("job %s: progress report refused (%s); skipped", self.id, e)
+            self.sent_at = now
+            return
         self.sent, self.sent_at = body, now
         if state.get("cancel_requested"):
             self.cancel.set()

@@ -1,0 +1,126 @@
+"""Attempt (calibrate/executors/worker.py) against the real registry over HTTP, on SQLite and
+PostgreSQL: how an attempt ends when something other than the runner goes wrong. No model is
+loaded: the runner is either skipped (`_run_child` replaced) or tests/jobs/fake_runner.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from oscar_zoo.calibrate.executors import worker as W
+from oscar_zoo.zoo.errors import InvalidInput, Unauthorized
+from tests.utils.bundles import make_bundle
+
+FAKE_RUNNER = str(Path(__file__).with_name("fake_runner.py"))
+
+
+def _wait(fn, timeout: float = 20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (value := fn()):
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def _attempt(api, worker="w1", stop=None) -> W.Attempt:
+    claimed = api.worker.claim(worker, 0)
+    return W.Attempt(api.worker, claimed["job"], claimed["lease"], worker, stop or threading.Event())
+
+
+def test_a_result_the_registry_refuses_fails_the_job_with_the_cause_at_once(jobs_api, monkeypatch):
+    def runner_made_another_models_bundle(self, work):
+        make_bundle(work / "bundle", model="qwen3-8b")
+        return self._finish(work, {"bundle_dir": str(work / "bundle"), "timings": {}})
+
+    monkeypatch.setattr(W.Attempt, "_run_child", runner_made_another_models_bundle)
+    job = jobs_api.submit(max_attempts=3)
+    outcome = _attempt(jobs_api).run()
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome == "failed" and after["status"] == "failed" and after["attempts"] == 1
+    assert "InvalidInput" in after["error"] and "qwen3-8b" in after["error"]
+
+
+def test_a_local_io_error_is_reported_as_a_retryable_failure(jobs_api, monkeypatch):
+    def disk_full(self, work):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(W.Attempt, "_run_child", disk_full)
+    job = jobs_api.submit(max_attempts=3)
+    outcome = _attempt(jobs_api).run()
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome == "requeued" and after["status"] == "queued"
+    assert "No space left on device" in after["error"]
+
+
+def test_a_refused_progress_report_is_skipped_not_raised(jobs_api, monkeypatch):
+    jobs_api.submit()
+    attempt = _attempt(jobs_api)
+
+    def refused(*a, **k):
+        raise InvalidInput("progress body too large")
+
+    monkeypatch.setattr(attempt.client, "progress", refused)
+    attempt._forward_progress(force=True)
+    assert not attempt.lost.is_set() and not attempt.cancel.is_set()
+
+
+def test_a_revoked_token_ends_the_attempt_instead_of_killing_the_heartbeat_silently(jobs_api,
+                                                                                    monkeypatch):
+    jobs_api.submit(lease_seconds=1)
+    attempt = _attempt(jobs_api)
+
+    def revoked(*a, **k):
+        raise Unauthorized("the token was refused")
+
+    monkeypatch.setattr(attempt.client, "heartbeat", revoked)
+    beat = threading.Thread(target=attempt._heartbeats, daemon=True)
+    beat.start()
+    try:
+        assert attempt.lost.wait(5)
+    finally:
+        attempt.ended.set()
+        beat.join(5)
+
+
+def _fake_runner(monkeypatch):
+    real = subprocess.Popen
+    monkeypatch.setattr(W.subprocess, "Popen",
+                        lambda argv, **kw: real([sys.executable, FAKE_RUNNER, *argv[-2:]], **kw))
+
+
+def _run_in_thread(attempt: W.Attempt) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=attempt.run()))
+    thread.start()
+    _wait(lambda: (attempt.latest or {}).get("phase") == "pass1")
+    return thread, outcome
+
+
+def test_a_sigterm_from_outside_the_worker_is_a_retryable_failure_not_a_cancel(jobs_api,
+                                                                             monkeypatch):
+    _fake_runner(monkeypatch)
+    job = jobs_api.submit(lease_seconds=30, max_attempts=3)
+    attempt = _attempt(jobs_api)
+    thread, outcome = _run_in_thread(attempt)
+    os.kill(attempt.child.pid, signal.SIGTERM)      # an operator's kill, earlyoom, ...
+    thread.join(60)
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome["result"] == "requeued" and after["status"] == "queued"
+    assert "SIGTERM from outside the worker" in after["error"]
+
+
+def test_a_cancel_asked_through_the_registry_still_ends_the_job_cancelled(jobs_api, monkeypatch):
+    _fake_runner(monkeypatch)
+    job = jobs_api.submit(max_attempts=3)
+    attempt = _attempt(jobs_api)
+    thread, outcome = _run_in_thread(attempt)
+    jobs_api.submitter.cancel(job["id"])
+    thread.join(60)
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome["result"] == "cancelled" and after["status"] == "cancelled"

@@ -182,8 +182,28 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
     for target in spec.mirror:
         if not _MIRROR.match(target):
             raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
+    _check_ray_resources(spec.ray_resources)
     if geometry is not None:
         _check_geometry(spec, geometry)
+
+
+# Ray asks for these through num_cpus/num_gpus/memory, never `resources`: in ray_resources its
+# task.options() refuses them only in the dispatcher, after the job was claimed.
+_RAY_BUILTIN = {"CPU": "the job's `gpus` field sets its GPUs; each task takes 1 CPU",
+                "GPU": "ask for GPUs with the job's `gpus` field (e.g. \"gpus\": 2)",
+                "memory": "Ray's memory is not asked for per job",
+                "object_store_memory": "Ray's memory is not asked for per job"}
+
+
+def _check_ray_resources(resources: dict[str, float]) -> None:
+    for name, amount in resources.items():
+        if name in _RAY_BUILTIN:
+            raise InvalidInput(f"ray_resources may not name {name!r}: {_RAY_BUILTIN[name]}; "
+                               "ray_resources is for your cluster's custom resources, "
+                               "e.g. {\"worker_node\": 1}")
+        if amount < 0 or (amount > 1 and amount != int(amount)) or 0 < amount < 0.0001:
+            raise InvalidInput(f"ray_resources {name!r}: {amount:g} is not an amount Ray accepts; "
+                               "use a whole number, or a fraction of 1 (0.0001 or more)")
 
 
 def _check_geometry(spec: JobSpec, geometry: ModelGeometry) -> None:

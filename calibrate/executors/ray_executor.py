@@ -104,11 +104,19 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
     job, lease = claimed["job"], claimed["lease"]
     spec = job["spec"]
     gpus = job["gpus"] if cluster_gpus else 0      # a CPU-only cluster runs everything on CPU
-    ref = task.options(num_cpus=1, num_gpus=gpus, resources=spec.get("ray_resources") or None,
-                       max_retries=job["max_attempts"], retry_exceptions=False,
-                       name=f"oscar-zoo-job-{job['id'][:8]}").remote(
-        client.endpoint, client.registry.token, job["id"], lease["token"])
     lease_s = float(lease["seconds"])
+    try:
+        ref = task.options(num_cpus=1, num_gpus=gpus, resources=spec.get("ray_resources") or None,
+                           max_retries=job["max_attempts"], retry_exceptions=False,
+                           name=f"oscar-zoo-job-{job['id'][:8]}").remote(
+            client.endpoint, client.registry.token, job["id"], lease["token"])
+    except Exception as e:  # noqa: BLE001 - one job Ray refuses must not end the dispatcher
+        # (and with it every task it drives), then come back to do it again after a requeue
+        log.error("ray dispatcher: Ray refused job %s: %s", job["id"], e)
+        _report(client, Flight(job["id"], lease["token"], lease_s, 0.0),
+                f"Ray refused the task: {type(e).__name__}: {str(e)[:2000]}; fix the job's "
+                "gpus or ray_resources and submit it again")
+        return
     flights[ref] = Flight(job["id"], lease["token"], lease_s, time.monotonic() + lease_s / 3)
     waiting = {"waiting_for": f"Ray: {gpus} GPU(s)" + "".join(
         f", {k}={v:g}" for k, v in (spec.get("ray_resources") or {}).items())}

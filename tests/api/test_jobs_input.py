@@ -53,3 +53,26 @@ def test_a_spec_with_nan_is_refused(jobs_http, body, says):
     assert says in r.json()["detail"]
     assert sub.get("/v1/jobs").json()["items"] == []
     assert work.post("/v1/workers/claim", json={"worker": "w1", "ray": True}).status_code == 204
+
+
+@pytest.mark.parametrize("resources, match", [
+    ({"GPU": 1}, "`gpus` field"),
+    ({"CPU": 4}, "may not name 'CPU'"),
+    ({"memory": 1e9}, "may not name 'memory'"),
+    ({"worker_node": -1}, "not an amount Ray accepts"),
+    ({"worker_node": 1.5}, "whole number"),
+    ({"worker_node": 0.00001}, "0.0001"),
+])
+def test_ray_resources_ray_would_refuse_are_refused_at_submit(jobs_http, resources, match):
+    """Accepted, they made Ray's task.options() raise inside the dispatcher, which died."""
+    sub, _ = jobs_http
+    r = sub.post("/v1/jobs", json={"model": "smollm2-135m", "ray_resources": resources})
+    assert r.status_code == 422 and match in r.json()["detail"], r.text
+    assert sub.get("/v1/jobs").json()["items"] == []
+
+
+def test_custom_ray_resources_are_accepted(jobs_http):
+    sub, _ = jobs_http
+    r = sub.post("/v1/jobs", json={"model": "smollm2-135m",
+                                  "ray_resources": {"worker_node": 1, "shared": 0.5, "slots": 2}})
+    assert r.status_code == 201, r.text

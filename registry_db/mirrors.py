@@ -17,9 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..zoo import settings
+from ..zoo.errors import ConfigError
 from ..zoo.mirror.runner import MirrorResult, configured_targets, mirror_bundle, parse_target
 from . import queries
-from .models import BundleVersion, MirrorRecord
+from .models import BundleVersion, Job, MirrorRecord
 
 log = logging.getLogger("oscar_zoo.mirror")
 
@@ -114,17 +115,35 @@ def _repo_lock(registry, kind: str, repo: str):
 
 
 def mirror_after_publish(registry, publication, wait: bool = False) -> threading.Thread | None:
-    """Mirror a freshly published version to the configured targets, in a background thread
-    (publishing never waits on a hub). Call it after `Registry.publish`; returns the thread, or
-    None when no target is configured for the model or the version is not published."""
+    """Mirror a freshly published version in the background (publishing never waits on a
+    hub). Call it after `Registry.publish`; see `mirror_published`."""
     if publication.version.status != "published":
         return None
     with registry.db.read() as session:   # the publication's row is detached by now
         version = session.get(BundleVersion, publication.version.id)
         model, number = version.model.name, version.number
-    if not configured_targets(model):
+    return mirror_published(registry, model, number, wait)
+
+
+def mirror_published(registry, model: str, number: int,
+                     wait: bool = False) -> threading.Thread | None:
+    """Mirror a published version, in a background thread, to its model's configured targets
+    plus those its calibration job's spec asked for that the configuration allows (see
+    `job_targets`). Returns the thread, or None when the version is not published or there
+    is nowhere to mirror it."""
+    with registry.db.read() as session:
+        m = queries.resolve_model(session, model)
+        v = queries.resolve_version(session, m, number)
+        if v.status != "published":
+            return None
+        job = session.get(Job, v.source_job) if v.source_job else None
+        asked = list((job.spec or {}).get("mirror") or []) if job is not None else []
+        model, number, version_id = m.name, v.number, v.id
+    targets, refused = job_targets(model, asked)
+    if not targets and not refused:
         return None
-    thread = threading.Thread(target=_mirror_quietly, args=(registry, model, number),
+    thread = threading.Thread(target=_mirror_quietly,
+                              args=(registry, model, number, version_id, targets, refused),
                               name=f"mirror-{model}-v{number}", daemon=True)
     thread.start()
     if wait:
@@ -132,11 +151,50 @@ def mirror_after_publish(registry, publication, wait: bool = False) -> threading
     return thread
 
 
-def _mirror_quietly(registry, model: str, number: int) -> None:
+def job_targets(model: str, asked: list[str]) -> tuple[list[str], list[str]]:
+    """(targets, refused): the model's configured targets, plus those a job spec asked for
+    that OSCAR_ZOO_MIRROR_TARGETS names (for any model); the rest are refused. The push uses
+    the server's hub tokens, so whoever may submit a job must not choose where they write."""
+    allowed = {_repo_key(item.partition("=")[2] if "=" in item else item)
+               for item in settings.get("mirror_targets") or []}
+    extra, refused = [], []
+    for target in dict.fromkeys(t.strip() for t in asked):
+        (extra if _repo_key(target, strict=False) in allowed else refused).append(target)
+    return list(dict.fromkeys([*configured_targets(model), *extra])), refused
+
+
+def _repo_key(target: str, strict: bool = True) -> tuple[str, str] | None:
     try:
-        mirror_version(registry, model, number)
+        kind, repo = parse_target(target)
+    except ConfigError:
+        if strict:
+            raise
+        return None
+    return kind, repo.lower()   # hub repo ids are case-insensitive
+
+
+def _mirror_quietly(registry, model: str, number: int, version_id: int, targets: list[str],
+                    refused: list[str]) -> None:
+    try:
+        for target in refused:
+            _record_refused(registry, version_id, target, model, number)
+        if targets:
+            mirror_version(registry, model, number, targets)
     except Exception:  # a background job: log, the records say what happened
         log.exception("mirroring %s v%s failed", model, number)
+
+
+def _record_refused(registry, version_id: int, target: str, model: str, number: int) -> None:
+    why = (f"not mirrored: {target} is not one of the server's mirror targets "
+           "(OSCAR_ZOO_MIRROR_TARGETS), and a job may only ask for those; ask the registry's "
+           f"operator to add it, or run `oscar-zoo mirror {model}@{number} --to {target}`")
+    log.warning("%s v%s: %s", model, number, why)
+    try:
+        kind, repo = parse_target(target)
+    except ConfigError:
+        return
+    with registry.db.write() as session:
+        record_mirror(session, version_id, kind, repo, "failed", error=why)
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:

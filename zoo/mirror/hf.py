@@ -55,6 +55,12 @@ class HFTarget:
             return []
         return [f.path for f in found if getattr(f, "size", None) is not None]
 
+    def paths(self, revision: str) -> list[str]:
+        """Every file in the repo at `revision`."""
+        with self.hub.errors(self.repo, revision):
+            found = list(self.api().list_repo_tree(self.repo, recursive=True, revision=revision))
+        return [f.path for f in found if getattr(f, "size", None) is not None]
+
     def read(self, path: str, revision: str) -> bytes | None:
         """A small file (the index) at `revision`, or None when it does not exist there."""
         from ..errors import OfflineError, RemoteError

@@ -48,6 +48,10 @@ class ModelScopeTarget:
         listing = self.hub.listing(self.repo, None, revision)
         return [p for p in listing.files if p.rpartition("/")[0] == folder]
 
+    def paths(self, revision: str) -> list[str]:
+        """Every file in the repo at `revision`."""
+        return list(self.hub.listing(self.repo, None, revision).files)
+
     def read(self, path: str, revision: str) -> bytes | None:
         listing = self.hub.listing(self.repo, [path], revision)
         if path not in listing.files:

@@ -34,6 +34,7 @@ log = logging.getLogger("oscar_zoo.mirror")
 KINDS = ("hf", "modelscope")
 CONFLICT_RETRIES = 3
 _OSCAR_PT = re.compile(r"^[kv]_rotation.*\.pt$")
+SEED_FILES = {".gitattributes"}   # what a hub puts in a new repo (hubs.md 1.5)
 
 
 @dataclass
@@ -134,6 +135,8 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)
+        if index_bytes is None:
+            _refuse_foreign(hub, head)
         folder = _folder_for(index_bytes, manifest, number)
         tags = hub.tags()
         if tag in tags:
@@ -174,6 +177,20 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                             hub.url(folder, tag), committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _refuse_foreign(hub, head: str) -> None:
+    """A repo with content but no index is someone else's (a typo in a target, a job spec
+    naming any repo the server's token can write): the root README.md and the RotationZoo
+    folders would overwrite theirs. Only the hub's own seed (.gitattributes) may be there."""
+    theirs = sorted(p for p in hub.paths(head) if p not in SEED_FILES)
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise ConfigError(
+            f"{hub.kind}:{hub.repo} is not an oscar-zoo mirror: it holds files ({shown}) but no "
+            f"{layout.INDEX}, and mirroring would overwrite its README.md; nothing was changed. "
+            "Check the target (--to, OSCAR_ZOO_MIRROR_TARGETS or the job's `mirror`), or mirror "
+            "into a new or empty repo")
 
 
 def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFile]) -> list[str]:

@@ -1,0 +1,75 @@
+"""What a mirror run must not do to a hub repo: write into a repo that is not an oscar-zoo
+mirror, write where the server's configuration did not allow (a job spec's targets), lose the
+other entries of an index it could not read, or trip over another tool's index entries. Real
+clients against the loopback emulator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oscar_zoo.registry_db.mirrors import mirror_published, mirror_version
+from tests.utils.bundles import make_bundle
+from tests.zoo.test_mirror import HF, MS, REPO, TAG, registry  # noqa: F401 (fixture)
+
+CARD = b"---\nlicense: mit\n---\n# Our real model\nUsage, benchmarks, citations...\n"
+
+
+def hub_index(hub, kind: str = "hf") -> dict:
+    return json.loads(hub.repo(kind, REPO).files()["oscar-zoo.json"][0])
+
+
+def test_a_repo_with_files_but_no_index_is_refused_and_left_untouched(registry, hub, tmp_path):
+    for kind in ("hf", "ms"):
+        hub.seed(kind, REPO, {"README.md": CARD, "model.safetensors": b"\0" * 1024})
+    before = {kind: len(hub.repo(kind, REPO).commits) for kind in ("hf", "ms")}
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    results = mirror_version(registry.registry, "smollm2-135m", 1, [HF, MS])
+    for r in results:
+        assert r.status == "failed" and "is not an oscar-zoo mirror" in r.error
+        assert "README.md" in r.error and "--to" in r.error
+    for kind in ("hf", "ms"):
+        repo = hub.repo(kind, REPO)
+        assert repo.files()["README.md"][0] == CARD
+        assert len(repo.commits) == before[kind] and not repo.tags
+    with registry.client() as http:
+        items = http.get("/v1/models/smollm2-135m/versions/1/mirrors").json()["items"]
+    assert {i["status"] for i in items} == {"failed"}
+
+
+def test_a_repo_holding_only_the_hubs_seed_is_mirrored_into(registry, hub, tmp_path):
+    hub.seed("hf", REPO, {})  # a new repo: .gitattributes only
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    assert mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0].status == "done"
+
+
+def _from_a_job(registry, asked: list[str]) -> None:
+    """Make version 1 the result of a job whose spec asks for `asked`."""
+    from oscar_zoo.registry_db.models import BundleVersion, Job
+
+    with registry.registry.db.write() as session:
+        job = Job(spec={"model": "smollm2-135m", "mirror": asked}, model="smollm2-135m")
+        session.add(job)
+        session.flush()
+        version = session.query(BundleVersion).one()
+        version.source_job = job.id
+
+
+def test_a_job_mirrors_only_to_targets_the_configuration_names(registry, hub, tmp_path,
+                                                               monkeypatch):
+    """The push uses the server's HF_TOKEN: a jobs:submit token naming any repo would write
+    wherever that token can."""
+    other = "hf:victim/models"
+    monkeypatch.setenv("OSCAR_ZOO_MIRROR_TARGETS", f"qwen3-*={HF}")  # allowed, not for smollm2
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    _from_a_job(registry, [HF, other])
+    mirror_published(registry.registry, "smollm2-135m", 1, wait=True)
+    assert TAG in hub.repo("hf", REPO).tags
+    assert hub.repo("hf", "victim/models") is None
+    with registry.client() as http:
+        items = {i["repo"]: i for i in
+                 http.get("/v1/models/smollm2-135m/versions/1/mirrors").json()["items"]}
+    assert items[REPO]["status"] == "done"
+    assert items["victim/models"]["status"] == "failed"
+    assert "OSCAR_ZOO_MIRROR_TARGETS" in items["victim/models"]["error"]

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import exists, select
@@ -93,7 +94,10 @@ class JobsRuntime:
         if kind == "local":
             from ..calibrate.executors.local import LocalExecutor
 
-            self.executor = LocalExecutor(url, token)
+            # the registry's own data dir: a restarted server finds its killed predecessor's
+            # GPU locks there whatever the environment says
+            self.executor = LocalExecutor(url, token,
+                                          lock_dir=Path(self.registry.data_dir) / "gpu-locks")
         elif kind == "ray":
             from ..calibrate.executors.ray_executor import RayExecutor
 

@@ -6,12 +6,19 @@ workers = 3, 3 and 2), or one on the CPU when there is none. Each is
 `oscar-zoo worker` against the server's own URL, in its own session (so Ctrl-C on the server
 does not reach it directly), and restarted when it dies. If the server itself is killed, a
 worker finishes its current job against the restarted server, then exits (--exit-with-parent).
+
+Each worker holds an flock per GPU (DATA_DIR/gpu-locks/gpu-ID.lock, through a file descriptor it
+inherits) for as long as it lives, so a restarted server starts the worker for a GPU only once
+the killed server's worker on that GPU has finished its job and exited: never two runners on
+one GPU.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -20,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from oscar_zoo.zoo import settings
 
@@ -36,6 +44,7 @@ class Slot:
     proc: subprocess.Popen | None = None
     worker_id: str = ""
     started: float = 0.0
+    waiting: bool = False      # for a GPU an earlier server's worker still holds
 
 
 def plan(gpus: list[str], workers: int | None) -> list[list[str]]:
@@ -49,9 +58,29 @@ def plan(gpus: list[str], workers: int | None) -> list[list[str]]:
     return [gpus[bounds[i]:bounds[i + 1]] for i in range(n)]
 
 
+def lock_gpus(lock_dir: Path, gpus: list[str]) -> list[int] | None:
+    """An flock on each GPU's file, taken without waiting: their descriptors, or None when
+    another process (a worker of a killed server, finishing its job) holds one."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    fds: list[int] = []
+    for gpu in sorted(gpus):    # one order for everyone: workers of different plans never deadlock
+        fd = os.open(lock_dir / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', gpu)}.lock",
+                     os.O_RDWR | os.O_CREAT, 0o644)
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            for f in fds:
+                os.close(f)
+            return None
+    return fds
+
+
 class LocalExecutor:
-    def __init__(self, url: str, token: str, workers: int | None = None):
+    def __init__(self, url: str, token: str, workers: int | None = None,
+                 lock_dir: str | Path | None = None):
         self.url, self.token = url, token
+        self.lock_dir = Path(lock_dir) if lock_dir else settings.get("data_dir") / "gpu-locks"
         self.slots = [Slot(g) for g in plan(visible_gpus(), workers or settings.get("workers"))]
         self.stopping = threading.Event()
         self.monitor: threading.Thread | None = None
@@ -65,6 +94,17 @@ class LocalExecutor:
                  ", ".join(",".join(s.gpus) or "cpu" for s in self.slots))
 
     def _spawn(self, i: int, slot: Slot) -> None:
+        """Start the slot's worker once its GPUs are free; until then _watch asks again."""
+        fds = lock_gpus(self.lock_dir, slot.gpus)
+        if fds is None:
+            slot.proc = None
+            if not slot.waiting:
+                log.warning("local executor: GPU %s is held by another worker (an earlier "
+                            "server's, finishing its job); this slot's worker starts when it "
+                            "exits", ",".join(slot.gpus))
+            slot.waiting = True
+            return
+        slot.waiting = False
         slot.worker_id = (f"local:{socket.gethostname()}:serve{os.getpid()}:w{i}:"
                           f"{secrets.token_hex(3)}")
         env = {**os.environ, "OSCAR_ZOO_TOKEN": self.token,
@@ -72,13 +112,24 @@ class LocalExecutor:
         cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
                self.url, "--gpus", str(len(slot.gpus)), "--worker-id", slot.worker_id,
                "--exit-with-parent"]
-        slot.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            # The worker inherits the locks and holds them until it exits, outliving us if we
+            # are killed; our copies must go, or its successor here could never take them.
+            slot.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         slot.started = time.monotonic()
 
     def _watch(self) -> None:
         while not self.stopping.wait(1.0):
             for i, slot in enumerate(self.slots):
-                if slot.proc is None or slot.proc.poll() is None:
+                if slot.proc is None:
+                    if slot.waiting and not self.stopping.is_set():
+                        self._spawn(i, slot)
+                    continue
+                if slot.proc.poll() is None:
                     continue
                 if time.monotonic() - slot.started < RESTART_BACKOFF_S:
                     continue   # dying at once, again and again: do not spin

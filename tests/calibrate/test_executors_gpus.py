@@ -134,3 +134,76 @@ def test_plan_gives_out_every_gpu(n, workers, sizes):
 def test_plan_without_gpus_runs_on_the_cpu():
     assert local.plan([], 3) == [[], [], []]
     assert local.plan([], None) == [[]]
+
+
+@pytest.fixture
+def sleeping_workers(monkeypatch, tmp_path):
+    """The executor's workers are processes that only sleep (holding what they inherit)."""
+    import subprocess
+    import sys
+
+    real = subprocess.Popen
+    started: list[dict] = []
+
+    def popen(cmd, **kwargs):
+        started.append(kwargs["env"])
+        return real([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs)
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(local, "visible_gpus", lambda: ["0", "1"])
+    return started
+
+
+def _wait_until(fn, timeout=10.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while not fn():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_restarted_server_starts_no_worker_on_a_gpu_its_killed_predecessors_worker_uses(
+        sleeping_workers, tmp_path):
+    import signal
+
+    locks = tmp_path / "gpu-locks"
+    killed = local.LocalExecutor("http://127.0.0.1:1", "t", workers=2, lock_dir=locks)
+    killed.start()
+    killed.stopping.set()           # the server is SIGKILLed: its workers live on
+    orphan_gpu0 = killed.slots[0].proc
+    orphan_gpu1 = killed.slots[1].proc
+    os.kill(orphan_gpu1.pid, signal.SIGKILL)    # the one on GPU 1 had already finished
+    orphan_gpu1.wait()
+    restarted = local.LocalExecutor("http://127.0.0.1:1", "t", workers=2, lock_dir=locks)
+    restarted.start()
+    try:
+        assert restarted.slots[0].proc is None and restarted.slots[0].waiting
+        assert restarted.slots[1].proc is not None
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in sleeping_workers] == ["0", "1", "1"]
+        os.kill(orphan_gpu0.pid, signal.SIGKILL)   # it finished its job and exited
+        orphan_gpu0.wait()
+        _wait_until(lambda: restarted.slots[0].proc is not None)
+        assert sleeping_workers[-1]["CUDA_VISIBLE_DEVICES"] == "0"
+    finally:
+        restarted.stop()
+        for proc in (orphan_gpu0, orphan_gpu1):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_worker_that_dies_is_restarted_on_its_gpu(sleeping_workers, tmp_path, monkeypatch):
+    # the server's own copy of a lock must not outlive the worker's start
+    import signal
+
+    monkeypatch.setattr(local, "RESTART_BACKOFF_S", 0.0)
+    ex = local.LocalExecutor("http://127.0.0.1:1", "t", workers=1, lock_dir=tmp_path / "locks")
+    ex.start()
+    try:
+        first = ex.slots[0].proc
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        _wait_until(lambda: ex.slots[0].proc is not first and ex.slots[0].proc is not None)
+    finally:
+        ex.stop()

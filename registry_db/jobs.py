@@ -56,15 +56,18 @@ def _progress(phase: str, **extra) -> dict[str, Any]:
 
 def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts: int,
            lease_seconds: float, idempotency_key: str | None = None,
-           created_by: str | None = None) -> tuple[Job, bool]:
+           created_by: str | None = None, given: dict | None = None) -> tuple[Job, bool]:
     """A new queued job, or the one this idempotency key made before: (job, created).
 
-    Raises Conflict when the key was used for a different spec.
+    `given`: the fields the user set ({field: True, or the same for a nested section}); only
+    those are compared with the key's job, since the rest of `spec` are defaults that an
+    operator may have changed since (None: the whole spec). Raises Conflict when the key was
+    used for a different spec.
     """
     if idempotency_key:
         existing = _by_key(session, idempotency_key)
         if existing is not None:
-            return _same_spec(existing, spec), False
+            return _same_spec(existing, spec, given), False
     job = Job(spec=spec, model=model, gpus=gpus, status="queued", phase="queued",
               progress=_progress("queued"), attempts=0, max_attempts=max_attempts,
               lease_seconds=lease_seconds, cancel_requested=False, timings={},
@@ -77,7 +80,7 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
         existing = _by_key(session, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
-        return _same_spec(existing, spec), False
+        return _same_spec(existing, spec, given), False
     audit.record(session, created_by, "job.submit", f"job:{job.id}", model=model)
     return job, True
 
@@ -86,11 +89,18 @@ def _by_key(session: Session, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.idempotency_key == key))
 
 
-def _same_spec(job: Job, spec: dict) -> Job:
-    if job.spec != spec:
+def _same_spec(job: Job, spec: dict, given: dict | None) -> Job:
+    if _only(job.spec, given) != _only(spec, given):
         raise Conflict(f"idempotency key already used by job {job.id} with a different spec; "
                        "use a new key for a new job")
     return job
+
+
+def _only(spec: dict, given: dict | None) -> dict:
+    if given is None:
+        return spec
+    return {k: _only(spec.get(k) or {}, m) if isinstance(m, dict) else spec.get(k)
+            for k, m in given.items()}
 
 
 def get(session: Session, job_id: str, lock: bool = False) -> Job:

@@ -19,7 +19,7 @@ import time
 from typing import Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request
-from pydantic import Field
+from pydantic import BaseModel, Field
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
@@ -139,10 +139,21 @@ def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE
         job, created = jobs_db.submit(
             session, spec.model_dump(mode="json"), model=name, gpus=spec.gpus,
             max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
-            idempotency_key=key, created_by=actor)
+            idempotency_key=key, created_by=actor, given=given_fields(body))
         detail = detail_of(session, job)
     return JSONResponse(detail, status_code=201 if created else 200,
                         headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def given_fields(spec: BaseModel) -> dict:
+    """The fields the user set, not null ({field: True, or the same for a nested section}): a
+    retry with its idempotency key is the same request even after a server default changed."""
+    given = {}
+    for name in spec.model_fields_set - {"idempotency_key"}:
+        value = getattr(spec, name)
+        if value is not None:
+            given[name] = given_fields(value) if isinstance(value, BaseModel) else True
+    return given
 
 
 # --- read ------------------------------------------------------------------------------------

@@ -57,6 +57,21 @@ def test_submit_fills_the_spec_and_is_idempotent_by_key(jobs_api):
     assert created and api.submitter.submit({"model": "smollm2-135m", "idempotency_key": "k2"})[0]["id"] == body_key["id"]
 
 
+def test_a_retry_with_its_key_is_the_same_job_after_a_server_default_changed(jobs_api,
+                                                                             monkeypatch):
+    body = {"model": "smollm2", "tokens": 4096, "validation": {"windows": 2}}
+    first, created = jobs_api.submitter.submit(dict(body), idempotency_key="nightly-1")
+    assert created
+    monkeypatch.setenv("OSCAR_ZOO_JOB_LEASE_SECONDS", "120")
+    monkeypatch.setenv("OSCAR_ZOO_JOB_MAX_ATTEMPTS", "5")
+    again, created = jobs_api.submitter.submit(dict(body), idempotency_key="nightly-1")
+    assert not created and again["id"] == first["id"]
+    for changed in ({**body, "tokens": 8192}, {**body, "validation": {"windows": 3}},
+                    {**body, "lease_seconds": 120}):
+        with pytest.raises(Conflict, match="different spec"):
+            jobs_api.submitter.submit(changed, idempotency_key="nightly-1")
+
+
 @pytest.mark.parametrize("spec, error, match", [
     ({"model": "smollm2-13"}, ModelNotFound, "smollm2-135m"),                  # suggestion
     ({"model": "qwen3-8b", "group_size": 48}, InvalidInput, "power of two"),

@@ -6,7 +6,8 @@ domain errors); no torch, so `oscar-zoo jobs ...` and the worker's supervisor st
     job, created = jobs.submit({"model": "smollm2-135m", "tokens": 8192})
     for state in jobs.events(job["id"]): ...         # until a terminal status
 
-On the worker endpoints a 409 always means the lease is gone: it is raised as LeaseLost.
+On the worker endpoints a 409 means the lease is gone (raised as LeaseLost), except on the
+result upload, whose 409 may also refuse the version (yanked content, ...): a Conflict then.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote
 
-from .errors import Conflict, LeaseLost, OfflineError
+from .errors import Conflict, LeaseLost, OfflineError, OscarZooError
 from .registry_client import RegistryClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -139,11 +140,23 @@ class JobsClient:
                                       data={"status": status}, retry=False,
                                       headers={"X-Lease-Token": lease})
         except Conflict as e:
-            raise LeaseLost(str(e)) from None
+            raise self._lease_or(e, job_id, lease) from None
         finally:
             for h in handles:
                 h.close()
         return r.json(), r.status_code == 201
+
+    def _lease_or(self, conflict: Conflict, job_id: str, lease: str) -> Conflict:
+        """A 409 on the result is a lost lease or a refused version (this content was yanked,
+        no version number could be allocated): a heartbeat tells which. The second must end
+        the job with its cause, not be taken for someone else owning the job."""
+        try:
+            self.heartbeat(job_id, lease)
+        except LeaseLost:
+            return LeaseLost(str(conflict))
+        except OscarZooError:
+            pass   # unreachable, refused: the upload's own answer is all we know
+        return conflict
 
 
 def _id(job_id: str) -> str:

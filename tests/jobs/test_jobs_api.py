@@ -275,6 +275,28 @@ def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp
     assert any("calibration job" in (h["reason"] or "") for h in aliases["history"])
 
 
+def test_a_refused_version_on_the_result_is_a_conflict_not_a_lost_lease(jobs_api, tmp_path):
+    # The same bytes as a version since yanked: 409 YankedVersion, while the lease is fine.
+    api = jobs_api
+    first = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    make_bundle(tmp_path / "a", seed=1)
+    api.worker.upload_result(first["id"], lease, tmp_path / "a", "published")
+    api.worker.complete(first["id"], lease)
+    with api.server.registry.db.write() as session:
+        from oscar_zoo.registry_db.publish import yank_version
+
+        yank_version(session, session.scalar(select(BundleVersion)), "broken", by="test")
+    second = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w2", 0)["lease"]["token"]
+    with pytest.raises(Conflict, match="yanked") as refused:
+        api.worker.upload_result(second["id"], lease, tmp_path / "a", "published")
+    assert not isinstance(refused.value, LeaseLost)
+    api.worker.heartbeat(second["id"], lease)              # still ours
+    with pytest.raises(LeaseLost):                         # a stale lease is still LeaseLost
+        api.worker.upload_result(second["id"], "not-the-lease", tmp_path / "a", "published")
+
+
 def test_failed_validation_keeps_a_draft_and_moves_no_alias(jobs_api, tmp_path):
     api = jobs_api
     job = api.submit(lease_seconds=30, aliases=["recommended"])

@@ -13,7 +13,8 @@ and submits each as a task asking for the job's GPUs (`num_gpus=spec.gpus`: 1 fo
   attaches again, which counts an attempt, and the registry's job-level guard (one version per
   job) keeps a retry from publishing twice.
 - Cancel: the task's own Attempt stops its runner; if the task is still running two grace
-  periods later, the dispatcher force-cancels it (`ray.cancel(force=True)`) and reports.
+  periods later, the dispatcher force-cancels it (`ray.cancel(force=True)`), keeps the lease
+  until Ray says the task has ended (its GPU free), then reports the job cancelled.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Flight:
     lease_s: float
     next_beat: float
     cancel_since: float | None = None
+    forced_at: float | None = None     # ray.cancel(force=True) sent; reported once it lands
 
 
 def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
@@ -139,22 +141,33 @@ def _beat(client, ref, f: Flight, flights, grace: float) -> bool:
         return True
     if state.get("cancel_requested"):
         f.cancel_since = f.cancel_since or time.monotonic()
+        if f.forced_at is not None:
+            if time.monotonic() - f.forced_at > 2 * grace:   # Ray never confirmed: report anyway
+                flights.pop(ref, None)
+                _report(client, f, FORCED + " (Ray did not confirm the task ended)", cancelled=True)
+            return True
         if time.monotonic() - f.cancel_since > 2 * grace:
-            flights.pop(ref, None)
-            _report(client, f, "cancelled: the Ray task did not stop; force-cancelled", cancelled=True)
-            return False
+            f.forced_at = time.monotonic()   # reported when the task lands: the lease (and the
+            return False                     # GPU's next job) must wait until it is gone
     return True
+
+
+FORCED = "cancelled: the Ray task did not stop; force-cancelled"
 
 
 def _landed(client, ref, f: Flight) -> None:
     import ray
 
+    error = None
     try:
         outcome = ray.get(ref)
         log.info("ray dispatcher: job %s task ended: %s", f.job_id, outcome)
     except Exception as e:  # noqa: BLE001 - Ray gave up (retries spent, node lost, ...)
-        _report(client, f, f"the Ray task failed: {type(e).__name__}: {str(e)[:2000]}",
-                retryable=False)
+        error = f"the Ray task failed: {type(e).__name__}: {str(e)[:2000]}"
+    if f.forced_at is not None:     # a task that reported itself leaves this a LeaseLost
+        _report(client, f, FORCED, cancelled=True)
+    elif error:
+        _report(client, f, error, retryable=False)
 
 
 def _report(client, f: Flight, error: str, retryable: bool = False, cancelled: bool = False) -> None:

@@ -17,8 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..zoo import settings
-from ..zoo.errors import ConfigError
-from ..zoo.mirror.runner import MirrorResult, configured_targets, mirror_bundle, parse_target
+from ..zoo.errors import ConfigError, Conflict
+from ..zoo.mirror.runner import (MirrorResult, configured_targets, mark_yanked, mirror_bundle,
+                                 parse_target)
 from . import queries
 from .models import BundleVersion, Job, MirrorRecord
 
@@ -33,6 +34,8 @@ class VersionFiles:
     model: str
     number: int
     digest: str
+    status: str                     # published | draft | yanked
+    yank_reason: str | None
     files: dict[str, Path]          # bundle file name -> verified blob path
 
 
@@ -45,7 +48,7 @@ def version_files(registry, model: str, ref: str | int) -> VersionFiles:
         m = queries.resolve_model(session, model)
         v = queries.resolve_version(session, m, ref)
         names = {f.name: f.sha256 for f in v.files}
-        out = VersionFiles(v.id, m.name, v.number, v.digest, {})
+        out = VersionFiles(v.id, m.name, v.number, v.digest, v.status, v.yank_reason, {})
     for name, sha in names.items():
         out.files[name] = registry.blobs.verified_path(sha)
     return out
@@ -79,11 +82,18 @@ def mirror_version(registry, model: str, version: str | int,
                    targets: list[str] | None = None) -> list[MirrorResult]:
     """Mirror one registry version to each target and record the outcome per target.
 
-    Raises ModelNotFound / VersionNotFound for a bad name, ConfigError for a bad target; hub
-    failures are returned (status "failed") and recorded, not raised.
+    Raises ModelNotFound / VersionNotFound for a bad name, NotPublished for a draft or a
+    yanked version, ConfigError for a bad target or none; hub failures are returned (status "failed")
+    and recorded, not raised.
     """
     vf = version_files(registry, model, version)
+    _require_published(vf)
+    # the registry's name, not the one typed (an alias or hub id), is what the globs match
     targets = list(targets) if targets else configured_targets(vf.model)
+    if not targets:
+        raise ConfigError(f"no mirror target for {vf.model}: pass --to hf:ORG/REPO or "
+                          "modelscope:ORG/REPO, or set OSCAR_ZOO_MIRROR_TARGETS (an entry "
+                          f"for every model, or GLOB=hf:ORG/REPO with a GLOB matching {vf.model})")
     for t in targets:
         parse_target(t)
     results = []
@@ -102,6 +112,70 @@ def mirror_version(registry, model: str, version: str | int,
                               result.revision, result.url, result.error)
             results.append(result)
     return results
+
+
+class NotPublished(Conflict):
+    """Only published versions go to the hubs: a draft is unreviewed, a yanked one withdrawn."""
+
+    title = "Version not published"
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _require_published(vf: VersionFiles) -> None:
+    where = f"{vf.model} v{vf.number}"
+    if vf.status == "draft":
+        raise NotPublished(f"{where} is a draft, and only published versions are mirrored: "
+                           f"publish it (`oscar-zoo promote {vf.model}@{vf.number}`), which "
+                           "mirrors it to the configured targets", vf.status)
+    if vf.status == "yanked":
+        raise NotPublished(f"{where} is yanked ({vf.yank_reason}) and is not mirrored anywhere "
+                           "new; the mirrors that hold it are told when it is yanked", vf.status)
+
+
+# --- a yank reaching the mirrors that hold the version -----------------------------------------
+
+def mirror_yank(registry, model: str, version: str | int,
+                targets: list[str] | None = None) -> list[MirrorResult]:
+    """Record a yanked version as yanked in the index of every repo that holds it (its mirror
+    records, or `targets`), so a pull from the mirror neither offers it as latest nor serves it
+    without a warning. A failure is kept in the version's record (its error) until a run
+    succeeds; `oscar-zoo mirror NAME@N` on a yanked version runs this again."""
+    with registry.db.read() as session:
+        m = queries.resolve_model(session, model)
+        v = queries.resolve_version(session, m, version)
+        if v.status != "yanked":
+            raise Conflict(f"{m.name} v{v.number} is {v.status}, not yanked")
+        held = [f"{r.target}:{r.repo}" for r in queries.mirrors(session, v) if r.status == "done"]
+        model, number, version_id, reason = m.name, v.number, v.id, v.yank_reason or "yanked"
+    results = []
+    for target in list(targets) if targets else held:
+        kind, repo = parse_target(target)
+        with _repo_lock(registry, kind, repo):
+            result = mark_yanked(target, model, number, reason)
+        if target in held:
+            error = None if result.status == "done" else (
+                f"the yank has not reached this mirror yet ({result.error}); run `oscar-zoo "
+                f"mirror {model}@{number}` to try again")
+            with registry.db.write() as session:
+                record_mirror(session, version_id, kind, repo, "done", error=error)
+        results.append(result)
+    return results
+
+
+def mirror_yank_in_background(registry, model: str, number: int) -> threading.Thread:
+    """mirror_yank in a background thread: a yank never waits on a hub."""
+    def run():
+        try:
+            mirror_yank(registry, model, number)
+        except Exception:  # a background job: log, the records say what happened
+            log.exception("recording the yank of %s v%s on its mirrors failed", model, number)
+
+    thread = threading.Thread(target=run, name=f"mirror-yank-{model}-v{number}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _repo_lock(registry, kind: str, repo: str):
@@ -139,11 +213,10 @@ def mirror_published(registry, model: str, number: int,
         job = session.get(Job, v.source_job) if v.source_job else None
         asked = list((job.spec or {}).get("mirror") or []) if job is not None else []
         model, number, version_id = m.name, v.number, v.id
-    targets, refused = job_targets(model, asked)
-    if not targets and not refused:
+    if not asked and not settings.get("mirror_targets"):
         return None
     thread = threading.Thread(target=_mirror_quietly,
-                              args=(registry, model, number, version_id, targets, refused),
+                              args=(registry, model, number, version_id, asked),
                               name=f"mirror-{model}-v{number}", daemon=True)
     thread.start()
     if wait:
@@ -173,9 +246,9 @@ def _repo_key(target: str, strict: bool = True) -> tuple[str, str] | None:
     return kind, repo.lower()   # hub repo ids are case-insensitive
 
 
-def _mirror_quietly(registry, model: str, number: int, version_id: int, targets: list[str],
-                    refused: list[str]) -> None:
-    try:
+def _mirror_quietly(registry, model: str, number: int, version_id: int, asked: list[str]) -> None:
+    try:  # the targets too: a bad OSCAR_ZOO_MIRROR_TARGETS must not fail what called us
+        targets, refused = job_targets(model, asked)
         for target in refused:
             _record_refused(registry, version_id, target, model, number)
         if targets:

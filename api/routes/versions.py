@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from ...registry_db import queries
+from ...registry_db.mirrors import mirror_published, mirror_yank_in_background
 from ...registry_db.publish import promote_draft, yank_version
 from .. import serialize
 from ..auth import require
@@ -53,7 +54,11 @@ def yank(name: str, ref: str, body: YankRequest, request: Request,
         model = queries.resolve_model(session, name)
         version = queries.resolve_version(session, model, ref)
         yank_version(session, version, body.reason, actor)
-        return version_body(session, version)
+        out = version_body(session, version)
+    # after the commit, in the background: the hubs holding it learn of the yank, never
+    # holding it up
+    mirror_yank_in_background(request.app.state.registry, out["model"], out["version"])
+    return out
 
 
 @router.post("/v1/models/{name:path}/versions/{ref}/publish", response_model=VersionDetail,
@@ -64,7 +69,10 @@ def promote(name: str, ref: str, request: Request,
         model = queries.resolve_model(session, name)
         version = queries.resolve_version(session, model, ref)
         promote_draft(session, version, actor)
-        return version_body(session, version)
+        out = version_body(session, version)
+    # like a publish: to the configured targets (and its job's), in the background
+    mirror_published(request.app.state.registry, out["model"], out["version"])
+    return out
 
 
 @router.get("/v1/models/{name:path}/versions/{ref}/mirrors", response_model=MirrorList,

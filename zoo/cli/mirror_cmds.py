@@ -20,8 +20,9 @@ def mirror_command(spec, targets, show_status, as_json):
     """Mirror a registry version to hub repos in the RotationZoo layout, tagged <model>-v<N>.
 
     Runs against the local registry (the data dir or OSCAR_ZOO_DATABASE_URL, like `serve`).
-    Safe to re-run: what a hub already has is neither uploaded nor committed again. Tokens come
-    from HF_TOKEN and MODELSCOPE_API_TOKEN.
+    Safe to re-run: what a hub already has is neither uploaded nor committed again. Only
+    published versions are mirrored; for a yanked one, this records the yank in the index of
+    the mirrors that hold it. Tokens come from HF_TOKEN and MODELSCOPE_API_TOKEN.
 
     \b
     oscar-zoo mirror glm-4.7-fp8@3 --to hf:oscar-zoo/rotations --to modelscope:oscar-zoo/rotations
@@ -37,14 +38,18 @@ def mirror_command(spec, targets, show_status, as_json):
         emit(_records(name, version), as_json, _records_text)
         return
     from ...registry_db.registry import open_registry
-    from ...registry_db.mirrors import configured_targets, mirror_version
+    from ...registry_db.mirrors import NotPublished, mirror_version, mirror_yank
 
     registry = open_registry()
     try:
-        if not targets and not configured_targets(name):
-            raise click.UsageError("no target: pass --to hf:ORG/REPO (or set "
-                                   "OSCAR_ZOO_MIRROR_TARGETS)")
-        results = mirror_version(registry, name, version, list(targets) or None)
+        try:
+            results = mirror_version(registry, name, version, list(targets) or None)
+        except NotPublished as e:
+            if e.status != "yanked":
+                raise
+            # a yanked version goes nowhere new; the mirrors holding it get the yank again
+            click.echo(f"{e}; recording the yank on the mirrors that hold it", err=True)
+            results = mirror_yank(registry, name, version, list(targets) or None)
     finally:
         registry.close()
     emit([r.to_dict() for r in results], as_json, _results_text)
@@ -55,7 +60,10 @@ def mirror_command(spec, targets, show_status, as_json):
 def _results_text(rows: list[dict]) -> str:
     lines = []
     for r in rows:
-        if r["status"] == "done":
+        if r["status"] == "done" and r["path"] is None:   # a yank recorded (mirror_yank)
+            what = "yank recorded in its index" if r["committed"] else "nothing to change"
+            lines.append(f"{r['target']}:{r['repo']}  {what}")
+        elif r["status"] == "done":
             what = "committed" if r["committed"] else "already there, nothing uploaded"
             lines.append(f"{r['target']}:{r['repo']}  {r['path']}  tag {r['tag']}  "
                          f"commit {str(r['revision'])[:12]}  ({what})")

@@ -102,7 +102,26 @@ def index_entry(manifest: dict, digest: str, number: int, files: list[RepoFile],
         "context_len": validation.get("context_len"),
         "created_at": manifest["calibration"].get("created_at"),
         "files": {f.path.rsplit("/", 1)[1]: f.sha256 for f in files},
+        "yanked": False, "yank_reason": None,
     }
+
+
+class UnreadableIndex(ValueError):
+    """The hub's index is not JSON with a `models` object; rebuilding it would drop every
+    other entry, so it is never rewritten without a person looking at it."""
+
+
+def load_index(current: bytes | None) -> dict:
+    """The index as read from the hub (a new one when there is none). Raises UnreadableIndex."""
+    if current is None:
+        return {"format": "oscar-zoo.mirror", "format_version": 1, "models": {}}
+    try:
+        loaded = json.loads(current)
+    except ValueError as e:
+        raise UnreadableIndex(f"it is not JSON ({e})") from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("models"), dict):
+        raise UnreadableIndex("it has no `models` object")
+    return loaded
 
 
 def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
@@ -120,8 +139,26 @@ def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
         slot = index["models"][model["name"]] = {"versions": {}}
     slot["hub_id"] = model["hub_id"]
     slot["versions"][str(entry["version"])] = entry
-    slot["latest"] = max(int(n) for n in slot["versions"])
+    slot["latest"] = latest_version(slot["versions"])
     return index
+
+
+def mark_yanked(index: dict, model: str, number: int, reason: str) -> dict | None:
+    """Record a yank in the index; returns the version's entry, None when the index does not
+    hold it. `latest` moves to the newest version that is not yanked (None if all are)."""
+    slot = (index.get("models") or {}).get(model)
+    entry = slot["versions"].get(str(number)) if readable_slot(slot) else None
+    if entry is None:
+        return None
+    entry["yanked"], entry["yank_reason"] = True, reason
+    slot["latest"] = latest_version(slot["versions"])
+    return entry
+
+
+def latest_version(versions: dict) -> int | None:
+    """The newest version not yanked: what a bare pull from the mirror gets."""
+    live = [int(n) for n, e in versions.items() if isinstance(e, dict) and not e.get("yanked")]
+    return max(live, default=None)
 
 
 def readable_slot(slot) -> bool:
@@ -161,8 +198,9 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         for number in sorted(versions, key=int, reverse=True):
             e = versions[number]
             val = {True: "passed", False: "failed", None: "-"}[e.get("validated")]
+            shown = f"{number} (yanked)" if e.get("yanked") else number
             lines.append(
-                f"| {name} | {number} | `{e['path']}` | `{e['tag']}` | {e['source']} | {val} | "
+                f"| {name} | {shown} | `{e['path']}` | `{e['tag']}` | {e['source']} | {val} | "
                 f"{_num(e.get('delta_nll'))} | {_num(e.get('delta_nll_hadamard'))} |")
     return ("\n".join(lines) + "\n").encode()
 

@@ -108,6 +108,54 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str) -> MirrorRes
         return MirrorResult(kind, repo, "failed", error=reason)
 
 
+def mark_yanked(target: str, model: str, number: int, reason: str) -> MirrorResult:
+    """Record in one target's index that `model` v`number` was yanked, so a pull from the
+    mirror stops offering it as latest and warns. A repo whose index does not hold the version
+    is left alone. Like mirror_bundle, hub failures come back as status "failed"."""
+    kind, repo = parse_target(target)
+    hub = open_target(kind, repo)
+    try:
+        return _with_retries(lambda: _push_yank(hub, model, number, reason))
+    except Exception as e:
+        reason_ = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
+        log.warning("recording the yank of %s v%s on %s failed: %s", model, number, target,
+                    reason_)
+        return MirrorResult(kind, repo, "failed", error=reason_)
+
+
+def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
+    for _ in range(CONFLICT_RETRIES):
+        head = hub.head()
+        index = _loaded(hub, hub.read(layout.INDEX, head))
+        entry = layout.mark_yanked(index, model, number, reason)
+        if entry is None:   # never mirrored here: nothing to take back
+            return MirrorResult(hub.kind, hub.repo, "done")
+        wanted = [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
+                  layout.RepoFile.of(layout.ROOT_README,
+                                     layout.render_root_readme(index, hub.repo))]
+        remote = hub.hashes([f.path for f in wanted], head)
+        changed = [f for f in wanted if not _same(remote.get(f.path), f)]
+        if changed:
+            try:
+                hub.commit(changed, f"oscar-zoo: {model} v{number} yanked: {reason}"[:200],
+                           parent=head)
+            except Conflict:
+                continue
+        return MirrorResult(hub.kind, hub.repo, "done", committed=bool(changed))
+    raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
+                   f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _loaded(hub, index_bytes: bytes | None) -> dict:
+    try:
+        return layout.load_index(index_bytes)
+    except layout.UnreadableIndex as e:
+        raise Conflict(f"{hub.kind}:{hub.repo}: {layout.INDEX} on the main branch cannot be "
+                       f"read: {e}. Rewriting it would drop every other version it lists, so "
+                       "nothing was changed: repair it on the hub (its history has the last "
+                       "good copy), then mirror again") from None
+
+
 def _with_retries(fn):
     retries = int(settings.get("http_retries"))
     for attempt in range(retries + 1):

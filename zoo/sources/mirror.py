@@ -38,17 +38,15 @@ class MirrorSource:
         if slot is None:
             raise BundleNotFound(f"{where}: the mirror has no {name}")
         model, info = slot
-        if ref.version is not None:
-            number = ref.version
-        elif ref.alias in (None, "latest", "recommended"):
-            number = int(info["latest"])
-        else:
-            raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
-                                  f"not {ref.alias!r}")
+        number = _number(where, model, info, ref)
         e = info["versions"].get(str(number))
         if e is None:
             raise VersionNotFound(f"{where}: {model} v{number} is not mirrored; mirrored: "
                                   f"{', '.join('v' + n for n in sorted(info['versions'], key=int))}")
+        notes = []
+        if e.get("yanked"):
+            notes.append(f"version {number} of {model} was yanked: "
+                         f"{e.get('yank_reason') or 'no reason given'}")
         names = [n for n in e["files"] if not n.endswith(".pt")]
         paths = [f"{e['path']}/{n}" for n in names]
         at_tag = self.hub.listing(self.repo, paths, e["tag"])
@@ -65,8 +63,26 @@ class MirrorSource:
         refs = [f"v{number}"] + (["latest"] if ref.version is None else [])
         return Plan(source=self.name, model=model, origin=f"{where}/{e['path']}@{e['tag']}",
                     kind="bundle", digest=e["digest"], version=number, refs=refs,
+                    status="yanked" if e.get("yanked") else "published", notes=notes,
                     validated=e.get("validated"), manifest=locate(MANIFEST, e["digest"], None),
                     locate=locate)
+
+
+def _number(where: str, model: str, info: dict, ref: Ref) -> int:
+    """The version a ref names; `latest` is the newest that is not yanked (the index's own
+    `latest` is not trusted for that: indexes written before yanks were recorded lack it)."""
+    if ref.version is not None:
+        return ref.version
+    if ref.alias not in (None, "latest", "recommended"):
+        raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
+                              f"not {ref.alias!r}")
+    versions = info.get("versions") or {}
+    live = [int(n) for n, e in versions.items() if str(n).isdigit() and isinstance(e, dict)
+            and not e.get("yanked")]
+    if not live:
+        raise VersionNotFound(f"{where}: every mirrored version of {model} is yanked; pull one "
+                              f"by number ({model}@N) if you must")
+    return max(live)
 
 
 def _model_slot(index: dict, entry: CatalogEntry | None, name: str):

@@ -106,7 +106,7 @@ def mirror_version(registry, model: str, version: str | int,
             with registry.db.write() as session:
                 record_mirror(session, vf.version_id, kind, repo, "pending")
             with _repo_lock(registry, kind, repo):
-                result = mirror_bundle(bundle_dir, vf.number, target)
+                result = mirror_bundle(bundle_dir, vf.number, target, vf.model)
             with registry.db.write() as session:
                 record_mirror(session, vf.version_id, kind, repo, result.status, result.path,
                               result.revision, result.url, result.error)

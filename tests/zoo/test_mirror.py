@@ -314,15 +314,17 @@ def test_a_hand_edited_model_entry_in_the_index_is_rebuilt(slot):
                 "calibration": {"source": "calibrated", "tokens": 8, "prompts": 1},
                 "quantization": {"group_size": 64}, "method": {"granularity": "layer"}}
     entry = layout.index_entry(manifest, "ab" * 32, 3, [], layout.version_folder(manifest))
-    other = {"hub_id": "org/N", "versions": {"2": {**entry, "version": 2}}, "latest": 2}
+    other = {"hub_id": "org/N", "versions": {"2": {**entry, "version": 2, "tag": "n-v2",
+                                                   "path": "N/seq8_prompt1_group64"}}, "latest": 2}
     current = json.dumps({"models": {"m": slot, "n": other}}).encode()
     index = layout.updated_index(current, manifest, entry)
     assert index["models"]["m"] == {"hub_id": "org/M", "versions": {"3": entry}, "latest": 3}
     assert index["models"]["n"] == other        # other models' entries are kept as they are
     assert "`m-v3`" in layout.render_root_readme(index, "org/rot").decode()
     # and the mirror's own reading of that index, for the folder, takes it as no versions
-    assert runner._folder_for(current, manifest, 3) == layout.version_folder(manifest)
-    assert runner._recorded_folder(current, manifest, 1) is None
+    loaded = layout.load_index(current)
+    assert runner._folder_for(loaded, manifest, 3, "m") == layout.version_folder(manifest)
+    assert runner._recorded_folder(loaded, "m", 1) is None
 
 
 def test_a_file_name_in_the_manifest_cannot_upload_files_outside_the_bundle(tmp_path):

@@ -73,3 +73,50 @@ def test_a_job_mirrors_only_to_targets_the_configuration_names(registry, hub, tm
     assert items[REPO]["status"] == "done"
     assert items["victim/models"]["status"] == "failed"
     assert "OSCAR_ZOO_MIRROR_TARGETS" in items["victim/models"]["error"]
+
+
+def test_an_index_damaged_in_transit_is_read_again_not_rebuilt(registry, hub, tmp_path):
+    for i in range(2):
+        registry.publish_dir(make_bundle(tmp_path / f"b{i}", seed=i).path)
+    assert mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0].status == "done"
+    hub.corrupt(r"/resolve/[^/]+/oscar-zoo\.json", times=1, hub="hf")
+    assert mirror_version(registry.registry, "smollm2-135m", 2, [HF])[0].status == "done"
+    assert sorted(hub_index(hub)["models"]["smollm2-135m"]["versions"]) == ["1", "2"]
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b'{"models": []}'])
+def test_an_unreadable_index_fails_the_mirror_and_is_left_for_a_person(registry, hub, tmp_path,
+                                                                       damage):
+    hub.seed("hf", REPO, {"oscar-zoo.json": damage})
+    n = len(hub.repo("hf", REPO).commits)
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    r = mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0]
+    assert r.status == "failed" and "oscar-zoo.json on the main branch cannot be read" in r.error
+    assert "repair it" in r.error
+    repo = hub.repo("hf", REPO)
+    assert len(repo.commits) == n and repo.files()["oscar-zoo.json"][0] == damage
+
+
+def test_a_tagged_version_the_index_lost_is_indexed_again(registry, hub, tmp_path):
+    """The tag exists, so the files are there; but a pull finds versions by the index."""
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    first = mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0]
+    lost = {"format": "oscar-zoo.mirror", "format_version": 1, "models": {}}
+    hub.seed("hf", REPO, {"oscar-zoo.json": json.dumps(lost).encode()})
+    again = mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0]
+    assert (again.status, again.committed, again.revision) == ("done", True, first.revision)
+    entry = hub_index(hub)["models"]["smollm2-135m"]["versions"]["1"]
+    assert (entry["tag"], entry["path"]) == (TAG, first.path)
+    assert hub.repo("hf", REPO).tags == {TAG: first.revision}
+    assert not mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0].committed
+
+
+def test_another_tools_incomplete_entry_in_the_index_is_tolerated(registry, hub, tmp_path):
+    index = {"format": "oscar-zoo.mirror", "format_version": 1,
+             "models": {"other": {"hub_id": "o/x", "versions": {"1": {"digest": "ab"}},
+                                  "latest": 1}}}
+    hub.seed("hf", REPO, {"oscar-zoo.json": json.dumps(index).encode()})
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    r = mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0]
+    assert r.status == "done", r.error
+    assert hub_index(hub)["models"]["other"] == index["models"]["other"]

@@ -78,6 +78,12 @@ class HFTarget:
             raise OfflineError(f"hf:{self.repo}: cannot read {path} ({type(e).__name__})") from None
         if r.status_code >= 400:
             raise RemoteError(f"hf:{self.repo}@{revision}: reading {path} gave {r.status_code}")
+        # What the listing says it is, or nothing: a damaged index taken as unreadable would
+        # have every other entry dropped from the one written back.
+        got = RepoFile.of(path, r.content)
+        if (got.sha256 if sha else got.git_sha1) != (sha or git):
+            raise RemoteError(f"hf:{self.repo}@{revision}: {path} as downloaded does not match "
+                              "the hash the Hub lists for it (damaged in transit?); try again")
         return r.content
 
     def commit(self, files: list[RepoFile], message: str, parent: str | None,

@@ -87,12 +87,14 @@ def version_files(bundle_dir: Path, manifest: dict, folder: str) -> list[RepoFil
     return out
 
 
-def index_entry(manifest: dict, digest: str, number: int, files: list[RepoFile], folder: str) -> dict:
+def index_entry(manifest: dict, digest: str, number: int, files: list[RepoFile], folder: str,
+                model: str | None = None) -> dict:
+    """`model`: the registry's name of the model (default: bundle.json's)."""
     validation = manifest.get("validation") or {}
     variants = {v["name"]: v for v in validation.get("variants", [])}
     return {
         "version": number, "digest": digest, "path": folder,
-        "tag": tag_name(manifest["model"]["name"], number),
+        "tag": tag_name(model or manifest["model"]["name"], number),
         "source": manifest["calibration"]["source"],
         "imported_from": manifest["calibration"].get("imported_from"),
         "granularity": manifest["method"]["granularity"],
@@ -124,20 +126,16 @@ def load_index(current: bytes | None) -> dict:
     return loaded
 
 
-def updated_index(current: bytes | None, manifest: dict, entry: dict) -> dict:
-    index = {"format": "oscar-zoo.mirror", "format_version": 1, "models": {}}
-    if current:
-        try:
-            loaded = json.loads(current)
-            if isinstance(loaded, dict) and isinstance(loaded.get("models"), dict):
-                index = loaded
-        except ValueError:
-            pass  # an unreadable index is rebuilt from this version on
-    model = manifest["model"]
-    slot = index["models"].get(model["name"])
+def updated_index(current: bytes | None, manifest: dict, entry: dict,
+                  model: str | None = None) -> dict:
+    """The index with `entry` added under `model` (default: bundle.json's name). Raises
+    UnreadableIndex rather than rebuild an index it cannot read (that would drop the rest)."""
+    index = load_index(current)
+    name = model or manifest["model"]["name"]
+    slot = index["models"].get(name)
     if not readable_slot(slot):   # hand-edited on the hub: this model's entry starts over
-        slot = index["models"][model["name"]] = {"versions": {}}
-    slot["hub_id"] = model["hub_id"]
+        slot = index["models"][name] = {"versions": {}}
+    slot["hub_id"] = manifest["model"]["hub_id"]
     slot["versions"][str(entry["version"])] = entry
     slot["latest"] = latest_version(slot["versions"])
     return index
@@ -194,16 +192,23 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in sorted(index["models"]):
-        versions = index["models"][name]["versions"]
-        for number in sorted(versions, key=int, reverse=True):
-            e = versions[number]
-            val = {True: "passed", False: "failed", None: "-"}[e.get("validated")]
-            shown = f"{number} (yanked)" if e.get("yanked") else number
-            lines.append(
-                f"| {name} | {shown} | `{e['path']}` | `{e['tag']}` | {e['source']} | {val} | "
-                f"{_num(e.get('delta_nll'))} | {_num(e.get('delta_nll_hadamard'))} |")
+        slot = index["models"][name]
+        if not readable_slot(slot):   # another tool's entry: not ours to describe
+            continue
+        for number in sorted(slot["versions"], key=int, reverse=True):
+            lines.append(_readme_row(name, number, slot["versions"][number]))
     return ("\n".join(lines) + "\n").encode()
 
 
+def _readme_row(name: str, number: str, e: dict) -> str:
+    # .get throughout: an entry written by hand or by another tool may lack any field, and
+    # one such entry must not stop every later mirror to the repo
+    val = {True: "passed", False: "failed"}.get(e.get("validated"), "-")
+    shown = f"{number} (yanked)" if e.get("yanked") else number
+    return (f"| {name} | {shown} | `{e.get('path', '-')}` | `{e.get('tag', '-')}` | "
+            f"{e.get('source', '-')} | {val} | {_num(e.get('delta_nll'))} | "
+            f"{_num(e.get('delta_nll_hadamard'))} |")
+
+
 def _num(x) -> str:
-    return "-" if x is None else f"{x:+.4f}"
+    return f"{x:+.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"

@@ -86,9 +86,12 @@ def open_target(kind: str, repo: str):
 
 # --- one version to one hub --------------------------------------------------------------------
 
-def mirror_bundle(bundle_dir: str | Path, number: int, target: str) -> MirrorResult:
-    """Mirror the bundle in `bundle_dir` (version `number` of its model) to one target.
+def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
+                  model: str | None = None) -> MirrorResult:
+    """Mirror the bundle in `bundle_dir` (version `number` of `model`) to one target.
 
+    `model` is the registry's name of the model (default: the one bundle.json gives); tags and
+    index entries go by it, so a bundle naming its model by an alias joins the same versions.
     Raises nothing for hub failures: they come back as status "failed" with the reason.
     """
     kind, repo = parse_target(target)
@@ -99,12 +102,12 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str) -> MirrorRes
 
     digest = hashlib.sha256(raw).hexdigest()
     hub = open_target(kind, repo)
+    model = model or manifest["model"]["name"]
     try:
-        return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number))
+        return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number, model))
     except Exception as e:  # one hub's failure is recorded, never raised to the other
         reason = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
-        log.warning("mirroring %s v%s to %s failed: %s", manifest["model"]["name"], number,
-                    target, reason)
+        log.warning("mirroring %s v%s to %s failed: %s", model, number, target, reason)
         return MirrorResult(kind, repo, "failed", error=reason)
 
 
@@ -156,6 +159,15 @@ def _loaded(hub, index_bytes: bytes | None) -> dict:
                        "good copy), then mirror again") from None
 
 
+def _tag_index(hub, revision: str) -> dict:
+    """The index as a tag left it; only read for where it put the version, so an unreadable
+    one just says nothing (the main branch's is the one that must be sound)."""
+    try:
+        return layout.load_index(hub.read(layout.INDEX, revision))
+    except layout.UnreadableIndex:
+        return layout.load_index(None)
+
+
 def _with_retries(fn):
     retries = int(settings.get("http_retries"))
     for attempt in range(retries + 1):
@@ -176,8 +188,8 @@ def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> b
     return sha256 == f.sha256 if sha256 else git_sha1 == f.git_sha1
 
 
-def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> MirrorResult:
-    model = manifest["model"]["name"]
+def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
+          model: str) -> MirrorResult:
     tag = layout.tag_name(model, number)
     hub.ensure_repo()
     for _ in range(CONFLICT_RETRIES):
@@ -185,29 +197,28 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
         index_bytes = hub.read(layout.INDEX, head)
         if index_bytes is None:
             _refuse_foreign(hub, head)
-        folder = _folder_for(index_bytes, manifest, number)
+        index = _loaded(hub, index_bytes)
+        folder = _folder_for(index, manifest, number, model)
         tags = hub.tags()
         if tag in tags:
             # Compare where the tag put it: an older version re-mirrored after a newer one took
             # its folder would otherwise be looked for in a v<N> subfolder it never had.
-            folder = _recorded_folder(hub.read(layout.INDEX, tags[tag]), manifest, number) or folder
+            folder = _recorded_folder(_tag_index(hub, tags[tag]), model, number) or folder
         files = layout.version_files(bundle_dir, manifest, folder)
+        entry = layout.index_entry(manifest, digest, number, files, folder, model)
         if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
-            remote = hub.hashes([f.path for f in files], tags[tag])
-            if all(_same(remote.get(f.path), f) for f in files):
+            _check_tagged(hub, tags[tag], tag, files)
+            if _indexed(index, model, number, digest):
                 return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
                                     hub.url(folder, tag))
-            raise Conflict(f"{hub.kind}:{hub.repo}: tag {tag} exists but holds other files "
-                           "than this version; tags are never moved, so delete it on the hub "
-                           "if it is wrong and mirror again")
-        entry = layout.index_entry(manifest, digest, number, files, folder)
-        index = layout.updated_index(index_bytes, manifest, entry)
+            files = []  # the index lost it: record it again, leave main's folder as it is
+        index = layout.updated_index(index_bytes, manifest, entry, model)
         wanted = files + [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
                           layout.RepoFile.of(layout.ROOT_README,
                                              layout.render_root_readme(index, hub.repo))]
         remote = hub.hashes([f.path for f in wanted], head)
         changed = [f for f in wanted if not _same(remote.get(f.path), f)]
-        stale = _stale_rotations(hub.listdir(folder, head), folder, wanted)
+        stale = _stale_rotations(hub.listdir(folder, head), folder, wanted) if files else []
         committed = bool(changed or stale)
         if committed:
             try:
@@ -218,6 +229,9 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                 continue  # the branch moved under us: re-read the index and try again
         else:
             revision = head  # a previous run committed, then stopped before tagging
+        if tag in tags:
+            return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
+                                hub.url(folder, tag), committed)
         hub.tag(tag, revision, f"{model} v{number}, bundle sha256:{digest}")
         if revision in ("master", "main"):  # ModelScope's upload may not name its commit
             revision = hub.tags().get(tag, revision)
@@ -225,6 +239,20 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int) -> Mi
                             hub.url(folder, tag), committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _check_tagged(hub, revision: str, tag: str, files: list[layout.RepoFile]) -> None:
+    remote = hub.hashes([f.path for f in files], revision)
+    if not all(_same(remote.get(f.path), f) for f in files):
+        raise Conflict(f"{hub.kind}:{hub.repo}: tag {tag} exists but holds other files "
+                       "than this version; tags are never moved, so delete it on the hub "
+                       "if it is wrong and mirror again")
+
+
+def _indexed(index: dict, model: str, number: int, digest: str) -> bool:
+    """Whether the main branch's index still lists this version (a pull finds it by it)."""
+    entry = _index_versions(index, model).get(str(number))
+    return isinstance(entry, dict) and entry.get("digest") == digest
 
 
 def _refuse_foreign(hub, head: str) -> None:
@@ -249,26 +277,50 @@ def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFil
                   and _OSCAR_PT.match(p.rpartition("/")[2]))
 
 
-def _index_versions(index_bytes: bytes | None, manifest: dict) -> dict[str, dict]:
+def _index_versions(index: dict, model: str) -> dict[str, dict]:
     """This model's versions in a hub index; {} where it records none that can be read (a
     hand-edited entry, which updated_index rebuilds)."""
-    try:
-        slot = json.loads(index_bytes)["models"][manifest["model"]["name"]]
-    except (TypeError, ValueError, KeyError):
-        return {}
+    slot = index["models"].get(model)
     return slot["versions"] if layout.readable_slot(slot) else {}
 
 
-def _recorded_folder(index_bytes: bytes | None, manifest: dict, number: int) -> str | None:
+def _recorded_folder(index: dict, model: str, number: int) -> str | None:
     """The folder an index records for this version, if it records one."""
-    path = _index_versions(index_bytes, manifest).get(str(number), {}).get("path")
+    path = _index_versions(index, model).get(str(number), {}).get("path")
     return path if isinstance(path, str) else None
 
 
-def _folder_for(index_bytes: bytes | None, manifest: dict, number: int) -> str:
+def _folder_for(index: dict, manifest: dict, number: int, model: str) -> str:
     """The RotationZoo folder, unless a newer version of the model already holds it there:
     then this (older) one goes to a v<N> subfolder, so the main branch never rolls back."""
-    folder = layout.version_folder(manifest)
-    versions = _index_versions(index_bytes, manifest)
+    folder = f"{_model_folder(index, manifest, model)}/{layout.calibration_tag(manifest)}"
+    versions = _index_versions(index, model)
     newer = [int(n) for n, e in versions.items() if e.get("path") == folder and int(n) > number]
     return f"{folder}/v{number}" if newer else folder
+
+
+def _model_folder(index: dict, manifest: dict, model: str) -> str:
+    """The model's top folder; org-qualified (unsloth--SmolLM2-135M-Instruct) when another
+    model's versions already live under the plain one (two hub ids with one repo name), which
+    this model's files would otherwise overwrite."""
+    plain = layout.model_folder(manifest)
+    taken = _folders_of_others(index, model)
+    if plain not in taken:
+        return plain
+    qualified = manifest["model"]["hub_id"].replace("/", "--")
+    if qualified in taken:
+        raise Conflict(f"{model}: the folders {plain}/ and {qualified}/ of this repo both hold "
+                       "another model's versions (see its oscar-zoo.json); mirror it to "
+                       "another repo")
+    return qualified
+
+
+def _folders_of_others(index: dict, model: str) -> set[str]:
+    out = set()
+    for name, slot in index["models"].items():
+        if name == model or not layout.readable_slot(slot):
+            continue
+        for e in slot["versions"].values():
+            if isinstance(e.get("path"), str):  # another tool's entry may lack it
+                out.add(e["path"].split("/")[0])
+    return out

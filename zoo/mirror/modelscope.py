@@ -10,6 +10,7 @@ mirror runner (a lock per repo on the registry host, zoo/mirror/runner.py), not 
 from __future__ import annotations
 
 import tempfile
+from contextlib import redirect_stdout
 from pathlib import Path
 
 from ..errors import RemoteError
@@ -72,14 +73,17 @@ class ModelScopeTarget:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(f.data)
             if files:
-                result = self.hub.api().upload_folder(
-                    self.repo, "model", tmp, commit_message=message, revision="master",
-                    use_cache=False, disable_tqdm=True)
+                with _stdout_to_stderr():
+                    result = self.hub.api().upload_folder(
+                        self.repo, "model", tmp, commit_message=message, revision="master",
+                        use_cache=False, disable_tqdm=True)
             if delete:
                 # A second commit (upload_folder cannot delete); a crash between the two
                 # leaves the stale files for the next run to find and delete.
-                gone = self.hub.api().delete_files(self.repo, "model", list(delete),
-                                                   commit_message=message, revision="master")
+                with _stdout_to_stderr():
+                    gone = self.hub.api().delete_files(self.repo, "model", list(delete),
+                                                       commit_message=message,
+                                                       revision="master")
                 if gone.get("failed_files"):
                     raise RemoteError(f"modelscope:{self.repo}: could not delete "
                                       f"{gone['failed_files']}")
@@ -96,3 +100,11 @@ class ModelScopeTarget:
 
     def url(self, path: str, revision: str) -> str:
         return f"{self.hub.endpoint}/models/{self.repo}/files?Revision={revision}&FilePath={path}"
+
+
+def _stdout_to_stderr():
+    """modelscope-hub prints an "Upload Report" to stdout; stdout is for our output (the JSON
+    of `oscar-zoo mirror --json`)."""
+    import sys
+
+    return redirect_stdout(sys.stderr)

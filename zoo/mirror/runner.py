@@ -174,11 +174,18 @@ def _with_retries(fn):
         try:
             return fn()
         except (RemoteError, OfflineError) as e:
-            if attempt == retries:
+            if attempt == retries or not _transient(e):
                 raise
             wait = min(0.5 * 2 ** attempt, 30.0)
             log.info("transient hub error (%s); retrying in %.1f s", e, wait)
             time.sleep(wait)
+
+
+def _transient(e: Exception) -> bool:
+    """Worth another try: connection errors, 408/429/5xx, and hub errors of no known status (a
+    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between."""
+    status = getattr(e, "status", None)
+    return isinstance(e, OfflineError) or status is None or status in (408, 429) or status >= 500
 
 
 def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> bool:

@@ -165,7 +165,7 @@ class HFHub:
         except hf.EntryNotFoundError:
             raise BundleNotFound(f"{where}: file not found") from None
         except hf.HfHubHTTPError as e:
-            raise _http_error(where, _status(e), str(e).splitlines()[0], "HF_TOKEN") from None
+            raise _http_error(where, _status(e), _hf_text(e), "HF_TOKEN") from None
         except Exception as e:
             if _is_connection_error(e):
                 raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
@@ -263,8 +263,20 @@ def _http_error(where: str, status: int | None, text: str, token_env: str) -> Ex
     if status == 404:
         return NotFound(f"{where}: 404 Not Found")
     if status in (409, 412):  # a tag that exists, or a branch that moved (parent_commit)
-        return Conflict(f"{where}: {status} ({text[:200]})")
-    return RemoteError(f"{where}: {status or 'error'} from the hub ({text[:200]})")
+        return Conflict(f"{where}: {status} ({text[:400]})")
+    error = RemoteError(f"{where}: {status or 'error'} from the hub ({text[:400]})")
+    error.status = status   # callers retry 408/429/5xx only (zoo/mirror/runner.py)
+    return error
+
+
+def _hf_text(e) -> str:
+    """The client's summary line plus the server's own reason (huggingface_hub puts that on
+    the lines after it): "Bad request" alone does not say what to fix."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(e).__name__
+    reason = (getattr(e, "server_message", None) or " ".join(lines[1:])).strip()
+    reason = " ".join(reason.split())
+    return f"{first}: {reason}" if reason and reason not in first else first
 
 
 def _first_line(e: Exception) -> str:

@@ -273,7 +273,7 @@ def _hf_text(e) -> str:
     """The client's summary line plus the server's own reason (huggingface_hub puts that on
     the lines after it): "Bad request" alone does not say what to fix."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(e).__name__
+    first = lines[0].rstrip(":") if lines else type(e).__name__
     reason = (getattr(e, "server_message", None) or " ".join(lines[1:])).strip()
     reason = " ".join(reason.split())
     return f"{first}: {reason}" if reason and reason not in first else first

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from sqlalchemy import exists, select
 
 from ...registry_db import jobs as jobs_db
+from ...registry_db.mirrors import mirror_published
 from ...registry_db.models import Job
 from ...registry_db.publish import model_for, prepare_bundle, store_blobs
 from ...zoo.errors import LeaseLost
@@ -196,25 +197,7 @@ def _record(registry, job_id: str, token: str, staging: Path, status: str, actor
     store_blobs(registry.blobs, prepared)
     with registry.db.write() as session:
         version, created = jobs_db.record_result(session, job_id, token, prepared, status, actor)
-        body, spec = version_body(session, version), jobs_db.get(session, job_id).spec
-    if created and body["status"] == "published":
-        _mirror(registry, body["model"], body["version"], spec.get("mirror") or [])
+        body = version_body(session, version)
+    if created:     # in the background; the spec's targets only where the server allows them
+        mirror_published(registry, body["model"], body["version"])
     return body, created
-
-
-def _mirror(registry, model: str, number: int, asked: list[str]) -> None:
-    """The spec's mirror targets and the configured ones, in the background (a hub never holds
-    up a job); outcomes land in the version's mirror records (GET .../mirrors)."""
-    from ...registry_db.mirrors import configured_targets, mirror_version
-
-    targets = list(dict.fromkeys([*asked, *configured_targets(model)]))
-    if not targets:
-        return
-
-    def run():
-        try:
-            mirror_version(registry, model, number, targets)
-        except Exception:  # noqa: BLE001 - recorded per target; log the rest
-            log.exception("mirroring %s v%s after its job failed", model, number)
-
-    threading.Thread(target=run, name=f"mirror-{model}-v{number}", daemon=True).start()

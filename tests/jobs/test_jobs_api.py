@@ -381,13 +381,20 @@ def test_a_published_result_is_mirrored_to_the_spec_targets(jobs_api, tmp_path, 
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("HF_TOKEN", "hf_test")
         point_hf_client_at(hub.url, monkeypatch)
-        job = api.submit(lease_seconds=30, mirror=["hf:oscar-zoo/rotations"])
+        # the server names the repo (for another model's pushes): a job may ask for it; the
+        # push uses the server's hub token, so a repo the server never named is refused
+        monkeypatch.setenv("OSCAR_ZOO_MIRROR_TARGETS", "qwen3-*=hf:oscar-zoo/rotations")
+        job = api.submit(lease_seconds=30, mirror=["hf:oscar-zoo/rotations", "hf:someone/else"])
         lease = api.worker.claim("w", 0)["lease"]["token"]
         make_bundle(tmp_path / "a", seed=4)
         api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
-        mirrors = _wait(lambda: [m for m in api.submitter.registry.mirrors("smollm2-135m", 1)
-                                 if m["status"] != "pending"], timeout=60)
-        assert [(m["target"], m["repo"], m["status"]) for m in mirrors] == [
-            ("hf", "oscar-zoo/rotations", "done")], mirrors
+
+        def settled():
+            ms = [m for m in api.submitter.registry.mirrors("smollm2-135m", 1) if m["status"] != "pending"]
+            return ms if len(ms) == 2 else None
+        mirrors = _wait(settled, timeout=60)
+        assert sorted((m["target"], m["repo"], m["status"]) for m in mirrors) == [
+            ("hf", "oscar-zoo/rotations", "done"), ("hf", "someone/else", "failed")], mirrors
         assert hub.repo("hf", "oscar-zoo/rotations").commits
+        assert hub.repo("hf", "someone/else") is None
 

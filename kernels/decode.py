@@ -12,8 +12,8 @@ q . k_hat = s * (q . c - z * sum(q)), and sum_n p_n v_hat_n = sum_n (p_n s_n) c_
 so the tensor cores multiply raw codes c (0..3) and the scale/zero work is per token. Tokens are
 the MMA's M dimension (s^T = codes @ q^T, o^T = codes^T @ (p s)^T), so the 4 GQA heads pad N to 8
 instead of M to 16. A code becomes an fp16 operand with one LOP3 per two codes: crumb i is
-masked in place and ORed into 0x6400 (1024), giving 1024 + 4^i c; quarter i of q is pre-scaled
-by 4^-i, and the 1024 * sum(q) offset starts the accumulator (V side: taken out at the end). V's
+masked in place, and the bits read as an fp16 subnormal, 4^i c * 2^-24, exact and without an
+offset; quarter i of q is pre-scaled by 4^-i, and the 2^24 is taken out with the scale. V's
 operand needs token pairs where a byte holds dims: its codes are loaded as 16-bit byte pairs,
 transposed by ldmatrix, and each quarter is split into even and odd dims (VE*/VO* below), so V
 never goes through shared memory as fp16.
@@ -22,7 +22,7 @@ One warp per program: the online softmax never reduces across warps, and the sum
 only when the running max grows by more than 2^TAU. Stage 1 prefetches the INT2 history into L2
 a chunk of tiles ahead, so its loads wait for L2 rather than DRAM. On Hopper the three launches
 are chained with programmatic dependent launch, so each one's start overlaps the previous
-kernel's tail. On an H100 this is 5.1x faster than BF16 SDPA at batch 32 / 128K and 3.4x at
+kernel's tail. On an H100 this is 5.4x faster than BF16 SDPA at batch 32 / 128K and 3.3x at
 batch 1 / 128K (bench/results/kernels-h100.md), against a 2.25-bit byte floor of ~7x.
 """
 
@@ -60,11 +60,13 @@ PF_CHUNK = 2         # stage 1 prefetches the INT2 history to L2 in chunks of th
 PF_AHEAD = 1         # ...this many chunks ahead of the tile it reads
 TAU = 3.0            # stage 1 rescales its sums only when the running max grows past 2^TAU (0: whenever it grows)
 
-# crumb i of four packed bytes -> four fp16 1024 + 4^i * code (0x6400 is 1024, whose ulp is 1):
-# spread bytes (0, 1) and (2, 3) into 16-bit halves, keep the crumb's two bits, OR the exponent in.
+# crumb i of four packed bytes -> four fp16 subnormals 4^i * code * 2^-24: spread bytes (0, 1)
+# and (2, 3) into 16-bit halves and keep the crumb's two bits (exponent field 0). An earlier
+# version ORed in 0x6400 (1024 + 4^i c): the offset, 1024x quarter 0's signal, drowned it in the
+# tensor cores' fp32 accumulation error at long context (34% error at 128K).
 # Byte order is kept, so the layout Triton picks for the operand does not matter.
-_ASM = ("{ .reg .b32 t; prmt.b32 t, $2, 0, 0x4140; lop3.b32 $0, t, %s, 0x64006400, 0xEA; "
-        "prmt.b32 t, $2, 0, 0x4342; lop3.b32 $1, t, %s, 0x64006400, 0xEA; }")
+_ASM = ("{ .reg .b32 t; prmt.b32 t, $2, 0, 0x4140; and.b32 $0, t, %s; "
+        "prmt.b32 t, $2, 0, 0x4342; and.b32 $1, t, %s; }")
 UNPACK0 = tl.constexpr(_ASM % ("0x00030003", "0x00030003"))
 UNPACK1 = tl.constexpr(_ASM % ("0x000C000C", "0x000C000C"))
 UNPACK2 = tl.constexpr(_ASM % ("0x00300030", "0x00300030"))
@@ -72,9 +74,9 @@ UNPACK3 = tl.constexpr(_ASM % ("0x00C000C0", "0x00C000C0"))
 # V's codes reach the tensor cores as 16-bit pairs of bytes, transposed by ldmatrix: a register then
 # holds bytes [b(n, 2c), b(n, 2c+1), b(n+1, 2c), b(n+1, 2c+1)] of tokens n, n+1. The even dim 2c of
 # quarter i is crumb i of bytes 0 and 2, the odd dim 2c+1 crumb i of bytes 1 and 3: one byte spread
-# and one LOP3 give the fp16 token pair the operand needs. Each output half depends only on its own
+# and one AND give the fp16 token pair the operand needs. Each output half depends only on its own
 # 16-bit input half, so this is elementwise whatever the packing.
-_VASM = "{ .reg .b32 t; prmt.b32 t, $1, 0, %s; lop3.b32 $0, t, %s, 0x64006400, 0xEA; }"
+_VASM = "{ .reg .b32 t; prmt.b32 t, $1, 0, %s; and.b32 $0, t, %s; }"
 VE0 = tl.constexpr(_VASM % ("0x4240", "0x00030003"))
 VE1 = tl.constexpr(_VASM % ("0x4240", "0x000C000C"))
 VE2 = tl.constexpr(_VASM % ("0x4240", "0x00300030"))
@@ -166,17 +168,17 @@ def _stage1(
         # Scores with tokens as the MMA's M dimension: s^T [BN, BH] = codes [BN, D] @ q^T [D, BH],
         # output transposed too: o^T [D, BH] += codes^T [D, BN] @ (p * scale)^T [BN, BH], per
         # quarter as its even and its odd dims ([D/8, BN] operands from 16-bit byte pairs).
-        # Compiled, a code enters the tensor cores as fp16 1024 + 4^i c (quarter i): quarter i
-        # of q is pre-scaled by 4^-i (and the program by a power of two sig so max |q| < 2^14),
-        # the 1024 * sum(q) it adds starts the accumulator negative, and the V side's
-        # 1024 * sum(p s) and 4^i are taken out once at the end. Interpreted: codes as float32.
+        # Compiled, a code enters the tensor cores as the fp16 subnormal 4^i c UNIT (quarter i,
+        # UNIT = 2^-24): quarter i of q is pre-scaled by 4^-i (and the program by a power of two
+        # sig so max |q| < 2^14), and 4^-i / UNIT is taken out per quarter at the end (V) or
+        # folded into the key scale (K). Interpreted: codes as float32.
         if INTERP:
-            MAGIC = 0.0
+            UNIT = 1.0
             F1 = 1.0
             F2 = 1.0
             F3 = 1.0
         else:
-            MAGIC = 1024.0
+            UNIT = 5.9604644775390625e-08
             F1 = 0.25
             F2 = 0.0625
             F3 = 0.015625
@@ -205,31 +207,27 @@ def _stage1(
             qs2 = tl.load(qv + 2 * BLOCK_H)
             qs3 = tl.load(qv + 3 * BLOCK_H)
             sig = tl.load(qv_ptr + pid.to(tl.int64) * (8 * BLOCK_H) + 4 * BLOCK_H)
-        ksc = qk_scale / sig
+        ksc = qk_scale / (sig * UNIT)
         zero = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
         if NG == 1:
-            init0 = zero - (MAGIC * (qs0 + qs1 + qs2 + qs3))[None, :]
-            zq0 = qs0 + qs1 / F1 + qs2 / F2 + qs3 / F3                         # sig * sum(q)
+            init0 = zero
+            zq0 = (qs0 + qs1 / F1 + qs2 / F2 + qs3 / F3) * UNIT                # UNIT sig sum(q)
         elif NG == 2:
-            init0 = zero - (MAGIC * (qs0 + qs1))[None, :]
-            init1 = zero - (MAGIC * (qs2 + qs3))[None, :]
-            zq0 = qs0 + qs1 / F1
-            zq1 = qs2 / F2 + qs3 / F3
+            init0 = zero
+            init1 = zero
+            zq0 = (qs0 + qs1 / F1) * UNIT
+            zq1 = (qs2 / F2 + qs3 / F3) * UNIT
         else:
-            init0 = zero - (MAGIC * qs0)[None, :]
-            init1 = zero - (MAGIC * qs1)[None, :]
-            init2 = zero - (MAGIC * qs2)[None, :]
-            init3 = zero - (MAGIC * qs3)[None, :]
-            zq0 = qs0
-            zq1 = qs1 / F1
-            zq2 = qs2 / F2
-            zq3 = qs3 / F3
+            init0 = zero
+            init1 = zero
+            init2 = zero
+            init3 = zero
+            zq0 = qs0 * UNIT
+            zq1 = qs1 / F1 * UNIT
+            zq2 = qs2 / F2 * UNIT
+            zq3 = qs3 / F3 * UNIT
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
-        w1a = tl.zeros([BLOCK_H], tl.float32)     # sum_n p_n s_n, per group (s: the V scale)
-        w1b = tl.zeros([BLOCK_H], tl.float32)
-        w1c = tl.zeros([BLOCK_H], tl.float32)
-        w1d = tl.zeros([BLOCK_H], tl.float32)
         w2a = tl.zeros([BLOCK_H], tl.float32)     # sum_n p_n s_n z_n, per group
         w2b = tl.zeros([BLOCK_H], tl.float32)
         w2c = tl.zeros([BLOCK_H], tl.float32)
@@ -317,10 +315,6 @@ def _stage1(
                 m_new = tl.maximum(m_i, m_tile)
                 alpha = tl.exp2(m_i - m_new)          # 0 at the first tile (m_i = -inf)
                 l_i = l_i * alpha
-                w1a = w1a * alpha
-                w1b = w1b * alpha
-                w1c = w1c * alpha
-                w1d = w1d * alpha
                 w2a = w2a * alpha
                 w2b = w2b * alpha
                 w2c = w2c * alpha
@@ -362,7 +356,6 @@ def _stage1(
             else:
                 pa = (p * vs0[:, None]).to(tl.float16)
             paf = pa.to(tl.float32)
-            w1a = w1a + tl.sum(paf, 0)
             w2a = w2a + tl.sum(paf * vz0[:, None], 0)
             acc0 = tl.dot(e0, pa, acc0)
             odd0 = tl.dot(o0, pa, odd0)
@@ -381,7 +374,6 @@ def _stage1(
                 else:
                     pb = (p * vs1[:, None]).to(tl.float16)
                 pbf = pb.to(tl.float32)
-                w1b = w1b + tl.sum(pbf, 0)
                 w2b = w2b + tl.sum(pbf * vz1[:, None], 0)
                 if NG == 2:
                     acc1 = tl.dot(e1, pa, acc1)
@@ -403,9 +395,7 @@ def _stage1(
                         pd = (p * vs3[:, None]).to(tl.float16)
                     pcf = pc.to(tl.float32)
                     pdf = pd.to(tl.float32)
-                    w1c = w1c + tl.sum(pcf, 0)
                     w2c = w2c + tl.sum(pcf * vz2[:, None], 0)
-                    w1d = w1d + tl.sum(pdf, 0)
                     w2d = w2d + tl.sum(pdf * vz3[:, None], 0)
                     acc1 = tl.dot(e1, pb, acc1)
                     odd1 = tl.dot(o1, pb, odd1)
@@ -413,37 +403,29 @@ def _stage1(
                     odd2 = tl.dot(o2, pc, odd2)
                     acc3 = tl.dot(e3, pd, acc3)
                     odd3 = tl.dot(o3, pd, odd3)
-        # quarter i: (acc_i - 1024 w1) 4^-i - w2 over the quarter's group, then / l
+        # quarter i: acc_i 4^-i / UNIT - w2 over the quarter's group, then / l
         if NG == 1:
-            w1b = w1a
-            w1c = w1a
-            w1d = w1a
             w2b = w2a
             w2c = w2a
             w2d = w2a
         elif NG == 2:
-            w1d = w1b
-            w1c = w1b
-            w1b = w1a
             w2d = w2b
             w2c = w2b
             w2b = w2a
         l_use = tl.where(l_i == 0.0, 1.0, l_i)
         o_q = o_row[None, :] + 2 * cq2[:, None]                                           # [Q2, BH]: even dims
-        tl.store(o_q + 0 * Q, ((acc0 - MAGIC * w1a[None, :]) - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
-        tl.store(o_q + 0 * Q + 1, ((odd0 - MAGIC * w1a[None, :]) - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
-        tl.store(o_q + 1 * Q, ((acc1 - MAGIC * w1b[None, :]) * F1 - w2b[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
-        tl.store(o_q + 1 * Q + 1, ((odd1 - MAGIC * w1b[None, :]) * F1 - w2b[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
-        tl.store(o_q + 2 * Q, ((acc2 - MAGIC * w1c[None, :]) * F2 - w2c[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
-        tl.store(o_q + 2 * Q + 1, ((odd2 - MAGIC * w1c[None, :]) * F2 - w2c[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
-        tl.store(o_q + 3 * Q, ((acc3 - MAGIC * w1d[None, :]) * F3 - w2d[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
-        tl.store(o_q + 3 * Q + 1, ((odd3 - MAGIC * w1d[None, :]) * F3 - w2d[None, :]) / l_use[None, :],
-                 mask=hmask[None, :])
+        G0 = 1.0 / UNIT
+        G1 = F1 / UNIT
+        G2 = F2 / UNIT
+        G3 = F3 / UNIT
+        tl.store(o_q + 0 * Q, (acc0 * G0 - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 0 * Q + 1, (odd0 * G0 - w2a[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 1 * Q, (acc1 * G1 - w2b[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 1 * Q + 1, (odd1 * G1 - w2b[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 2 * Q, (acc2 * G2 - w2c[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 2 * Q + 1, (odd2 * G2 - w2c[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 3 * Q, (acc3 * G3 - w2d[None, :]) / l_use[None, :], mask=hmask[None, :])
+        tl.store(o_q + 3 * Q + 1, (odd3 * G3 - w2d[None, :]) / l_use[None, :], mask=hmask[None, :])
         tl.store(lse_row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_use)), mask=hmask)
 
 

@@ -295,14 +295,16 @@ def _quantize_kernel(
             mn2 = mn0
             mn3 = mn0
         else:
-            mx0 = tl.minimum(gmx0, thr[:, None])
-            mx1 = tl.minimum(gmx1, thr[:, None])
-            mx2 = tl.minimum(gmx2, thr[:, None])
-            mx3 = tl.minimum(gmx3, thr[:, None])
-            mn0 = tl.maximum(gmn0, -thr[:, None])
-            mn1 = tl.maximum(gmn1, -thr[:, None])
-            mn2 = tl.maximum(gmn2, -thr[:, None])
-            mn3 = tl.maximum(gmn3, -thr[:, None])
+            # both ends on both sides: a group may lie wholly above thr (or below -thr)
+            hi = thr[:, None]
+            mx0 = tl.minimum(tl.maximum(gmx0, -hi), hi)
+            mx1 = tl.minimum(tl.maximum(gmx1, -hi), hi)
+            mx2 = tl.minimum(tl.maximum(gmx2, -hi), hi)
+            mx3 = tl.minimum(tl.maximum(gmx3, -hi), hi)
+            mn0 = tl.maximum(tl.minimum(gmn0, hi), -hi)
+            mn1 = tl.maximum(tl.minimum(gmn1, hi), -hi)
+            mn2 = tl.maximum(tl.minimum(gmn2, hi), -hi)
+            mn3 = tl.maximum(tl.minimum(gmn3, hi), -hi)
             if QPG == 2:    # quarters (0, 1) and (2, 3)
                 mx0 = tl.maximum(mx0, mx1)
                 mx2 = tl.maximum(mx2, mx3)
@@ -457,6 +459,9 @@ PROGRAMS_PER_SM = 64
 # at d = 128 the fast path takes ratios >= 100/128 = 0.78125, shipped K 0.96 and V 0.92 among them
 KFAST = 28
 NBIS = 5
+# R stays in shared memory beside the x tile up to d = 128; at 256 it alone is 256 KB in
+# float32 (H100: 227 KB per block), so larger head dims are rotated by a matmul first
+FUSED_MAX_D = 128
 
 
 def _block_t(device: torch.device, tokens: int) -> int:
@@ -483,6 +488,9 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
     _args.check_rotation(rotation, h, d)
     _args.check_mean(mean, h, d)
     dev = x.device
+    if rotation is not None and d > FUSED_MAX_D:
+        xr, mr = _rotated_first(x, rotation, mean)
+        return quantize_kv(xr, None, clip, group_size, scale_dtype, mean=mr)
     if x.stride(-1) != 1:
         x = x.contiguous()
     packed = new_buffer((t, h, d // 4), torch.uint8, dev)
@@ -513,6 +521,18 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         **({} if interpreted(dev) else _launch_options(bracket)),
     )
     return packed, sz
+
+
+def _rotated_first(x: torch.Tensor, rotation: torch.Tensor, mean: torch.Tensor | None):
+    """(x @ R in float32, mean @ R): the rotation as one matmul ahead of the kernel, with
+    R rounded to x's dtype as the fused path's tensor cores take it."""
+    # x: [T, H, d] -> [T, H, d] f32
+    r = rotation.to(device=x.device, dtype=x.dtype).float()
+    xr = x.float() @ r if r.dim() == 2 else torch.einsum("thd,hde->the", x.float(), r)
+    if mean is None:
+        return xr, None
+    m64, r64 = mean.double().to(x.device), rotation.double().to(x.device)
+    return xr, (m64 @ r64 if r64.dim() == 2 else torch.einsum("hd,hde->he", m64, r64))
 
 
 def _launch_options(bracket: bool) -> dict:

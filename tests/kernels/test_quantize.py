@@ -20,6 +20,9 @@ CASES = [  # d, group_size, scale dtype, x dtype, rotation kind, clip
     (128, 16, torch.bfloat16, torch.float32, None, [1.0, 0.5, 0.96]),
     (64, 32, torch.float32, torch.float16, "perm", [0.97, 0.8, -1.0]),
     (128, 64, torch.float32, torch.bfloat16, "perm_heads", [0.96, 0.85, 0.62]),
+    # past FUSED_MAX_D the rotation is a matmul ahead of the kernel (R no longer fits beside x)
+    (256, None, torch.float32, torch.bfloat16, "perm_heads", [0.96, 0.92, 0.9]),
+    (256, 64, torch.float16, torch.float32, "perm", [0.96, 0.5, 0.0]),
 ]
 
 
@@ -46,6 +49,20 @@ def test_bit_exact_with_exact_rotation(device, d, gs, sdt, xdt, rot, clip, cente
     assert sz.shape == (t, h, 2 * (d // (gs or d))) and sz.dtype == sdt
     assert torch.equal(packed.cpu(), rp)
     assert torch.equal(sz.cpu(), rsz)
+
+
+@pytest.mark.parametrize("gs", [4, 16, 64])
+def test_a_group_wholly_beyond_the_threshold_is_clamped(device, gs):
+    """Groups smaller than a row can lie wholly above thr (or below -thr): the kernel clamped
+    only the group's max (min) and dequantized such a group to its unclamped minimum."""
+    gen = torch.Generator().manual_seed(gs)
+    ramp = torch.linspace(0.5, 1.5, 128)                        # one sign, so the top half is clamped
+    x = torch.stack([ramp, -ramp, ramp.flip(0), torch.randn(128, generator=gen) + 4.0])
+    x = x[:, None, :].repeat(1, 2, 1)                           # [4 tokens, 2 heads, 128]
+    for clip in (0.5, 0.3):
+        packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, gs))
+        rp, rsz = ref.ref_quantize_kv(x, None, clip, gs)
+        assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz), clip
 
 
 def test_codes_match_the_literal_formula_except_at_rounding_ties(device):

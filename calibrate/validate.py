@@ -13,6 +13,7 @@ per layer (teacher-forced: every variant sees the unquantized model's inputs at 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +48,9 @@ class ValidationConfig:
         if self.windows < 1:
             raise InvalidInput(f"windows {self.windows}: validate on at least 1 window (6, the "
                                "default, gives two sets for a noise estimate)")
+        if not (math.isfinite(self.tolerance) and math.isfinite(self.naive_fraction)):
+            raise InvalidInput(f"tolerance {self.tolerance} and naive_fraction {self.naive_fraction} "
+                               "must be finite numbers (e.g. --tolerance 0.05)")
         jobspec.check_windows(sink, recent, context_len=self.context_len)
 
 

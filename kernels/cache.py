@@ -58,6 +58,12 @@ class Int2KVCache:
         if len(keys) != len(values) or not keys:
             raise _args.InvalidInput("keys and values must be equal-length, non-empty lists of [len, kv_heads, d].")
         _, h, d = _args.check_x(keys[0], "keys[0]")
+        for b, (k, v) in enumerate(zip(keys, values)):
+            _args.check_x(k, f"keys[{b}]")
+            _args.check_x(v, f"values[{b}]")
+            if k.shape[1:] != (h, d) or v.shape != k.shape:
+                raise _args.InvalidInput(f"keys[{b}] {tuple(k.shape)} and values[{b}] {tuple(v.shape)} "
+                                         f"must both be [len_{b}, {h}, {d}], as keys[0] is.")
         ng = _args.group_count(d, group_size)
         if page_size < 1 or page_size & (page_size - 1):
             raise _args.InvalidInput(f"page_size must be a power of two, got {page_size}.")

@@ -38,6 +38,7 @@ import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*: imported 
 
 from oscar_zoo.zoo.errors import InvalidInput
 
+from . import _args
 from .cache import Int2KVCache
 from ._launch import interpreted, kernel, new_buffer, sm_count
 
@@ -550,10 +551,20 @@ def _splits(cache: Int2KVCache, pairs: int, block_n: int, device: torch.device) 
     return triton.cdiv(n, per), per
 
 
+def _check_q_out(q: torch.Tensor, out: torch.Tensor | None) -> None:
+    if q.dim() != 3 or q.dtype not in _args.FLOAT_DTYPES:
+        raise InvalidInput(f"q must be a float32, float16 or bfloat16 [batch, q_heads, head_dim] "
+                           f"tensor, got {q.dtype} of shape {tuple(q.shape)}.")
+    if out is not None and (out.shape != q.shape or not out.dtype.is_floating_point):
+        raise InvalidInput(f"out must be a float tensor of q's shape {tuple(q.shape)}, got {out.dtype} "
+                           f"of shape {tuple(out.shape)}.")
+
+
 def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of GQA attention over `cache`. q: [batch, q_heads, d] (original basis).
     Returns [batch, q_heads, d] in q's dtype (or writes `out`)."""
+    _check_q_out(q, out)
     bsz, hq, d = q.shape
     hkv = cache.hp_k.shape[1]
     if hq % hkv or tuple(cache.hp_k.shape[0::3]) != (bsz, d):

@@ -22,7 +22,7 @@ def _rotated(x: torch.Tensor, rotation, mean) -> torch.Tensor:
     # x: [T, H, d] -> (x - mean) @ R in float32, centering subtracted after the rotation
     xr = x.float()
     if rotation is not None:
-        r = rotation.float().to(x.device)
+        r = rotation.to(device=x.device, dtype=x.dtype).float()   # rounded to x's dtype, as the kernel's tensor cores take it
         xr = xr @ r if r.dim() == 2 else torch.einsum("thd,hde->the", xr, r)
     if mean is not None:
         m = mean.float().to(x.device)

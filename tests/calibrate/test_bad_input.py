@@ -85,6 +85,9 @@ def _model(layers=30, q_heads=9, kv_heads=3, head_dim=64):
     (dict(context_len=320, windows=2), "context_len 320 must exceed"),
     (dict(windows=0), "at least 1 window"),
     (dict(windows=-3), "at least 1 window"),
+    # the whole run, then the manifest refused the non-finite number at its end
+    (dict(tolerance=float("nan")), "must be finite"),
+    (dict(naive_fraction=float("inf")), "must be finite"),
 ])
 def test_validation_refuses_settings_that_measure_nothing(kw, match):
     with pytest.raises(InvalidInput, match=match):

@@ -152,6 +152,17 @@ def test_out_argument_and_bad_input(device):
     assert decode_attention(q, cache, out=out) is out and torch.isfinite(out).all()
     with pytest.raises(InvalidInput, match="does not match"):
         decode_attention(torch.randn(2, 2, 64, device=device), cache)
+    # a wrong q or out used to be accepted (int64 q: an int64 result; out broadcast or cast into)
+    for bad_q in (q.long(), q[0]):
+        with pytest.raises(InvalidInput, match="q must be"):
+            decode_attention(bad_q, cache)
+    for bad_out in (torch.zeros(3, 1, 2, 64, device=device), torch.zeros(1, 2, 64, dtype=torch.int32, device=device)):
+        with pytest.raises(InvalidInput, match="out must be"):
+            decode_attention(q, cache, out=bad_out)
+    with pytest.raises(InvalidInput, match=r"keys\[1\].*values\[1\]"):
+        Int2KVCache.from_dense([keys[0], keys[0]], [values[0], values[0][:50]], None, None, 0.9, 0.9)
+    with pytest.raises(InvalidInput, match=r"keys\[1\]"):
+        Int2KVCache.from_dense([keys[0], keys[0].repeat(1, 2, 1)], [values[0], values[0]], None, None, 0.9, 0.9)
     small = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], None, None, 0.9,
                                    0.9, sink=SINK, recent=RECENT, page_size=8)
     with pytest.raises(InvalidInput, match="page_size"):

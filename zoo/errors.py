@@ -179,6 +179,17 @@ class RemoteError(OscarZooError, ConnectionError):
     title = "Remote error"
 
 
+def is_transient(e: Exception) -> bool:
+    """Worth another try: connection errors, 408/429/5xx, and remote errors of no known status (a
+    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between."""
+    if isinstance(e, OfflineError):
+        return "offline mode" not in str(e)
+    if not isinstance(e, RemoteError):
+        return False
+    status = getattr(e, "status", None)
+    return status is None or status in (408, 429) or status >= 500
+
+
 class Unauthorized(OscarZooError, PermissionError):
     http_status = 401
     title = "Unauthorized"

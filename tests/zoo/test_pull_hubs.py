@@ -232,6 +232,16 @@ def test_transient_500_heals_with_retries(seed_zoo, hub, monkeypatch):
     assert pull("glm-4.7-fp8").source == "hf"
 
 
+def test_a_refused_metadata_call_is_not_retried(seed_zoo, hub, monkeypatch):
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+    hub.fail("HEAD", r"/resolve/", status=404)      # no quick HEAD listing: ask the API
+    hub.fail("GET", r"^/api/models/", status=400)
+    with pytest.raises(RemoteError, match="400"):
+        pull("glm-4.7-fp8")
+    assert len(hub.requests("GET", r"^/api/models/")) == 1   # a 400 would only be refused again
+
+
 def test_no_network_is_a_clear_error_and_a_cached_copy_still_serves(seed_zoo, monkeypatch):
     seed_zoo()
     first = pull("glm-4.7-fp8")

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import settings
-from ..errors import Conflict, ConfigError, OfflineError, OscarZooError, RemoteError
+from ..errors import Conflict, ConfigError, OfflineError, OscarZooError, RemoteError, is_transient
 from . import layout
 
 log = logging.getLogger("oscar_zoo.mirror")
@@ -174,18 +174,12 @@ def _with_retries(fn):
         try:
             return fn()
         except (RemoteError, OfflineError) as e:
-            if attempt == retries or not _transient(e):
+            if attempt == retries or not is_transient(e):
                 raise
             wait = min(0.5 * 2 ** attempt, 30.0)
             log.info("transient hub error (%s); retrying in %.1f s", e, wait)
             time.sleep(wait)
 
-
-def _transient(e: Exception) -> bool:
-    """Worth another try: connection errors, 408/429/5xx, and hub errors of no known status (a
-    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between."""
-    status = getattr(e, "status", None)
-    return isinstance(e, OfflineError) or status is None or status in (408, 429) or status >= 500
 
 
 def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> bool:

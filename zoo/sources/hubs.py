@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
-                      RemoteError, Unauthorized, VersionNotFound)
+                      RemoteError, Unauthorized, VersionNotFound, is_transient)
 from .download import RemoteFile, backoff, finished_file
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -45,7 +45,8 @@ class Listing:
 
 
 def _retrying(call, what: str):
-    """Metadata calls: retry connection errors and 5xx a few times (downloads retry on their own)."""
+    """Metadata calls: retry connection errors, 408/429 and 5xx a few times (downloads retry on
+    their own); a 400 would only be refused again."""
     import time
 
     retries = min(int(settings.get("http_retries")), 3)
@@ -53,7 +54,7 @@ def _retrying(call, what: str):
         try:
             return call()
         except (RemoteError, OfflineError) as e:
-            if attempt == retries or isinstance(e, OfflineError) and "offline mode" in str(e):
+            if attempt == retries or not is_transient(e):
                 raise
             time.sleep(backoff(attempt))
 

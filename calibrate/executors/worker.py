@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
+from oscar_zoo.zoo.errors import ConfigError, Conflict, LeaseLost, OfflineError, OscarZooError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -45,6 +45,7 @@ POLL_S = 1.0
 CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle worker asks rarely
 PROGRESS_EVERY_S = 0.5
 SHUTDOWN_GRACE_S = 5.0
+UPLOAD_TRIES = 3         # a result refused by a version-number race: tried this often in all
 EXIT_CANCELLED = 3
 
 
@@ -354,8 +355,7 @@ class Attempt:
         version = None
         if work is not None:
             status = self._status(done)
-            version, _ = self._call(lambda: self.client.upload_result(
-                self.id, self.token, done["bundle_dir"], status)) or (None, None)
+            version = self._upload(done["bundle_dir"], status)
             if version is None:
                 return "lost"
         else:
@@ -376,6 +376,21 @@ class Attempt:
                      f"version {version['version']} of {version['model']} with its report")
         out = self._call(lambda: self.client.complete(self.id, self.token, timings, stats, error))
         return ("failed" if error else "succeeded") if out else "lost"
+
+    def _upload(self, bundle_dir: str, status: str, tries: int = UPLOAD_TRIES) -> dict | None:
+        """The result as the job's version (None: the registry stayed unreachable). A plain 409
+        (no version number free after the registry's own retries, a model created at the same
+        moment) is a race another upload may lose: tried again, as one version per job makes
+        safe. A lost lease or yanked content is final and propagates."""
+        for attempt in range(tries):
+            try:
+                got = self._call(lambda: self.client.upload_result(self.id, self.token, bundle_dir, status))
+                return got[0] if got else None
+            except Conflict as e:
+                if type(e) is not Conflict or attempt == tries - 1:
+                    raise
+                log.warning("job %s: the registry refused the result for now (%s); retrying", self.id, e)
+                time.sleep(0.5 * 2 ** attempt)
 
     def _status(self, done: dict) -> str:
         validation = self.spec.get("validation") or {}

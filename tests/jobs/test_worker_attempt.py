@@ -46,6 +46,34 @@ def test_a_result_the_registry_refuses_fails_the_job_with_the_cause_at_once(jobs
     assert "InvalidInput" in after["error"] and "qwen3-8b" in after["error"]
 
 
+def test_a_version_number_race_on_the_result_is_retried_not_fatal(jobs_api, monkeypatch):
+    # The race itself (every number taken by concurrent uploads through all of the registry's
+    # own retries) cannot be produced on demand: the registry (in this process) raises its
+    # Conflict once, with the message it gives then.
+    from oscar_zoo.registry_db import jobs as jobs_db
+    from oscar_zoo.zoo.errors import Conflict
+
+    real, calls = jobs_db.record_version, []
+
+    def busy_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise Conflict("could not allocate a version number for smollm2-135m after 8 tries")
+        return real(*args, **kwargs)
+
+    def runner_made_a_bundle(self, work):
+        make_bundle(work / "bundle")
+        return self._finish(work, {"bundle_dir": str(work / "bundle"), "timings": {}})
+
+    monkeypatch.setattr(jobs_db, "record_version", busy_once)
+    monkeypatch.setattr(W.Attempt, "_run_child", runner_made_a_bundle)
+    job = jobs_api.submit(max_attempts=1)
+    outcome = _attempt(jobs_api).run()
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome == "succeeded" and after["status"] == "succeeded", after.get("error")
+    assert len(calls) == 2 and after["result_version"] is not None
+
+
 def test_a_local_io_error_is_reported_as_a_retryable_failure(jobs_api, monkeypatch):
     def disk_full(self, work):
         raise OSError(28, "No space left on device")

@@ -202,6 +202,18 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
 
 
+class Worker(Base):
+    """A worker the registry has heard from (registry_db/workers.py): what it can run, and when
+    it last asked for work or beat for a job. Lets a queued job say why it waits."""
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpus: Mapped[int | None] = mapped_column(Integer)     # None: a Ray dispatcher (any size)
+    ray: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class MirrorRecord(Base):
     """One version mirrored to one hub repo (written by the mirror feature)."""
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from ...calibrate import jobspec
 from ...registry_db import jobs as jobs_db
 from ...registry_db import queries
+from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
 from ...zoo.errors import InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
@@ -76,7 +77,10 @@ def results_of(session: Session, jobs: list[Job]) -> dict[int, BundleVersion]:
 
 
 def detail_of(session: Session, job: Job) -> dict[str, Any]:
-    return job_detail(job, results_of(session, [job]).get(job.result_version_id))
+    """The job as the API shows it; a queued one that no worker seen lately can run says why
+    in `waiting` (registry_db/workers.py)."""
+    return {**job_detail(job, results_of(session, [job]).get(job.result_version_id)),
+            "waiting": workers_db.waiting_reason(session, job)}
 
 
 def read_detail(request: Request, job_id: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from sqlalchemy import exists, select
 
 from ...registry_db import jobs as jobs_db
+from ...registry_db import workers as workers_db
 from ...registry_db.mirrors import mirror_published
 from ...registry_db.models import Job
 from ...registry_db.publish import model_for, prepare_bundle, store_blobs
@@ -110,6 +111,7 @@ def _lease_state(job) -> dict:
              responses={204: {"description": "no job to run"}})
 async def claim(body: ClaimRequest, request: Request, actor: str = Depends(work)):
     deadline = time.monotonic() + body.wait
+    await run_in_threadpool(_seen, request.app.state.registry, body)
     while True:
         got = await run_in_threadpool(_claim, request.app.state.registry, body)
         if got is not None:
@@ -117,6 +119,11 @@ async def claim(body: ClaimRequest, request: Request, actor: str = Depends(work)
         if time.monotonic() >= deadline or await request.is_disconnected():
             return Response(status_code=204)
         await asyncio.sleep(CLAIM_POLL_S)
+
+
+def _seen(registry, body: ClaimRequest) -> None:
+    with registry.db.write() as session:
+        workers_db.seen(session, body.worker, body.gpus, body.ray)
 
 
 def _claim(registry, body: ClaimRequest) -> dict | None:
@@ -146,7 +153,9 @@ def attach(job_id: str, body: AttachRequest, request: Request, actor: str = Depe
 @router.post("/v1/jobs/{job_id}/heartbeat", summary="Extend the lease; learn about a cancel")
 def heartbeat(job_id: str, body: LeaseRequest, request: Request, actor: str = Depends(work)):
     with request.app.state.registry.db.write() as session:
-        return _lease_state(jobs_db.heartbeat(session, job_id, body.lease))
+        job = jobs_db.heartbeat(session, job_id, body.lease)
+        workers_db.touch(session, job.lease_holder)
+        return _lease_state(job)
 
 
 @router.post("/v1/jobs/{job_id}/progress", summary="Report phase and per-layer progress")

@@ -190,6 +190,32 @@ def test_claim_respects_gpus_and_ray_resources(jobs_api):
     assert api.worker.claim("dispatch:ray", None, ray=True)["job"]["id"] == ray_only["id"]
 
 
+def test_a_queued_job_says_why_no_worker_seen_lately_can_run_it(jobs_api, monkeypatch):
+    from oscar_zoo.registry_db import workers as workers_db
+
+    api = jobs_api
+    big = api.submitter.submit({"model": "glm-4.7-fp8"})[0]           # catalog: 8 GPUs
+    assert "no worker has asked for work" in big["waiting"]            # told at submit
+    assert api.worker.claim("two", 2) is None
+    why = api.submitter.get(big["id"])["waiting"]
+    assert "needs 8 GPUs" in why and "largest worker seen" in why and "has 2" in why
+    ray_only = api.submit(ray_resources={"worker_node": 1})
+    assert "no Ray dispatcher" in api.submitter.get(ray_only["id"])["waiting"]
+    small = api.submit()
+    assert small["waiting"] is None                                    # "two" can run it
+    assert api.worker.claim("dispatch:ray", None, ray=True)["job"]["id"] == big["id"]
+    assert api.submitter.get(ray_only["id"])["waiting"] is None        # a dispatcher is about
+    monkeypatch.setattr(workers_db, "SEEN_S", 0.5)
+    time.sleep(0.6)                                                    # every worker goes quiet
+    assert "no worker has asked" in api.submitter.get(small["id"])["waiting"]
+    claimed = api.worker.claim("four", 4)
+    assert claimed["job"]["id"] == small["id"]
+    time.sleep(0.6)                                                    # busy: it does not claim
+    assert "no worker has asked" in api.submitter.get(ray_only["id"])["waiting"]
+    api.worker.heartbeat(small["id"], claimed["lease"]["token"])       # but it beats
+    assert "no Ray dispatcher" in api.submitter.get(ray_only["id"])["waiting"]
+
+
 def test_expired_lease_is_requeued_by_the_service_then_fenced_then_failed(jobs_api):
     api = jobs_api
     job = api.submit(lease_seconds=1, max_attempts=2)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .output import emit, info, json_option
+from .output import emit, info, json_option, warn
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -77,6 +77,8 @@ def submit(model, spec_file, revision, publish_as, data, tokens, seq_len, seed, 
         job, created = client.submit(spec, idempotency_key)
         info(f"job {job['id']} {'submitted' if created else 'already submitted with this key'} "
              f"({job['model']}, {job['status']})")
+        if job.get("waiting"):
+            warn(f"job {job['id']} cannot start yet: {job['waiting']}")
         if watch:
             job = _watch(client, job["id"], as_json)
     emit(job, as_json, _human)
@@ -143,13 +145,16 @@ def _watch(client, job_id: str, as_json: bool) -> dict:
     from .calibrate_cmds import PhaseBars
 
     bars = PhaseBars(enabled=not as_json)
-    job, seen = None, None
+    job, seen, waiting = None, None, None
     for job in client.events(job_id):
         p = job.get("progress") or {}
         phase = job["phase"]
         if job["status"] == "running" and phase != "queued" and p.get("total"):
             extra = {k: p[k] for k in ("layer", "variant") if p.get(k) is not None}
             bars(phase, int(p.get("done") or 0), int(p.get("total") or 0), **extra)
+        if job.get("waiting") and job["waiting"] != waiting and not as_json:
+            warn(f"job {job_id} cannot start yet: {job['waiting']}")
+        waiting = job.get("waiting")
         key = (job["status"], job["attempts"])
         if key != seen and not as_json:
             bars.close()
@@ -167,6 +172,8 @@ def _human(job: dict) -> str:
              f"model       {job['model']}",
              f"status      {job['status']} (phase {job['phase']}, attempt {job['attempts']}/"
              f"{job['max_attempts']}{', cancel requested' if job.get('cancel_requested') else ''})"]
+    if job.get("waiting"):
+        lines.append(f"waiting     {job['waiting']}")
     if job["status"] == "running":
         where = f" layer {p['layer']}" if p.get("layer") is not None else ""
         lines.append(f"progress    {p.get('done', 0)}/{p.get('total', 0)}{where}")

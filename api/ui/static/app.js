@@ -49,6 +49,9 @@ function showJob(job, field) {
   field("attempts").textContent = job.max_attempts ? `${job.attempts} of ${job.max_attempts}` : `${job.attempts}`;
   field("updated").textContent = job.updated_at ? when(job.updated_at) : "";
   field("error").textContent = job.error || "–";
+  const waiting = field("waiting");
+  waiting.hidden = !job.waiting;
+  waiting.textContent = job.waiting ? `Cannot start yet: ${job.waiting}` : "";
   field("worker").textContent = (job.lease && job.lease.holder) || "–";
   field("started").textContent = job.started_at ? when(job.started_at) : "–";
   if (job.result_version) {

@@ -145,6 +145,18 @@ def test_job_page_updates_while_the_job_runs(page, site, shots):
     page.screenshot(path=shots / "jobs.png", full_page=True)
 
 
+def test_job_page_says_why_a_queued_job_waits_and_drops_it_live(page, site):
+    from oscar_zoo.registry_db import workers as workers_db
+    from playwright.sync_api import expect
+
+    job = add_job(site.server, status="queued", progress={})
+    page.goto(f"/jobs/{job}")
+    expect(page.locator('[data-field="waiting"]')).to_contain_text("no worker has asked for work")
+    with site.server.registry.db.write() as session:
+        workers_db.seen(session, "gpu-box:1:a", 1, False)            # a worker asks for work
+    expect(page.locator('[data-field="waiting"]')).to_be_hidden()
+
+
 def test_pages_work_without_javascript(browser, site):
     from playwright.sync_api import expect
 

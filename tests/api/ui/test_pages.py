@@ -172,6 +172,10 @@ def test_job_pages(seeded):
         assert 'value="12"' in page and "layer 11" in page and "test-worker" in page
         assert f'data-events="/v1/jobs/{running}/events"' in page
         assert f'href="/jobs/{running}">Refresh</a>' in page
+        assert 'data-field="waiting" role="status" hidden' in page       # running: no reason
+        queued = add_job(server, status="queued", progress={})
+        page = http.get(f"/jobs/{queued}").text
+        assert "Cannot start yet: no worker has asked for work" in page
 
 
 def test_job_event_stream_follows_the_row(seeded):

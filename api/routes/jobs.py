@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request
 from pydantic import BaseModel, Field
@@ -29,6 +29,8 @@ from ...registry_db import jobs as jobs_db
 from ...registry_db import queries
 from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
+from ...zoo import catalog
+from ...zoo.catalog import is_hub_id
 from ...zoo.errors import InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
 from ..auth import require
@@ -37,7 +39,6 @@ from ..serialize import iso
 router = APIRouter(tags=["jobs"])
 POLL_S = 0.3
 KEEPALIVE_S = 15.0
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 SPEC_EXAMPLE = {"model": "smollm2-135m", "tokens": 8192, "seq_len": 2048,
                 "validation": {"context_len": 2048, "windows": 2}, "aliases": ["recommended"]}
@@ -50,7 +51,9 @@ def job_summary(job: Job, result: BundleVersion | None) -> dict[str, Any]:
             "progress": job.progress or {}, "attempts": job.attempts,
             "max_attempts": job.max_attempts, "cancel_requested": job.cancel_requested,
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at),
-            "result_version": result.number if result else None}
+            "result_version": result.number if result else None,
+            # the version's own model: jobs from before migration 0002 have no `model`
+            "result_model": result.model.name if result else None}
 
 
 def job_detail(job: Job, result: BundleVersion | None) -> dict[str, Any]:
@@ -72,8 +75,10 @@ def results_of(session: Session, jobs: list[Job]) -> dict[int, BundleVersion]:
     if not ids:
         return {}
     from sqlalchemy import select
+    from sqlalchemy.orm import selectinload
 
-    return {v.id: v for v in session.scalars(select(BundleVersion).where(BundleVersion.id.in_(ids)))}
+    stmt = select(BundleVersion).where(BundleVersion.id.in_(ids)).options(selectinload(BundleVersion.model))
+    return {v.id: v for v in session.scalars(stmt)}
 
 
 def detail_of(session: Session, job: Job) -> dict[str, Any]:
@@ -163,25 +168,42 @@ def given_fields(spec: BaseModel) -> dict:
 # --- read ------------------------------------------------------------------------------------
 
 @router.get("/v1/jobs", summary="Jobs, newest first")
-def list_jobs(request: Request, status: Status | None = Query(None),
+def list_jobs(request: Request, status: str | None = Query(None, max_length=20,
+                                                           description="|".join(jobs_db.STATUSES)),
               model: str | None = Query(None, max_length=200),
               limit: int = Query(50, ge=1, le=queries.MAX_LIMIT),
               cursor: str | None = Query(None, max_length=500)):
     with request.app.state.registry.db.read() as session:
-        page = jobs_db.list_jobs(session, status, _model_name(session, model), limit, cursor)
+        page = jobs_db.list_jobs(session, status_filter(status), _model_name(session, model),
+                                 limit, cursor)
         results = results_of(session, page.items)
         return {"items": [job_summary(j, results.get(j.result_version_id)) for j in page.items],
                 "next_cursor": page.next_cursor}
 
 
 def _model_name(session: Session, model: str | None) -> str | None:
+    """The registry name jobs of `model` are filed under, as submit names it: a registry or
+    catalog name, or a hub id's repo part (before anything is published there is no model row)."""
     if not model:
         return None
     queries.check_text(model, "model")  # the fallback below filters by it as given
     try:
         return queries.resolve_model(session, model).name
     except ModelNotFound:
-        return model.strip().lower()
+        pass
+    entry = catalog.find(model.strip())
+    if entry is not None:
+        return entry.name
+    return model.strip().split("/")[-1].lower() if is_hub_id(model.strip()) else model.strip().lower()
+
+
+def status_filter(status: str | None) -> str | None:
+    """A status to filter by; empty (an HTML form's "any") is none."""
+    if not status:
+        return None
+    if status not in jobs_db.STATUSES:
+        raise InvalidInput(f"status {status!r}: one of {', '.join(jobs_db.STATUSES)}, or none")
+    return status
 
 
 @router.get("/v1/jobs/{job_id}", summary="One job: phase, progress, attempts, timings, error")

@@ -13,7 +13,8 @@ from fastapi.responses import HTMLResponse
 
 from ...registry_db import jobs as jobs_db
 from ..deps import reading
-from ..routes.jobs import Status, _model_name, detail_of, job_summary, results_of
+from ..routes.jobs import _model_name, detail_of, job_summary, results_of, status_filter
+from .pages import next_page
 from .render import PageRoute, page
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False,
@@ -21,17 +22,19 @@ router = APIRouter(route_class=PageRoute, include_in_schema=False,
 
 
 @router.get("/jobs")
-def job_list(request: Request, status: Status | None = Query(None),
+def job_list(request: Request, status: str | None = Query(None, max_length=20),
              model: str | None = Query(None, max_length=200),
              cursor: str | None = Query(None, max_length=500)):
+    status = status_filter(status)      # the form's "any" sends status=
     with reading(request) as session:
         found = jobs_db.list_jobs(session, status, _model_name(session, model), 50, cursor)
         results = results_of(session, found.items)
         jobs = [job_summary(j, results.get(j.result_version_id)) for j in found.items]
+    query = request.url.query
     return page(request, "jobs.html", {
         "jobs": jobs, "status": status or "", "model": model or "", "statuses": jobs_db.STATUSES,
-        "more": request.url.include_query_params(cursor=found.next_cursor)
-        if found.next_cursor else None, "api": "/v1/jobs"})
+        "more": next_page(request, found.next_cursor),
+        "api": "/v1/jobs" + (f"?{query}" if query else "")})
 
 
 @router.get("/jobs/{job_id}")

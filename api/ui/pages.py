@@ -42,8 +42,9 @@ def home(request: Request, q: str | None = Query(None, max_length=200),
         "filtered": bool(q or architecture or validated), "api": "/v1/models"})
 
 
-def next_page(request: Request, cursor: str | None):
-    return request.url.include_query_params(cursor=cursor) if cursor else None
+def next_page(request: Request, cursor: str | None) -> str | None:
+    """The next page's link, relative: behind a proxy the Host header names the backend."""
+    return f"?{request.url.include_query_params(cursor=cursor).query}" if cursor else None
 
 
 @router.get("/models/{name:path}/versions/{ref}")

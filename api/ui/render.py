@@ -15,6 +15,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 
 from ...zoo import __version__
 from ...zoo.errors import NotFound, OscarZooError
@@ -38,7 +39,13 @@ def short_time(iso: str | None) -> str:
     return f"{iso[:10]} {iso[11:16]} UTC" if iso else ""
 
 
-templates.env.filters.update(size=human_size, when=short_time)
+def ticked(text: str | None) -> Markup:
+    """Messages name commands in `backticks` (as the CLI prints them): escaped, then <code>."""
+    parts = str(escape(text or "")).split("`")
+    return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
+
+
+templates.env.filters.update(size=human_size, when=short_time, ticked=ticked)
 templates.env.globals.update(app_version=__version__)
 
 

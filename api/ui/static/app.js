@@ -26,13 +26,34 @@ const TERMINAL = ["succeeded", "failed", "cancelled"];
 const root = document.getElementById("job");
 if (root && root.dataset.events && !("terminal" in root.dataset) && window.EventSource) {
   const source = new EventSource(root.dataset.events);
-  const field = (name) => root.querySelector(`[data-field="${name}"]`);
+  const field = (name) => document.querySelector(`[data-field="${name}"]`);
+  const refresh = field("refresh");
+  const reload = refresh.querySelector("a");
+  const say = (text, link) => refresh.replaceChildren(text, ...(link ? [" ", reload] : []));
+  let ended = false;
   source.addEventListener("job", (e) => {
     const job = JSON.parse(e.data);
     showJob(job, field);
-    if (TERMINAL.includes(job.status)) source.close();
+    if (TERMINAL.includes(job.status)) { ended = true; source.close(); }
+    else say("Live: this page follows the job.", false);
   });
-  field("refresh").textContent = "Live: this page follows the job.";
+  // a dropped stream is retried by the browser; one answered with an error is given up for good
+  source.addEventListener("error", () => {
+    if (ended) return;
+    if (source.readyState === EventSource.CLOSED) say("Live updates stopped (the server refused the stream).", true);
+    else say("Connection lost; reconnecting…", true);
+  });
+  say("Live: this page follows the job.", false);
+}
+
+// `cmd` in a message as <code>cmd</code>, as the server renders it
+function ticked(el, text) {
+  el.replaceChildren(...text.split("`").map((part, i) => {
+    if (i % 2 === 0) return document.createTextNode(part);
+    const code = document.createElement("code");
+    code.textContent = part;
+    return code;
+  }));
 }
 
 function showJob(job, field) {
@@ -51,16 +72,34 @@ function showJob(job, field) {
   field("error").textContent = job.error || "–";
   const waiting = field("waiting");
   waiting.hidden = !job.waiting;
-  waiting.textContent = job.waiting ? `Cannot start yet: ${job.waiting}` : "";
+  ticked(waiting, job.waiting ? `Cannot start yet: ${job.waiting}` : "");
+  field("cancel").hidden = !(job.cancel_requested && job.status === "running");
+  field("finished").textContent = job.finished_at ? when(job.finished_at) : "–";
+  showTimings(job.timings || {}, field("timings"));
   field("worker").textContent = (job.lease && job.lease.holder) || "–";
   field("started").textContent = job.started_at ? when(job.started_at) : "–";
-  if (job.result_version) {
+  if (job.result) {
     const a = document.createElement("a");
-    a.href = `/models/${encodeURIComponent(job.model)}/versions/${job.result_version}`;
-    a.textContent = `${job.model} v${job.result_version}`;
+    a.href = `/models/${encodeURIComponent(job.result.model)}/versions/${job.result.version}`;
+    a.textContent = `${job.result.model} v${job.result.version}`;
     field("result").replaceChildren(a);
   }
   if (TERMINAL.includes(job.status)) field("refresh").textContent = "This job has ended.";
+}
+
+function showTimings(timings, section) {
+  const rows = Object.entries(timings).map(([k, s]) => {
+    const tr = document.createElement("tr");
+    const th = document.createElement("th");
+    th.scope = "row";
+    th.textContent = k;
+    const td = document.createElement("td");
+    td.textContent = `${Number(s).toFixed(1)} s`;
+    tr.append(th, td);
+    return tr;
+  });
+  section.hidden = rows.length === 0;
+  section.querySelector("tbody").replaceChildren(...rows);
 }
 
 // 2026-11-22T10:03:04.000Z -> 2026-11-22 10:03 UTC (as the server renders it)

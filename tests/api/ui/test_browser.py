@@ -157,6 +157,23 @@ def test_job_page_says_why_a_queued_job_waits_and_drops_it_live(page, site):
     expect(page.locator('[data-field="waiting"]')).to_be_hidden()
 
 
+def test_job_page_shows_timings_and_a_cancel_live_and_says_when_the_stream_is_refused(page, site):
+    from playwright.sync_api import expect
+
+    job = add_job(site.server)
+    page.goto(f"/jobs/{job}")
+    expect(page.locator('[data-field="refresh"]')).to_contain_text("Live")
+    expect(page.locator('[data-field="timings"]')).to_be_hidden()
+    update_job(site.server, job, timings={"loading": 2.04, "pass1": 12.345}, cancel_requested=True)
+    expect(page.locator('[data-field="timings"] td').nth(1)).to_have_text("12.3 s")
+    expect(page.locator('[data-field="cancel"]')).to_be_visible()
+    # a proxy answering the stream with an error: the browser never retries it
+    page.route("**/events", lambda route: route.fulfill(status=502, body="bad gateway"))
+    page.reload()
+    expect(page.locator('[data-field="refresh"]')).to_contain_text("Live updates stopped")
+    expect(page.locator('[data-field="refresh"] a')).to_have_text("Refresh")
+
+
 def test_pages_work_without_javascript(browser, site):
     from playwright.sync_api import expect
 

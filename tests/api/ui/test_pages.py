@@ -178,6 +178,53 @@ def test_job_pages(seeded):
         assert "Cannot start yet: no worker has asked for work" in page
 
 
+def test_job_list_filters_as_the_form_sends_them_and_links_relative(seeded):
+    server = seeded.server
+    with server.registry.db.read() as session:
+        from oscar_zoo.registry_db import queries
+        v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2)
+        v2_id = v2.id
+    old = add_job(server, model=None, status="succeeded", result_version_id=v2_id)  # before 0002
+    hub = add_job(server, model="tiny-model", spec={"model": "SomeOrg/Tiny-Model"})
+    ids = lambda page: re.findall(r'href="/jobs/([0-9a-f-]{36})"', page)
+    with server.client() as http:
+        r = http.get("/jobs?status=&model=")                  # the form's defaults: "any"
+        assert r.status_code == 200 and {old, hub} <= set(ids(r.text))
+        assert http.get("/v1/jobs?status=").status_code == 200
+        r = http.get("/v1/jobs?status=done")
+        assert r.status_code == 422 and "queued" in r.json()["detail"]
+        for model in ("SomeOrg/Tiny-Model", "tiny-model"):   # a hub id files as its repo part
+            assert ids(http.get(f"/jobs?status=&model={model}").text) == [hub]
+            assert [j["id"] for j in http.get("/v1/jobs", params={"model": model}).json()["items"]] == [hub]
+        catalog = add_job(server, model="smollm2-135m", status="queued", progress={})
+        assert catalog in ids(http.get("/jobs?model=HuggingFaceTB/SmolLM2-135M").text)
+        page = http.get("/jobs?status=succeeded").text      # the version's own model, not None
+        assert '<a href="/models/smollm2-135m/versions/2">v2</a>' in page and "/models/None" not in page
+        assert '<a href="/models/smollm2-135m/versions/2">smollm2-135m v2</a>' in http.get(f"/jobs/{old}").text
+        assert 'href="/v1/jobs?status=succeeded"' in page     # "this page as JSON" keeps the filter
+        for _ in range(50):
+            add_job(server, status="queued", progress={})
+        page = http.get("/jobs", headers={"Host": "backend:8000"}).text
+        more = re.search(r'<a href="([^"]+)" rel="next">', page).group(1)
+        assert more.startswith("?cursor="), more             # not the backend's host
+        cursor = json.dumps(["0001-01-01T00:00:00+01:00", "x"])
+        import base64
+        forged = base64.urlsafe_b64encode(cursor.encode()).decode().rstrip("=")
+        for path in ("/jobs", "/v1/jobs"):
+            r = http.get(path, params={"cursor": forged})
+            assert r.status_code in (400, 422) and "cursor" in r.text, (path, r.status_code)
+
+
+def test_job_page_shows_a_pending_cancel_and_timings(seeded):
+    server = seeded.server
+    job = add_job(server, cancel_requested=True, timings={"pass1": 12.345678})
+    with server.client() as http:
+        page = http.get(f"/jobs/{job}").text
+        assert 'data-field="cancel" class="badge status-cancelled">cancel requested' in page
+        assert "<td>12.3 s</td>" in page
+        assert "cancel requested</span></td>" in http.get("/jobs").text
+
+
 def test_job_event_stream_follows_the_row(seeded):
     server = seeded.server
     job = add_job(server)

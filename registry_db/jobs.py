@@ -129,7 +129,8 @@ def list_jobs(session: Session, status: str | None = None, model: str | None = N
             # Ours always carry a UTC offset; a naive time or a NUL fails in the database (500).
             if at.tzinfo is None or "\x00" in last_id:
                 raise ValueError
-        except (ValueError, IndexError):
+            at = at.astimezone(timezone.utc)    # year 1 at +01:00 overflows: refused here, not a 500
+        except (ValueError, IndexError, OverflowError):
             raise InvalidInput("invalid cursor: pass the next_cursor of a previous page") from None
         stmt = stmt.where((Job.created_at < at) | ((Job.created_at == at) & (Job.id < last_id)))
     rows = list(session.scalars(stmt))

@@ -42,7 +42,8 @@ def seen(session: Session, name: str, gpus: int | None, ray: bool) -> None:
 
 
 def touch(session: Session, name: str | None) -> None:
-    """The worker beat for a job it holds (nothing for a name that never claimed: a Ray task)."""
+    """The worker beat for a job (its own, or its Ray task's); nothing for a name that never
+    claimed (a Ray task itself)."""
     row = session.get(Worker, (name or "")[:200])
     if row is not None:
         row.seen_at = _now()

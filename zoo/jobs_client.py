@@ -104,8 +104,10 @@ class JobsClient:
     def attach(self, job_id: str, lease: str, worker: str) -> dict:
         return self._work(f"/v1/jobs/{job_id}/attach", lease=lease, worker=worker)
 
-    def heartbeat(self, job_id: str, lease: str) -> dict:
-        return self._work(f"/v1/jobs/{job_id}/heartbeat", lease=lease)
+    def heartbeat(self, job_id: str, lease: str, worker: str | None = None) -> dict:
+        """worker: who beats, when not the lease's holder (a Ray dispatcher for its task)."""
+        return self._work(f"/v1/jobs/{job_id}/heartbeat", lease=lease,
+                          **({"worker": worker} if worker else {}))
 
     def progress(self, job_id: str, lease: str, phase: str, progress: dict,
                  timings: dict | None = None) -> dict:

@@ -84,6 +84,11 @@ class AttachRequest(LeaseRequest):
     worker: str = Field(min_length=1, max_length=200)
 
 
+class HeartbeatRequest(LeaseRequest):
+    worker: str | None = Field(None, min_length=1, max_length=200,
+                               description="who beats, when not the holder (a Ray dispatcher)")
+
+
 class ProgressRequest(LeaseRequest):
     phase: str = Field(max_length=40)
     progress: dict[str, Any] = {}
@@ -151,10 +156,10 @@ def attach(job_id: str, body: AttachRequest, request: Request, actor: str = Depe
 
 
 @router.post("/v1/jobs/{job_id}/heartbeat", summary="Extend the lease; learn about a cancel")
-def heartbeat(job_id: str, body: LeaseRequest, request: Request, actor: str = Depends(work)):
+def heartbeat(job_id: str, body: HeartbeatRequest, request: Request, actor: str = Depends(work)):
     with request.app.state.registry.db.write() as session:
         job = jobs_db.heartbeat(session, job_id, body.lease)
-        workers_db.touch(session, job.lease_holder)
+        workers_db.touch(session, body.worker or job.lease_holder)
         return _lease_state(job)
 
 

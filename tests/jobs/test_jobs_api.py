@@ -214,6 +214,10 @@ def test_a_queued_job_says_why_no_worker_seen_lately_can_run_it(jobs_api, monkey
     assert "no worker has asked" in api.submitter.get(ray_only["id"])["waiting"]
     api.worker.heartbeat(small["id"], claimed["lease"]["token"])       # but it beats
     assert "no Ray dispatcher" in api.submitter.get(ray_only["id"])["waiting"]
+    # a Ray dispatcher at its cap does not claim; its task holds the lease, it beats for it
+    time.sleep(0.6)
+    api.worker.heartbeat(small["id"], claimed["lease"]["token"], worker="dispatch:ray")
+    assert api.submitter.get(ray_only["id"])["waiting"] is None
 
 
 def test_expired_lease_is_requeued_by_the_service_then_fenced_then_failed(jobs_api):

@@ -89,9 +89,12 @@ def _ray_start(args: list[str], env: dict) -> None:
 
 
 @pytest.fixture
-def ray_cluster():
+def ray_cluster(monkeypatch):
     # Ray's unix socket paths must stay short: a temp dir of our own under /tmp.
     temp_dir = tempfile.mkdtemp(prefix="ozray-", dir="/tmp")
+    # A ~/.ray/auth_token left by some other Ray use (`ray get-auth-token --generate`) makes the
+    # second node's `ray start` fail to authenticate to our head: Ray gets a home of its own.
+    monkeypatch.setenv("HOME", temp_dir)
     port = _port()
     env = {**os.environ, "OSCAR_ZOO_CACHE": str(MODEL_CACHE), "RAY_USAGE_STATS_ENABLED": "0",
            "TOKENIZERS_PARALLELISM": "false", "TMPDIR": temp_dir}

@@ -38,20 +38,50 @@ from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id
 log = logging.getLogger("oscar_zoo.ray")
 
 
+ATTACH_PATIENCE_S = 120.0   # a task retries its attach this long through registry blips
+
+
 def run_task(url: str, token: str, job_id: str, lease: str) -> str:
     """The Ray task: attach to the lease and run the attempt. Returns its outcome."""
     import ray
 
     ctx = ray.get_runtime_context()
     worker = f"ray-task:{socket.gethostname()}:{os.getpid()}:{ctx.get_node_id()[:12]}"
+    # Ray sets OMP_NUM_THREADS=1 in its workers (the task asks for num_cpus=1); the runner
+    # (which inherits this process's environment) would run its CPU parts on one thread.
+    os.environ["OMP_NUM_THREADS"] = str(_host_cpus())
     with JobsClient(url, token) as client:
         try:
-            job = client.attach(job_id, lease, worker)
+            job = _attach(client, job_id, lease, worker)
         except LeaseLost as e:
             return f"lost: {e}"
         info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources()}
         return Attempt(client, job, {"token": lease, "seconds": job["lease"]["seconds"]}, worker,
                        threading.Event(), info).run()
+
+
+def _host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _attach(client: JobsClient, job_id: str, lease: str, worker: str,
+            patience: float | None = None) -> dict:
+    """attach, retried through registry blips (the dispatcher keeps the lease alive meanwhile)
+    for `patience` seconds; LeaseLost and anything else are raised at once."""
+    deadline = time.monotonic() + (ATTACH_PATIENCE_S if patience is None else patience)
+    delay = 1.0
+    while True:
+        try:
+            return client.attach(job_id, lease, worker)
+        except (OfflineError, RemoteError) as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("ray task: job %s: cannot attach (%s); retrying", job_id, e)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 @dataclass
@@ -62,6 +92,7 @@ class Flight:
     next_beat: float
     cancel_since: float | None = None
     forced_at: float | None = None     # ray.cancel(force=True) sent; reported once it lands
+    lost_at: float | None = None       # our heartbeat found the job ended: waiting for the task
 
 
 def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
@@ -85,7 +116,7 @@ def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
             # Idle: a long poll (a job starts at once, an idle dispatcher asks rarely).
             _claim_one(client, worker, task, flights, gpus, wait=0 if flights else CLAIM_WAIT_S)
         for ref, f in list(flights.items()):
-            if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace):
+            if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace, worker):
                 ray.cancel(ref, force=True)
         if flights:
             ready, _ = ray.wait(list(flights), num_returns=len(flights), timeout=0)
@@ -129,14 +160,21 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
     log.info("ray dispatcher: job %s submitted (%d GPU)", job["id"], gpus)
 
 
-def _beat(client, ref, f: Flight, flights, grace: float) -> bool:
-    """Heartbeat the lease of a task in flight; False when the task should be force-cancelled."""
+def _beat(client, ref, f: Flight, flights, grace: float, worker: str | None = None) -> bool:
+    """Heartbeat the lease of a task in flight; False when the task should be force-cancelled.
+    worker: the dispatcher's name, sent along so that it counts as seen while at its cap."""
     f.next_beat = time.monotonic() + f.lease_s / 3
+    if f.lost_at is not None:        # the job ended without us: give its task time to land
+        if time.monotonic() - f.lost_at > 2 * grace:
+            log.warning("ray dispatcher: job %s ended but its task has not; force-cancelling it",
+                        f.job_id)
+            flights.pop(ref, None)
+            return False
+        return True
     try:
-        state = client.heartbeat(f.job_id, f.lease)
+        state = client.heartbeat(f.job_id, f.lease, worker=worker)
     except LeaseLost:
-        flights.pop(ref, None)            # requeued or ended elsewhere: the task has no business
-        return False
+        return _lease_lost(client, ref, f, flights)
     except (OfflineError, RemoteError):
         return True
     if state.get("cancel_requested"):
@@ -149,6 +187,22 @@ def _beat(client, ref, f: Flight, flights, grace: float) -> bool:
         if time.monotonic() - f.cancel_since > 2 * grace:
             f.forced_at = time.monotonic()   # reported when the task lands: the lease (and the
             return False                     # GPU's next job) must wait until it is gone
+    return True
+
+
+def _lease_lost(client, ref, f: Flight, flights) -> bool:
+    """Our lease is gone. The task itself ended the job (completed, failed, cancelled; it may
+    still be cleaning up its work dir): let it land. The job was requeued or is held by
+    another lease: this task has no business any more, force-cancel it."""
+    try:
+        status = client.get(f.job_id)["status"]
+    except Exception as e:  # noqa: BLE001 - cannot tell: wait for the task, bounded
+        log.warning("ray dispatcher: job %s: lease lost, status unknown (%s)", f.job_id, e)
+        status = None
+    if status in ("queued", "running"):
+        flights.pop(ref, None)
+        return False
+    f.lost_at = time.monotonic()
     return True
 
 
@@ -166,8 +220,10 @@ def _landed(client, ref, f: Flight) -> None:
         error = f"the Ray task failed: {type(e).__name__}: {str(e)[:2000]}"
     if f.forced_at is not None:     # a task that reported itself leaves this a LeaseLost
         _report(client, f, FORCED, cancelled=True)
-    elif error:
-        _report(client, f, error, retryable=False)
+    elif error and f.lost_at is None:
+        # A registry blip in the task's attach, a Ray system error, a node lost: retryable
+        # (the job's attempts bound the retries; a job that ended already answers LeaseLost).
+        _report(client, f, error, retryable=True)
 
 
 def _report(client, f: Flight, error: str, retryable: bool = False, cancelled: bool = False) -> None:

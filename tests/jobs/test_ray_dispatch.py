@@ -9,6 +9,7 @@ import pytest
 
 from oscar_zoo.calibrate import jobspec
 from oscar_zoo.calibrate.executors import ray_executor as R
+from oscar_zoo.zoo.errors import OfflineError
 
 
 @pytest.mark.parametrize("resources", [{"GPU": 1}, {"CPU": 4}, {"worker_node": -1}])
@@ -46,3 +47,95 @@ def test_a_force_cancelled_task_is_reported_only_once_ray_says_it_ended(jobs_api
     R._landed(jobs_api.worker, "ref", flights.pop("ref"))
     after = jobs_api.submitter.get(job["id"])
     assert after["status"] == "cancelled"
+
+
+def test_a_task_that_raised_is_reported_retryable_not_failed_for_good(jobs_api, monkeypatch):
+    ray = pytest.importorskip("ray")
+    job = jobs_api.submit(max_attempts=3, lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+
+    # Mocked: ray.get (no cluster here) raising what Ray raises for a task whose attach hit a
+    # registry blip, or a Ray system error.
+    def task_raised(ref):
+        raise ray.exceptions.RayTaskError("run_task", "Traceback ...",
+                                          OfflineError("cannot reach the registry"))
+
+    monkeypatch.setattr(ray, "get", task_raised)
+    R._landed(jobs_api.worker, "ref", R.Flight(job["id"], lease, 30.0, 0.0))
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "queued" and after["attempts"] == 1, after   # tried again
+
+    def system_error(ref):
+        raise ray.exceptions.WorkerCrashedError()
+
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    monkeypatch.setattr(ray, "get", system_error)
+    R._landed(jobs_api.worker, "ref", R.Flight(job["id"], lease, 30.0, 0.0))
+    assert jobs_api.submitter.get(job["id"])["status"] == "queued"
+
+
+def test_the_task_retries_its_attach_through_a_registry_blip(jobs_api, monkeypatch):
+    job = jobs_api.submit(lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    real, calls = jobs_api.worker.attach, []
+
+    def blip_then_real(*args):   # mocked: the registry answers once with a connection error
+        calls.append(args)
+        if len(calls) == 1:
+            raise OfflineError("cannot reach the registry")
+        return real(*args)
+
+    monkeypatch.setattr(jobs_api.worker, "attach", blip_then_real)
+    attached = R._attach(jobs_api.worker, job["id"], lease, "ray-task:test", patience=10)
+    assert attached["id"] == job["id"] and len(calls) == 2
+    assert jobs_api.submitter.get(job["id"])["attempts"] == 1     # the blip spent no attempt
+    with pytest.raises(OfflineError):                             # bounded
+        monkeypatch.setattr(jobs_api.worker, "attach", lambda *a: (_ for _ in ()).throw(
+            OfflineError("down")))
+        R._attach(jobs_api.worker, job["id"], lease, "ray-task:test", patience=0)
+
+
+def test_the_dispatcher_beats_in_its_own_name_so_it_counts_as_seen_at_its_cap(jobs_api,
+                                                                             monkeypatch):
+    from oscar_zoo.registry_db import workers as workers_db
+
+    job = jobs_api.submit(lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    jobs_api.worker.attach(job["id"], lease, "ray-task:test")          # the task holds it now
+    ray_only = jobs_api.submit(ray_resources={"worker_node": 1})
+    monkeypatch.setattr(workers_db, "SEEN_S", 0.5)
+    time.sleep(0.6)                                   # at its cap, the dispatcher claims nothing
+    assert "no worker has asked" in jobs_api.submitter.get(ray_only["id"])["waiting"]
+    f = R.Flight(job["id"], lease, 30.0, 0.0)
+    assert R._beat(jobs_api.worker, "ref", f, {"ref": f}, grace=1.0, worker="dispatch:test")
+    assert jobs_api.submitter.get(ray_only["id"])["waiting"] is None
+
+
+@pytest.mark.parametrize("end", ["complete", "fail", "cancel"])
+def test_a_task_that_ended_its_job_is_left_to_land_not_force_cancelled(jobs_api, end):
+    job = jobs_api.submit(lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    jobs_api.worker.attach(job["id"], lease, "ray-task:test")
+    if end == "complete":
+        jobs_api.worker.complete(job["id"], lease, {}, {"done": 1})   # the task's last call
+    elif end == "fail":
+        jobs_api.worker.fail(job["id"], lease, "broke", retryable=False)
+    else:
+        jobs_api.submitter.cancel(job["id"])
+        jobs_api.worker.fail(job["id"], lease, "cancelled", cancelled=True)
+    f = R.Flight(job["id"], lease, 30.0, 0.0)
+    flights = {"ref": f}
+    assert R._beat(jobs_api.worker, "ref", f, flights, grace=0.2) is True   # it cleans up
+    assert flights == {"ref": f} and f.lost_at is not None
+    assert R._beat(jobs_api.worker, "ref", f, flights, grace=0.2) is True
+    time.sleep(0.5)                       # ... but a task that never lands is force-cancelled
+    assert R._beat(jobs_api.worker, "ref", f, flights, grace=0.2) is False and flights == {}
+
+
+def test_a_task_whose_job_was_requeued_is_force_cancelled(jobs_api):
+    job = jobs_api.submit(lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    jobs_api.worker.release(job["id"], lease)                  # requeued (by the sweeper, say)
+    f = R.Flight(job["id"], lease, 30.0, 0.0)
+    flights = {"ref": f}
+    assert R._beat(jobs_api.worker, "ref", f, flights, grace=10.0) is False and flights == {}

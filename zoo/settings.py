@@ -81,6 +81,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Where calibration jobs run: local (worker processes beside the server) or ray.", "str"),
     Setting("ray_address", "OSCAR_ZOO_RAY_ADDRESS", None,
             "Ray cluster address for the ray executor (e.g. 127.0.0.1:6379).", "str"),
+    Setting("public_url", "OSCAR_ZOO_PUBLIC_URL", None,
+            "Registry URL that workers on other hosts reach this server at (e.g. "
+            "http://10.0.0.1:8000); the ray executor hands it to its tasks. Default: the "
+            "server's own (loopback) address, which only a single-host Ray cluster can reach.",
+            "str"),
     Setting("workers", "OSCAR_ZOO_WORKERS", None,
             "Local worker processes started by `serve` (default: one per GPU, else one).", "int"),
     Setting("job_lease_seconds", "OSCAR_ZOO_JOB_LEASE_SECONDS", "60",

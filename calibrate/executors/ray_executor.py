@@ -96,33 +96,97 @@ class Flight:
 
 
 def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
-             worker: str | None = None) -> None:
-    """Claim jobs and run them as Ray tasks until `stop` is set."""
+             worker: str | None = None, exit_with_parent: bool = False) -> None:
+    """Claim jobs and run them as Ray tasks until `stop` is set (or, with exit_with_parent,
+    the process that started this one is gone); then give the jobs in flight back."""
     import ray
 
     if not address:
         raise ConfigError("the ray executor needs a cluster: --ray-address or OSCAR_ZOO_RAY_ADDRESS "
                           "(e.g. 127.0.0.1:6379)")
+    parent = os.getppid()
+    _warn_if_loopback(client.endpoint)
+    handlers = _signal_handlers()
     ray.init(address=address, namespace="oscar-zoo", log_to_driver=False,
              logging_level=logging.WARNING)
+    _restore_signal_handlers(handlers)   # ray.init replaces SIGTERM's: keep the graceful stop
     worker = worker if (worker or "").startswith("dispatch:") else new_worker_id("dispatch")
     task = ray.remote(run_task)
     flights: dict = {}
     grace = float(settings.get("job_cancel_grace_seconds"))
-    while not stop.is_set():
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        cap = settings.get("workers") or max(gpus, 1)
-        if len(flights) < cap:
-            # Idle: a long poll (a job starts at once, an idle dispatcher asks rarely).
-            _claim_one(client, worker, task, flights, gpus, wait=0 if flights else CLAIM_WAIT_S)
-        for ref, f in list(flights.items()):
-            if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace, worker):
-                ray.cancel(ref, force=True)
-        if flights:
-            ready, _ = ray.wait(list(flights), num_returns=len(flights), timeout=0)
-            for ref in ready:
-                _landed(client, ref, flights.pop(ref))
-            stop.wait(POLL_S)
+    try:
+        while not stop.is_set():
+            if exit_with_parent and os.getppid() != parent:
+                log.warning("ray dispatcher: parent process exited; stopping")
+                break
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+            cap = settings.get("workers") or max(gpus, 1)
+            if len(flights) < cap:
+                # Idle: a long poll (a job starts at once, an idle dispatcher asks rarely; with
+                # exit_with_parent a short one, so a dead parent is noticed).
+                wait = 0 if flights else (min(CLAIM_WAIT_S, 5.0) if exit_with_parent
+                                          else CLAIM_WAIT_S)
+                _claim_one(client, worker, task, flights, gpus, wait=wait)
+            for ref, f in list(flights.items()):
+                if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace,
+                                                                 worker):
+                    ray.cancel(ref, force=True)
+            if flights:
+                ready, _ = ray.wait(list(flights), num_returns=len(flights), timeout=0)
+                for ref in ready:
+                    _landed(client, ref, flights.pop(ref))
+                stop.wait(POLL_S)
+    finally:
+        _give_back(client, flights)
+
+
+def _signal_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_signal_handlers(handlers: dict) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+
+
+def _give_back(client, flights: dict, timeout: float = 30.0) -> None:
+    """Stopping: end each task in flight (Ray would end them with this driver anyway), wait
+    until Ray says it is gone (its GPU free), then release its lease: the job is requeued
+    without spending an attempt, as a local worker does on Ctrl-C."""
+    import ray
+
+    if not flights:
+        return
+    for ref in flights:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception as e:  # noqa: BLE001 - already ended, Ray going away: release anyway
+            log.warning("ray dispatcher: cannot cancel a task: %s", e)
+    try:
+        ray.wait(list(flights), num_returns=len(flights), timeout=timeout)
+    except Exception as e:  # noqa: BLE001
+        log.warning("ray dispatcher: cannot wait for the cancelled tasks: %s", e)
+    for ref, f in list(flights.items()):
+        try:
+            client.release(f.job_id, f.lease)
+            log.info("ray dispatcher: job %s given back to the queue", f.job_id)
+        except (LeaseLost, OfflineError, RemoteError) as e:
+            log.warning("ray dispatcher: job %s not given back (%s)", f.job_id, e)
+        flights.pop(ref, None)
+
+
+def _warn_if_loopback(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        log.warning("ray dispatcher: Ray tasks get the registry URL %s, which only the head "
+                    "node can reach; tasks on other nodes fail to attach. Set "
+                    "OSCAR_ZOO_PUBLIC_URL (serve) or pass --registry with an address the "
+                    "cluster's nodes can reach.", url)
 
 
 def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) -> None:
@@ -240,14 +304,18 @@ class RayExecutor:
         if not address:
             raise ConfigError("OSCAR_ZOO_EXECUTOR=ray needs OSCAR_ZOO_RAY_ADDRESS "
                               "(or `oscar-zoo serve --ray-address HOST:PORT`)")
-        self.url, self.token, self.address = url, token, address
+        # Ray tasks run on any node: they need an address of this server that every node
+        # reaches (serve's own is loopback; dispatch() warns when it hands out one).
+        self.url = (settings.get("public_url") or url).rstrip("/")
+        self.token, self.address = token, address
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.monitor: threading.Thread | None = None
 
     def _spawn(self) -> None:
         cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
-               self.url, "--executor", "ray", "--ray-address", self.address]
+               self.url, "--executor", "ray", "--ray-address", self.address,
+               "--exit-with-parent"]    # a SIGKILLed serve must not leave it running
         self.proc = subprocess.Popen(cmd, env={**os.environ, "OSCAR_ZOO_TOKEN": self.token},
                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -263,8 +331,9 @@ class RayExecutor:
                 self._spawn()
 
     def stop(self) -> list[str]:
-        """Ray ends the tasks a driver owns when it exits, so jobs in flight lose their runner;
-        their leases run out and the sweeper requeues them (each such attempt counts)."""
+        """SIGTERM: the dispatcher ends its tasks and releases their leases (the jobs are
+        requeued without spending an attempt). Past 30 s it is killed; Ray then ends its tasks
+        and the sweeper requeues their jobs when the leases run out (those attempts count)."""
         self.stopping.set()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

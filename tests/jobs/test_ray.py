@@ -146,3 +146,57 @@ def test_job_runs_on_the_worker_node_and_survives_its_worker_process_being_kille
         assert second["ray_node_id"] == first["ray_node_id"]
         versions = [v for v in versions_of(srv, "smollm2-135m-4l") if v["source_job"] == job["id"]]
         assert len(versions) == 1
+
+
+def _dispatcher_log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "parent_killed"])
+def test_a_stopped_dispatcher_gives_its_jobs_back_without_spending_an_attempt(
+        ray_cluster, tmp_path, stop):
+    """SIGTERM (ray.init() replaced its handler: the graceful stop was never taken) or the
+    parent gone (--exit-with-parent, as `serve` starts it): the task in flight is cancelled
+    and its lease released, so the job is queued again with its attempt refunded."""
+    from oscar_zoo.zoo.jobs_client import JobsClient
+    from tests.utils.registry_server import run_registry
+
+    with run_registry(f"sqlite:///{tmp_path}/reg.sqlite", tmp_path / "data") as server, \
+            JobsClient(server.url, server.token("jobs:submit")) as submitter:
+        # a resource no node has: the task stays in flight, waiting for it
+        job, _ = submitter.submit({"model": "smollm2-135m", "ray_resources": {"nowhere": 1}})
+        log_path = tmp_path / "dispatcher.log"
+        env = {**os.environ, "OSCAR_ZOO_TOKEN": server.token("jobs:work"),
+               "RAY_USAGE_STATS_ENABLED": "0"}
+        cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
+               server.url, "--executor", "ray", "--ray-address", ray_cluster]
+        with open(log_path, "w") as out:
+            if stop == "sigterm":
+                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            else:    # a parent (standing in for serve) that is SIGKILLed
+                proc = subprocess.Popen(["sh", "-c", 'exec 3>&-; "$@" & echo $!; wait', "sh",
+                                         *cmd, "--exit-with-parent"], env=env,
+                                        stdout=subprocess.PIPE, stderr=out, text=True,
+                                        start_new_session=True)
+        dispatcher = proc.pid if stop == "sigterm" else int(proc.stdout.readline())
+        try:
+            wait_for(lambda: submitter.get(job["id"])["status"] == "running", 120,
+                     what="the dispatcher claiming the job")
+            time.sleep(3)   # its task submitted, waiting for a resource no node has
+            if stop == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
+            wait_for(lambda: not alive(dispatcher), 90, what="the dispatcher stopping")
+            after = submitter.get(job["id"])
+            assert after["status"] == "queued" and after["attempts"] == 0, (
+                after, _dispatcher_log(log_path)[-3000:])
+            assert "given back" in _dispatcher_log(log_path)
+        finally:
+            for pid in (dispatcher, proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(10)

@@ -39,6 +39,15 @@ def worker_command(registry, gpus, executor, ray_address, worker_id, exit_with_p
     if executor == "ray":
         import threading
 
+        # The dispatcher runs many jobs at once and Ray places them on the cluster's GPUs:
+        # these options of the local worker mean nothing to it, and must not be ignored silently.
+        for given, option, why in ((once, "--once", "it runs jobs until stopped"),
+                                   (gpus is not None, "--gpus", "Ray places each job on the "
+                                    "cluster's GPUs (a job's `gpus`, `ray_resources`)")):
+            if given:
+                raise click.UsageError(f"{option} is for the local executor; --executor ray does "
+                                       f"not take it ({why})")
+
         from ...calibrate.executors.ray_executor import dispatch
         from ...calibrate.executors.worker import install_stop_signals
         from ..jobs_client import JobsClient
@@ -46,7 +55,8 @@ def worker_command(registry, gpus, executor, ray_address, worker_id, exit_with_p
         stop = threading.Event()
         install_stop_signals(stop)
         with JobsClient(registry, token) as client:
-            dispatch(client, ray_address or settings.get("ray_address"), stop, worker_id)
+            dispatch(client, ray_address or settings.get("ray_address"), stop, worker_id,
+                     exit_with_parent)
         return
     from ...calibrate.executors.worker import main_loop
 

@@ -109,13 +109,22 @@ def identity(spec: JobSpec) -> tuple[str, str, catalog.CatalogEntry | None]:
             raise InvalidInput(f"model {spec.model!r} is a path: say which model it is with "
                                "publish_as (a catalog name or a hub id like org/name)")
         return entry.name, entry.hub_id, entry
+    found = named_identity(named)
+    if found is not None:
+        return found
+    raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
+                        "an absolute path the workers can read.", suggestions=catalog.suggest(named))
+
+
+def named_identity(named: str) -> tuple[str, str, catalog.CatalogEntry | None] | None:
+    """identity() of a catalog name or a hub id (a job's bundle goes under the catalog's name,
+    or the hub id's repo part lowercased); None for anything else."""
     entry = catalog.find(named)
     if entry is not None:
         return entry.name, entry.hub_id, entry
     if catalog.is_hub_id(named):
         return named.split("/")[-1].lower(), named, None
-    raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
-                        "an absolute path the workers can read.", suggestions=catalog.suggest(named))
+    return None
 
 
 def _entry_for_path(model: str) -> catalog.CatalogEntry | None:

@@ -167,13 +167,20 @@ def mirror_yank(registry, model: str, version: str | int,
 
 def mirror_yank_in_background(registry, model: str, number: int) -> threading.Thread:
     """mirror_yank in a background thread: a yank never waits on a hub."""
+    return _in_background(f"mirror-yank-{model}-v{number}",
+                          f"recording the yank of {model} v{number} on its mirrors",
+                          mirror_yank, registry, model, number)
+
+
+def _in_background(name: str, what: str, fn, *args) -> threading.Thread:
+    """fn(*args) in a daemon thread; a failure is logged (the mirror records say the rest)."""
     def run():
         try:
-            mirror_yank(registry, model, number)
-        except Exception:  # a background job: log, the records say what happened
-            log.exception("recording the yank of %s v%s on its mirrors failed", model, number)
+            fn(*args)
+        except Exception:  # a background job: nobody to raise to
+            log.exception("%s failed", what)
 
-    thread = threading.Thread(target=run, name=f"mirror-yank-{model}-v{number}", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
 
@@ -215,10 +222,8 @@ def mirror_published(registry, model: str, number: int,
         model, number, version_id = m.name, v.number, v.id
     if not asked and not settings.get("mirror_targets"):
         return None
-    thread = threading.Thread(target=_mirror_quietly,
-                              args=(registry, model, number, version_id, asked),
-                              name=f"mirror-{model}-v{number}", daemon=True)
-    thread.start()
+    thread = _in_background(f"mirror-{model}-v{number}", f"mirroring {model} v{number}",
+                            _mirror_job_version, registry, model, number, version_id, asked)
     if wait:
         thread.join()
     return thread
@@ -246,15 +251,15 @@ def _repo_key(target: str, strict: bool = True) -> tuple[str, str] | None:
     return kind, repo.lower()   # hub repo ids are case-insensitive
 
 
-def _mirror_quietly(registry, model: str, number: int, version_id: int, asked: list[str]) -> None:
-    try:  # the targets too: a bad OSCAR_ZOO_MIRROR_TARGETS must not fail what called us
-        targets, refused = job_targets(model, asked)
-        for target in refused:
-            _record_refused(registry, version_id, target, model, number)
-        if targets:
-            mirror_version(registry, model, number, targets)
-    except Exception:  # a background job: log, the records say what happened
-        log.exception("mirroring %s v%s failed", model, number)
+def _mirror_job_version(registry, model: str, number: int, version_id: int,
+                        asked: list[str]) -> None:
+    # in the background thread, the targets too: a bad OSCAR_ZOO_MIRROR_TARGETS must not fail
+    # the publish or job that called us
+    targets, refused = job_targets(model, asked)
+    for target in refused:
+        _record_refused(registry, version_id, target, model, number)
+    if targets:
+        mirror_version(registry, model, number, targets)
 
 
 def _record_refused(registry, version_id: int, target: str, model: str, number: int) -> None:

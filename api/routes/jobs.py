@@ -29,8 +29,6 @@ from ...registry_db import jobs as jobs_db
 from ...registry_db import queries
 from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
-from ...zoo import catalog
-from ...zoo.catalog import is_hub_id
 from ...zoo.errors import InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
 from ..auth import require
@@ -190,11 +188,8 @@ def _model_name(session: Session, model: str | None) -> str | None:
     try:
         return queries.resolve_model(session, model).name
     except ModelNotFound:
-        pass
-    entry = catalog.find(model.strip())
-    if entry is not None:
-        return entry.name
-    return model.strip().split("/")[-1].lower() if is_hub_id(model.strip()) else model.strip().lower()
+        found = jobspec.named_identity(model.strip())
+        return found[0] if found else model.strip().lower()
 
 
 def status_filter(status: str | None) -> str | None:

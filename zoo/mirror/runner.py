@@ -22,12 +22,12 @@ import fnmatch
 import json
 import logging
 import re
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import settings
-from ..errors import Conflict, ConfigError, OfflineError, OscarZooError, RemoteError, is_transient
+from ..errors import Conflict, ConfigError, OscarZooError
+from ..sources.download import retry_transient
 from . import layout
 
 log = logging.getLogger("oscar_zoo.mirror")
@@ -169,17 +169,8 @@ def _tag_index(hub, revision: str) -> dict:
 
 
 def _with_retries(fn):
-    retries = int(settings.get("http_retries"))
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except (RemoteError, OfflineError) as e:
-            if attempt == retries or not is_transient(e):
-                raise
-            wait = min(0.5 * 2 ** attempt, 30.0)
-            log.info("transient hub error (%s); retrying in %.1f s", e, wait)
-            time.sleep(wait)
-
+    return retry_transient(fn, int(settings.get("http_retries")),
+                           wait=lambda attempt: min(0.5 * 2 ** attempt, 30.0))
 
 
 def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> bool:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import sys
 import threading
@@ -25,8 +26,10 @@ from typing import Callable
 from .. import settings
 from ..cache import Cache
 from ..errors import (BundleNotFound, Forbidden, IntegrityError, OfflineError, RemoteError,
-                      Unauthorized)
+                      Unauthorized, is_transient)
 from ..files import CHUNK, sha256_file
+
+log = logging.getLogger("oscar_zoo.download")
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
@@ -116,6 +119,20 @@ def backoff(attempt: int, retry_after: float | None = None) -> float:
     if retry_after is not None:
         return min(retry_after, 30.0)
     return min(0.25 * (2 ** attempt), 8.0) * (0.75 + random.random() / 2)
+
+
+def retry_transient(call: Callable, retries: int, wait: Callable[[int], float] = backoff):
+    """call() again after wait(attempt) seconds while it fails with an error that may heal
+    (errors.is_transient: connection errors, 408/429/5xx), at most `retries` times."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except (RemoteError, OfflineError) as e:
+            if attempt == retries or not is_transient(e):
+                raise
+            delay = wait(attempt)
+            log.info("transient error (%s); retrying in %.1f s", e, delay)
+            time.sleep(delay)
 
 
 def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:

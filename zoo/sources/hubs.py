@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
-                      RemoteError, Unauthorized, VersionNotFound, is_transient)
-from .download import RemoteFile, backoff, finished_file
+                      RemoteError, Unauthorized, VersionNotFound)
+from .download import RemoteFile, finished_file, retry_transient
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -44,19 +44,10 @@ class Listing:
     files: dict[str, FileMeta]
 
 
-def _retrying(call, what: str):
+def _retrying(call):
     """Metadata calls: retry connection errors, 408/429 and 5xx a few times (downloads retry on
     their own); a 400 would only be refused again."""
-    import time
-
-    retries = min(int(settings.get("http_retries")), 3)
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except (RemoteError, OfflineError) as e:
-            if attempt == retries or not is_transient(e):
-                raise
-            time.sleep(backoff(attempt))
+    return retry_transient(call, min(int(settings.get("http_retries")), 3))
 
 
 # --- Hugging Face ------------------------------------------------------------------------------
@@ -98,7 +89,7 @@ class HFHub:
                     lfs = getattr(f, "lfs", None)
                     files[f.path] = FileMeta(f.path, f.size, lfs.sha256 if lfs else None, f.blob_id)
                 return Listing(repo, revision, info.sha, date, files)
-        return _retrying(call, f"hf:{repo}")
+        return _retrying(call)
 
     def head_listing(self, repo: str, paths: list[str], revision: str = "main") -> Listing | None:
         """Commit and LFS sha256 of `paths` from a HEAD on each resolve URL (the check
@@ -131,7 +122,7 @@ class HFHub:
             with self.errors(repo, None):
                 refs = self.api().list_repo_refs(repo)
                 return {t.name: t.target_commit for t in refs.tags}
-        return _retrying(call, f"hf:{repo}")
+        return _retrying(call)
 
     def remote(self, repo: str, meta: FileMeta, commit: str, name: str | None = None) -> RemoteFile:
         return RemoteFile(name=name or meta.path.rsplit("/", 1)[-1],

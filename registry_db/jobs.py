@@ -208,9 +208,17 @@ def leased(session: Session, job_id: str, token: str) -> Job:
 def attach(session: Session, job_id: str, token: str, worker: str) -> Job:
     """A process takes over a lease its dispatcher claimed (a Ray task). A second attach is a
     Ray retry of a task whose process died: it counts as a new attempt, up to max_attempts;
-    past that the job is failed (check the returned job's status: the caller must commit).
+    past that the job is failed. A job with a cancel pending is cancelled instead, before any
+    attempt starts (check the returned job's status: the caller must commit).
+
+    Idempotent for one task: the same `worker` attaching again (its first reply was lost) gets
+    the job as it is, without another attempt counted or its timings reset.
     """
     job = leased(session, job_id, token)
+    if _cancel_if_requested(job, now_utc()):
+        return job
+    if job.lease_holder == worker[:200]:
+        return job
     if not (job.lease_holder or "").startswith("dispatch:"):
         if job.attempts >= job.max_attempts:
             _finish(job, "failed", f"gave up after {job.attempts} attempts: the last one's "
@@ -325,8 +333,8 @@ def sweep(session: Session, now: datetime | None = None) -> list[tuple[str, str]
     for job in rows:
         lost = (f"attempt {job.attempts} lost: {job.lease_holder} stopped heartbeating "
                 f"(lease expired {job.lease_expires_at.isoformat(timespec='seconds')})")
-        if job.cancel_requested:
-            _finish(job, "cancelled", None, now)
+        if _cancel_if_requested(job, now):      # a cancel whose worker died
+            pass
         elif job.attempts >= job.max_attempts:
             _finish(job, "failed", f"{lost}; gave up after {job.attempts} attempts", now)
         else:
@@ -337,9 +345,8 @@ def sweep(session: Session, now: datetime | None = None) -> list[tuple[str, str]
 
 def _requeue(job: Job, reason: str | None, refund: bool = False) -> None:
     """Back to queued (refund: without spending the attempt), or cancelled if that was asked."""
-    if job.cancel_requested:
-        # claim skips a job with a cancel pending: requeued, it would sit in the queue forever
-        _finish(job, "cancelled", None, now_utc())
+    # claim skips a job with a cancel pending: requeued, it would sit in the queue forever
+    if _cancel_if_requested(job, now_utc()):
         return
     if refund:
         job.attempts = max(job.attempts - 1, 0)
@@ -349,6 +356,15 @@ def _requeue(job: Job, reason: str | None, refund: bool = False) -> None:
     job.timings = {}
     if reason:
         job.error = reason
+
+
+def _cancel_if_requested(job: Job, now: datetime) -> bool:
+    """A job whose attempt ends (or has yet to start) while a cancel is pending ends cancelled:
+    what the user asked for, never failed or queued again."""
+    if not job.cancel_requested:
+        return False
+    _finish(job, "cancelled", None, now)
+    return True
 
 
 def _finish(job: Job, status: str, error: str | None, now: datetime) -> None:

@@ -150,8 +150,9 @@ def attach(job_id: str, body: AttachRequest, request: Request, actor: str = Depe
     with request.app.state.registry.db.write() as session:
         job = jobs_db.attach(session, job_id, body.lease, body.worker)
         detail = detail_of(session, job)
-    if detail["status"] != "running":
-        raise LeaseLost(f"job {job_id} {detail['status']}: {detail['error']}")
+    if detail["status"] != "running":     # a cancelled job has no error to add
+        why = f": {detail['error']}" if detail["error"] else ""
+        raise LeaseLost(f"job {job_id} {detail['status']}{why}")
     return detail
 
 

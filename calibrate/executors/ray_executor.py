@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,7 +47,10 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
     import ray
 
     ctx = ray.get_runtime_context()
-    worker = f"ray-task:{socket.gethostname()}:{os.getpid()}:{ctx.get_node_id()[:12]}"
+    # One name per run of the task: attach is idempotent for it (a retried attach is the same
+    # attempt), so Ray's retry, even in a process that reuses a pid, must have another.
+    worker = (f"ray-task:{socket.gethostname()}:{os.getpid()}:{ctx.get_node_id()[:12]}:"
+              f"{secrets.token_hex(3)}")
     # Ray sets OMP_NUM_THREADS=1 in its workers (the task asks for num_cpus=1); the runner
     # (which inherits this process's environment) would run its CPU parts on one thread.
     os.environ["OMP_NUM_THREADS"] = str(_host_cpus())

@@ -9,7 +9,7 @@ import pytest
 
 from oscar_zoo.calibrate import jobspec
 from oscar_zoo.calibrate.executors import ray_executor as R
-from oscar_zoo.zoo.errors import OfflineError
+from oscar_zoo.zoo.errors import LeaseLost, OfflineError
 
 
 @pytest.mark.parametrize("resources", [{"GPU": 1}, {"CPU": 4}, {"worker_node": -1}])
@@ -93,6 +93,37 @@ def test_the_task_retries_its_attach_through_a_registry_blip(jobs_api, monkeypat
         monkeypatch.setattr(jobs_api.worker, "attach", lambda *a: (_ for _ in ()).throw(
             OfflineError("down")))
         R._attach(jobs_api.worker, job["id"], lease, "ray-task:test", patience=0)
+
+
+def test_an_attach_whose_reply_was_lost_is_retried_without_spending_an_attempt(jobs_api,
+                                                                              monkeypatch):
+    job = jobs_api.submit(max_attempts=3, lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    real, calls = jobs_api.worker.attach, []
+
+    def landed_but_reply_lost(*args):   # mocked: the attach lands, its answer never comes back
+        calls.append(args)
+        answer = real(*args)
+        if len(calls) == 1:
+            raise OfflineError("cannot reach the registry (read timed out)")
+        return answer
+
+    monkeypatch.setattr(jobs_api.worker, "attach", landed_but_reply_lost)
+    attached = R._attach(jobs_api.worker, job["id"], lease, "ray-task:h:1:node:f00", patience=10)
+    assert len(calls) == 2 and attached["attempts"] == 1
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "running" and after["attempts"] == 1, after
+
+
+def test_an_attach_to_a_job_cancelled_meanwhile_ends_it_cancelled(jobs_api):
+    job = jobs_api.submit(max_attempts=1, lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    jobs_api.worker.attach(job["id"], lease, "ray-task:h:1:node:f00")
+    jobs_api.submitter.cancel(job["id"])              # then the task's process dies: Ray retries
+    with pytest.raises(LeaseLost, match="cancelled"):
+        R._attach(jobs_api.worker, job["id"], lease, "ray-task:h:2:node:b0a", patience=10)
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "cancelled" and after["attempts"] == 1 and after["error"] is None
 
 
 def test_the_dispatcher_beats_in_its_own_name_so_it_counts_as_seen_at_its_cap(jobs_api,

@@ -104,3 +104,53 @@ def test_a_job_behind_a_full_batch_of_ray_jobs_is_claimed(registry, ray_jobs):
     with registry.db.write() as s:
         job, _ = jobs.claim(s, "ray-dispatcher", None, ray=True)
         assert job.spec["seed"] == 0                  # Ray's oldest first
+
+
+# --- attach: a Ray task takes over its dispatcher's lease --------------------------------------
+
+def attach(registry, job_id: str, token: str, worker: str) -> tuple[str, int, str | None]:
+    with registry.db.write() as s:
+        job = jobs.attach(s, job_id, token, worker)
+        return job.status, job.attempts, job.error
+
+
+def dispatched(registry, max_attempts: int = 3) -> tuple[str, str]:
+    """A job the Ray dispatcher claimed (one attempt counted), its task yet to attach."""
+    job_id = submit(registry)
+    with registry.db.write() as s:
+        jobs.get(s, job_id).max_attempts = max_attempts
+        got = jobs.claim(s, "dispatch:host:1:abc", None, ray=True)
+        return got[0].id, got[1]
+
+
+def test_an_attach_whose_reply_was_lost_is_not_a_second_attempt(registry):
+    """The task retries its attach through registry blips: when the first one landed and only
+    its reply was lost, the retry (the same task, the same name) is the same attempt."""
+    job_id, token = dispatched(registry)
+    task = "ray-task:host:42:0123456789ab:f00"
+    assert attach(registry, job_id, token, task) == ("running", 1, None)
+    with registry.db.write() as s:
+        jobs.get(s, job_id).timings = {"loading": 1.5}      # the attempt has begun reporting
+    assert attach(registry, job_id, token, task) == ("running", 1, None)
+    with registry.db.read() as s:
+        job = jobs.get(s, job_id)
+        assert job.timings == {"loading": 1.5} and job.lease_holder == task
+    # Ray's retry of a task whose process died is another process: a new attempt
+    assert attach(registry, job_id, token, "ray-task:host:43:0123456789ab:b0a")[:2] == ("running", 2)
+
+
+@pytest.mark.parametrize("attached_before", [False, True], ids=["first-attach", "ray-retry"])
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_an_attach_to_a_job_with_a_cancel_pending_cancels_it(registry, attached_before,
+                                                               max_attempts):
+    """Not `failed` ("gave up after N attempts") when the attempts are spent, and no new
+    attempt when they are not: the user asked for a cancel."""
+    job_id, token = dispatched(registry, max_attempts)
+    if attached_before:
+        attach(registry, job_id, token, "ray-task:host:42:0123456789ab:f00")
+    with registry.db.write() as s:
+        jobs.request_cancel(s, job_id, "token:owner")
+    status, attempts, error = attach(registry, job_id, token, "ray-task:host:43:0123456789ab:b0a")
+    assert (status, attempts, error) == ("cancelled", 1, None)
+    with registry.db.read() as s:
+        assert jobs.get(s, job_id).lease_token is None

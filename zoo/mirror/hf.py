@@ -62,7 +62,8 @@ class HFTarget:
         return [f.path for f in found if getattr(f, "size", None) is not None]
 
     def read(self, path: str, revision: str) -> bytes | None:
-        """A small file (the index) at `revision`, or None when it does not exist there."""
+        """A file at `revision` (the index; a version's files, a few MB, that a yank puts back
+        on main from its tag), or None when it does not exist there."""
         from ..errors import OfflineError, RemoteError
         from ..sources.download import http_client, import_httpx
         from ..sources.hubs import FileMeta

@@ -9,9 +9,12 @@
         README.md                             its model card
 
 One commit per mirrored version, tagged `<model>-v<N>`; the folder on the main branch holds
-the newest version mirrored to it, older ones stay reachable by their tags. Everything here is
-deterministic (no timestamps), so mirroring the same version twice produces the same bytes and
-the hub sees nothing to commit.
+the newest version mirrored to it, older ones stay reachable by their tags. A yank takes its
+version off the main branch (engine scripts fetch folders from main and never read the index):
+the folder gets back the newest version of it that is not yanked (`main_holder`), or is emptied
+when none is left; the yanked version's tag keeps its files. Everything here is deterministic
+(no timestamps), so mirroring the same version twice produces the same bytes and the hub sees
+nothing to commit.
 """
 
 from __future__ import annotations
@@ -159,6 +162,38 @@ def latest_version(versions: dict) -> int | None:
     return max(live, default=None)
 
 
+def last_mirrored_into(versions: dict, folder: str) -> str | None:
+    """The version last mirrored into `folder` on the main branch: the newest recorded in it
+    (an older one mirrored after it went to a v<N> subfolder, runner._folder_for)."""
+    return max((n for n, e in versions.items() if e.get("path") == folder), key=int,
+               default=None)
+
+
+def main_holder(versions: dict, folder: str) -> str | None:
+    """The version whose files `folder` on the main branch holds: the one last mirrored into
+    it, or once that one is yanked, the newest version not yanked that belongs there (recorded
+    in it or in one of its v<N> subfolders; never another calibration's, whose folder name
+    would then lie about seq/prompt/group). None: the yank emptied the folder."""
+    top = last_mirrored_into(versions, folder)
+    if top is None or not versions[top].get("yanked"):
+        return top
+    live = [n for n, e in versions.items()
+            if not e.get("yanked") and _belongs(e.get("path"), folder) and _restorable(e)]
+    return max(live, key=int, default=None)
+
+
+def _belongs(path, folder: str) -> bool:
+    return path == folder or (isinstance(path, str) and path.startswith(folder + "/v")
+                              and path[len(folder) + 2:].isdigit())
+
+
+def _restorable(entry: dict) -> bool:
+    """Whether an entry says where its files are (tag, folder, names): every entry oscar-zoo
+    writes does; one edited by hand that does not cannot be put back on main."""
+    return isinstance(entry.get("tag"), str) and isinstance(entry.get("path"), str) \
+        and isinstance(entry.get("files"), dict) and bool(entry["files"])
+
+
 def readable_slot(slot) -> bool:
     """A model's entry in the index as oscar-zoo writes it: {versions: {number: entry}}."""
     versions = slot.get("versions") if isinstance(slot, dict) else None
@@ -182,7 +217,8 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         "layout (`<Model>/seq<T>_prompt<N>_group<G>/` with `k_rotation_*.pt` and "
         "`v_rotation_*.pt`), next to the canonical bundle (`bundle.json`, "
         "`rotations.safetensors`) and its model card. Every version is also a tag, "
-        "`<model>-v<N>`; the folder on the main branch holds the newest.",
+        "`<model>-v<N>`; the folder on the main branch holds the newest that is not yanked "
+        "(a yanked version is reachable by its tag only).",
         "",
         "```bash",
         f"oscar-zoo pull <model>          # or: hf download {repo} --include '<Model>/<tag>/*'",
@@ -196,16 +232,21 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         if not readable_slot(slot):   # another tool's entry: not ours to describe
             continue
         for number in sorted(slot["versions"], key=int, reverse=True):
-            lines.append(_readme_row(name, number, slot["versions"][number]))
+            lines.append(_readme_row(name, number, slot["versions"]))
     return ("\n".join(lines) + "\n").encode()
 
 
-def _readme_row(name: str, number: str, e: dict) -> str:
+def _readme_row(name: str, number: str, versions: dict) -> str:
     # .get throughout: an entry written by hand or by another tool may lack any field, and
     # one such entry must not stop every later mirror to the repo
+    e = versions[number]
     val = {True: "passed", False: "failed"}.get(e.get("validated"), "-")
     shown = f"{number} (yanked)" if e.get("yanked") else number
-    return (f"| {name} | {shown} | `{e.get('path', '-')}` | `{e.get('tag', '-')}` | "
+    folder = f"`{e.get('path', '-')}`"
+    if e.get("yanked") and isinstance(e.get("path"), str) \
+            and main_holder(versions, e["path"]) is None:
+        folder += " (removed from main: no version left there that is not yanked)"
+    return (f"| {name} | {shown} | {folder} | `{e.get('tag', '-')}` | "
             f"{e.get('source', '-')} | {val} | {_num(e.get('delta_nll'))} | "
             f"{_num(e.get('delta_nll_hadamard'))} |")
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import settings
-from ..errors import Conflict, ConfigError, OscarZooError
+from ..errors import Conflict, ConfigError, NotFound, OscarZooError
 from ..sources.download import retry_transient
 from . import layout
 
@@ -113,8 +113,11 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
 
 def mark_yanked(target: str, model: str, number: int, reason: str) -> MirrorResult:
     """Record in one target's index that `model` v`number` was yanked, so a pull from the
-    mirror stops offering it as latest and warns. A repo whose index does not hold the version
-    is left alone. Like mirror_bundle, hub failures come back as status "failed"."""
+    mirror stops offering it as latest and warns; and, in the same commit, take it off the main
+    branch when its folder there holds it (layout.main_holder: the folder gets the newest
+    version of it not yanked back from that version's tag, or is emptied). Tags are never
+    touched. A repo whose index does not hold the version is left alone. Like mirror_bundle,
+    hub failures come back as status "failed"."""
     kind, repo = parse_target(target)
     hub = open_target(kind, repo)
     try:
@@ -133,20 +136,71 @@ def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
         entry = layout.mark_yanked(index, model, number, reason)
         if entry is None:   # never mirrored here: nothing to take back
             return MirrorResult(hub.kind, hub.repo, "done")
+        # Compared with main on every run, not only the first: a re-run after a failure (or
+        # after a yank recorded by an older oscar-zoo) finishes what is missing
+        restored, removed = _folder_after_yank(hub, _index_versions(index, model),
+                                               entry.get("path"), head, f"{model} v{number}")
         wanted = [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
                   layout.RepoFile.of(layout.ROOT_README,
                                      layout.render_root_readme(index, hub.repo))]
         remote = hub.hashes([f.path for f in wanted], head)
-        changed = [f for f in wanted if not _same(remote.get(f.path), f)]
-        if changed:
+        changed = restored + [f for f in wanted if not _same(remote.get(f.path), f)]
+        committed = bool(changed or removed)
+        if committed:
             try:
                 hub.commit(changed, f"oscar-zoo: {model} v{number} yanked: {reason}"[:200],
-                           parent=head)
+                           parent=head, delete=removed)
             except Conflict:
                 continue
-        return MirrorResult(hub.kind, hub.repo, "done", committed=bool(changed))
+        return MirrorResult(hub.kind, hub.repo, "done", committed=committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _folder_after_yank(hub, versions: dict, folder, head: str,
+                       what: str) -> tuple[list[layout.RepoFile], list[str]]:
+    """What `folder` on main needs once the version last mirrored into it is yanked: the files
+    of the version that takes its place (those that differ from main's), and the paths to
+    delete (every file directly in it when none takes its place; its v<N> subfolders hold
+    versions of their own). ([], []) while that version is not yanked: main serves a live one."""
+    top = layout.last_mirrored_into(versions, folder) if isinstance(folder, str) else None
+    if top is None or not versions[top].get("yanked"):
+        return [], []
+    holder = layout.main_holder(versions, folder)
+    sources = _tagged_sources(hub, versions[holder], folder, what) if holder else {}
+    on_main = hub.hashes(list(sources), head) if sources else {}
+    restored = [_read_tagged(hub, dst, src, versions[holder]["tag"], what)
+                for dst, (src, hashes) in sources.items() if on_main.get(dst) != hashes]
+    removed = sorted(p for p in hub.listdir(folder, head) if p not in sources)
+    return restored, removed
+
+
+def _tagged_sources(hub, entry: dict, folder: str, what: str) -> dict:
+    """path in `folder` -> (path at the entry's tag, its hashes there), for each of its files.
+    Hashes, not bytes: a re-run whose folder already matches downloads nothing."""
+    tag = entry["tag"]
+    paths = {f"{folder}/{n}": f"{entry['path']}/{n}" for n in sorted(entry["files"])}
+    try:
+        at_tag = hub.hashes(list(paths.values()), tag)
+    except NotFound:   # the tag itself is gone
+        at_tag = {}
+    missing = [p for p in paths.values() if p not in at_tag]
+    if missing:
+        raise Conflict(f"{hub.kind}:{hub.repo}: after the yank of {what}, {folder} on the main "
+                       f"branch should hold v{entry.get('version')} again, but its tag {tag} "
+                       f"lacks {', '.join(missing)}; nothing was changed. Restore the tag on "
+                       "the hub (or remove that version from oscar-zoo.json), then run "
+                       f"`oscar-zoo mirror` on the yanked version again")
+    return {dst: (src, at_tag[src]) for dst, src in paths.items()}
+
+
+def _read_tagged(hub, dst: str, src: str, tag: str, what: str) -> layout.RepoFile:
+    data = hub.read(src, tag)
+    if data is None:   # listed a moment ago: someone is editing the tag
+        raise Conflict(f"{hub.kind}:{hub.repo}: {src} vanished from tag {tag} while the yank "
+                       f"of {what} was restoring it; run `oscar-zoo mirror` on the yanked "
+                       "version again")
+    return layout.RepoFile.of(dst, data)
 
 
 def _loaded(hub, index_bytes: bytes | None) -> dict:
@@ -284,11 +338,11 @@ def _recorded_folder(index: dict, model: str, number: int) -> str | None:
 
 def _folder_for(index: dict, manifest: dict, number: int, model: str) -> str:
     """The RotationZoo folder, unless a newer version of the model already holds it there:
-    then this (older) one goes to a v<N> subfolder, so the main branch never rolls back."""
+    then this (older) one goes to a v<N> subfolder, so the main branch never rolls back. A
+    yanked version holds nothing (its yank restored or emptied the folder)."""
     folder = f"{_model_folder(index, manifest, model)}/{layout.calibration_tag(manifest)}"
-    versions = _index_versions(index, model)
-    newer = [int(n) for n, e in versions.items() if e.get("path") == folder and int(n) > number]
-    return f"{folder}/v{number}" if newer else folder
+    holder = layout.main_holder(_index_versions(index, model), folder)
+    return f"{folder}/v{number}" if holder is not None and int(holder) > number else folder
 
 
 def _model_folder(index: dict, manifest: dict, model: str) -> str:

@@ -76,13 +76,26 @@ def _number(where: str, model: str, info: dict, ref: Ref) -> int:
     if ref.alias not in (None, "latest", "recommended"):
         raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
                               f"not {ref.alias!r}")
-    versions = info.get("versions") or {}
-    live = [int(n) for n, e in versions.items() if str(n).isdigit() and isinstance(e, dict)
-            and not e.get("yanked")]
+    versions = {int(n): e for n, e in (info.get("versions") or {}).items()
+                if str(n).isdigit() and isinstance(e, dict)}
+    live = [n for n, e in versions.items() if not e.get("yanked")]
     if not live:
-        raise VersionNotFound(f"{where}: every mirrored version of {model} is yanked; pull one "
-                              f"by number ({model}@N) if you must")
+        raise VersionNotFound(_all_yanked(where, model, versions))
     return max(live)
+
+
+def _all_yanked(where: str, model: str, versions: dict[int, dict]) -> str:
+    """Which versions were yanked and why (the newest few), and the ways on: a new version,
+    another source, or a yanked one by number (served from its tag, with a warning)."""
+    if not versions:
+        return f"{where}: the mirror lists no versions of {model}"
+    numbers = sorted(versions, reverse=True)
+    why = ", ".join(f"v{n} ({versions[n].get('yank_reason') or 'no reason given'})"
+                    for n in numbers[:5]) + (f" and {len(numbers) - 5} more" if numbers[5:] else "")
+    return (f"{where}: every mirrored version of {model} is yanked: {why}. Wait for a new "
+            f"version to be published and mirrored, pull from another source "
+            f"(OSCAR_ZOO_SOURCES), or, knowing why it was yanked, pull one by number "
+            f"({model}@{numbers[0]})")
 
 
 def _model_slot(index: dict, entry: CatalogEntry | None, name: str):

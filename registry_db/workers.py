@@ -3,7 +3,9 @@
 A claim records the worker's name, GPUs and Ray flag; a heartbeat refreshes the time of the
 worker holding the lease (a busy worker does not claim). Without this a job asking for more GPUs
 than any worker has, or for Ray resources with no Ray dispatcher running, waits forever in
-silence. Functions run inside the caller's `Database.write()` / `read()` transaction.
+silence; so would a Ray task no node of the cluster can run (the dispatcher notes it in the
+job's progress, calibrate/executors/ray_executor.py). Functions run inside the caller's
+`Database.write()` / `read()` transaction.
 """
 
 from __future__ import annotations
@@ -57,8 +59,13 @@ def recent(session: Session) -> list[Worker]:
 
 def waiting_reason(session: Session, job: Job) -> str | None:
     """Why a queued job cannot start on any worker seen lately, with what to do; None when some
-    worker could run it (it waits for that one to be free) or the job is not queued."""
-    if job.status != "queued" or job.cancel_requested:
+    worker could run it (it waits for that one to be free) or the job is not queued. A job a
+    Ray dispatcher claimed whose task Ray cannot place says so too, in the dispatcher's words."""
+    if job.cancel_requested:
+        return None
+    if job.status == "running" and job.phase == "queued":    # its Ray task not started yet
+        return (job.progress or {}).get("unplaceable")
+    if job.status != "queued":
         return None
     workers = recent(session)
     minutes = f"{SEEN_S / 60:g} minutes"

@@ -81,6 +81,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Where calibration jobs run: local (worker processes beside the server) or ray.", "str"),
     Setting("ray_address", "OSCAR_ZOO_RAY_ADDRESS", None,
             "Ray cluster address for the ray executor (e.g. 127.0.0.1:6379).", "str"),
+    Setting("ray_infeasible_seconds", "OSCAR_ZOO_RAY_INFEASIBLE_SECONDS", "300",
+            "How long the ray executor lets a job's task wait when no alive node of the "
+            "cluster has the resources it asks for (its gpus and ray_resources; Ray calls it "
+            "infeasible) before it cancels the task and fails the job: an autoscaler's time to "
+            "add such a node.", "float"),
     Setting("public_url", "OSCAR_ZOO_PUBLIC_URL", None,
             "Registry URL that workers on other hosts reach this server at (e.g. "
             "http://10.0.0.1:8000); the ray executor hands it to its tasks. Default: the "

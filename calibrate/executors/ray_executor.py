@@ -9,6 +9,11 @@ and submits each as a task asking for the job's GPUs (`num_gpus=spec.gpus`: 1 fo
 - While a task waits for resources, the dispatcher heartbeats its lease.
 - The task attaches to the lease and runs the same Attempt as a local worker (runner child in
   its own process group, heartbeats, progress, publish), reporting to the registry itself.
+- A task Ray can never place (its demand fits no alive node's total resources: Ray calls it
+  infeasible and leaves it pending forever) is noted in the job's `waiting`; past
+  OSCAR_ZOO_RAY_INFEASIBLE_SECONDS (time for an autoscaler to add a node) it is cancelled and
+  its job failed, naming the demand and what the nodes have, so that it neither shows
+  `running` forever nor holds a dispatcher slot every other job waits for.
 - A task whose worker process or node dies is retried by Ray (`max_retries`); the retry
   attaches again, which counts an attempt, and the registry's job-level guard (one version per
   job) keeps a retry from publishing twice.
@@ -19,6 +24,7 @@ and submits each as a task asking for the job's GPUs (`num_gpus=spec.gpus`: 1 fo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -28,10 +34,10 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, RemoteError
+from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id
@@ -40,6 +46,7 @@ log = logging.getLogger("oscar_zoo.ray")
 
 
 ATTACH_PATIENCE_S = 120.0   # a task retries its attach this long through registry blips
+PLACEMENT_CHECK_S = 5.0     # how often the dispatcher compares its tasks' demands with the nodes
 
 
 def run_task(url: str, token: str, job_id: str, lease: str) -> str:
@@ -97,6 +104,8 @@ class Flight:
     cancel_since: float | None = None
     forced_at: float | None = None     # ray.cancel(force=True) sent; reported once it lands
     lost_at: float | None = None       # our heartbeat found the job ended: waiting for the task
+    demand: dict = field(default_factory=dict)   # what its task asks Ray for
+    unplaceable_since: float | None = None        # no alive node has all of `demand`
 
 
 def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
@@ -118,6 +127,8 @@ def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
     task = ray.remote(run_task)
     flights: dict = {}
     grace = float(settings.get("job_cancel_grace_seconds"))
+    infeasible_s = float(settings.get("ray_infeasible_seconds"))
+    next_check = 0.0
     try:
         while not stop.is_set():
             if exit_with_parent and os.getppid() != parent:
@@ -135,6 +146,9 @@ def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
                 if time.monotonic() >= f.next_beat and not _beat(client, ref, f, flights, grace,
                                                                  worker):
                     ray.cancel(ref, force=True)
+            if flights and time.monotonic() >= next_check:
+                next_check = time.monotonic() + PLACEMENT_CHECK_S
+                _check_placement(client, flights, infeasible_s)
             if flights:
                 ready, _ = ray.wait(list(flights), num_returns=len(flights), timeout=0)
                 for ref in ready:
@@ -205,6 +219,8 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
     job, lease = claimed["job"], claimed["lease"]
     spec = job["spec"]
     gpus = job["gpus"] if cluster_gpus else 0      # a CPU-only cluster runs everything on CPU
+    # what task.options() below asks for, all of it on one node: checked against the nodes
+    demand = {"CPU": 1, **({"GPU": gpus} if gpus else {}), **(spec.get("ray_resources") or {})}
     lease_s = float(lease["seconds"])
     try:
         ref = task.options(num_cpus=1, num_gpus=gpus, resources=spec.get("ray_resources") or None,
@@ -218,14 +234,103 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
                 f"Ray refused the task: {type(e).__name__}: {str(e)[:2000]}; fix the job's "
                 "gpus or ray_resources and submit it again")
         return
-    flights[ref] = Flight(job["id"], lease["token"], lease_s, time.monotonic() + lease_s / 3)
-    waiting = {"waiting_for": f"Ray: {gpus} GPU(s)" + "".join(
-        f", {k}={v:g}" for k, v in (spec.get("ray_resources") or {}).items())}
-    try:
-        client.progress(job["id"], lease["token"], "queued", waiting)
-    except (LeaseLost, OfflineError, RemoteError):
-        pass
+    flights[ref] = f = Flight(job["id"], lease["token"], lease_s, time.monotonic() + lease_s / 3,
+                              demand=demand)
+    _note(client, f)
     log.info("ray dispatcher: job %s submitted (%d GPU)", job["id"], gpus)
+
+
+def _note(client, f: Flight, unplaceable: str | None = None) -> None:
+    """What the job waits for, as its progress (and, `unplaceable`, as its `waiting`): only
+    while the dispatcher still holds the lease, so that a task which attached meanwhile does
+    not have its progress overwritten."""
+    try:
+        if not ((client.get(f.job_id).get("lease") or {}).get("holder") or "").startswith("dispatch:"):
+            return
+        client.progress(f.job_id, f.lease, "queued", {
+            "waiting_for": f"Ray: {_describe(f.demand)}",
+            **({"unplaceable": unplaceable} if unplaceable else {})})
+    except OscarZooError as e:   # a note only: the job's own state is the heartbeat's business
+        log.warning("ray dispatcher: job %s: cannot note what it waits for (%s)", f.job_id, e)
+
+
+def _describe(resources: dict) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in resources.items())
+
+
+def _check_placement(client, flights: dict, limit: float) -> None:
+    """Tasks Ray can never place (no alive node's total resources fit their demand) are left
+    pending by Ray, their jobs `running` and, at the dispatcher's cap, every other job behind
+    them. Noted at once; failed once that lasted `limit` seconds (an autoscaler's time to add
+    a node)."""
+    nodes = _node_totals()
+    if not nodes:
+        return                              # cannot tell now: no verdict
+    now = time.monotonic()
+    for ref, f in list(flights.items()):
+        if f.cancel_since is not None or f.lost_at is not None:
+            continue                        # ending already, by its own path
+        if _fits(f.demand, nodes):
+            if f.unplaceable_since is not None:     # a node that has it joined
+                f.unplaceable_since = None
+                _note(client, f)
+        elif f.unplaceable_since is None:
+            f.unplaceable_since = now
+            why = _unplaceable(f.demand, nodes, f" (the job fails unless one joins within "
+                                                f"{limit:g} s, OSCAR_ZOO_RAY_INFEASIBLE_SECONDS)")
+            log.warning("ray dispatcher: job %s: %s", f.job_id, why)
+            _note(client, f, why)
+        elif now - f.unplaceable_since >= limit:
+            flights.pop(ref)
+            _give_up(client, ref, f, _unplaceable(f.demand, nodes, f" (for "
+                                                  f"{now - f.unplaceable_since:.0f} s)"))
+
+
+def _node_totals() -> list[dict]:
+    """Each alive node's total resources (what it has, busy or not); [] when Ray cannot say."""
+    import ray
+
+    try:
+        return [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+    except Exception as e:  # noqa: BLE001 - the GCS busy or restarting: ask again next round
+        log.warning("ray dispatcher: cannot list the cluster's nodes (%s)", e)
+        return []
+
+
+def _fits(demand: dict, nodes: list[dict]) -> bool:
+    return any(all(node.get(k, 0) >= v for k, v in demand.items()) for node in nodes)
+
+
+def _unplaceable(demand: dict, nodes: list[dict], when: str) -> str:
+    """Why no node fits `demand`, since `when`, with the most any node has of each resource
+    asked for, and what to do."""
+    most = {k: max(node.get(k, 0) for node in nodes) for k in demand}
+    spread = all(most[k] >= v for k, v in demand.items())   # each somewhere, never all on one
+    custom = _custom(demand)
+    flags = "".join([f" --num-gpus {demand['GPU']:g}" if "GPU" in demand else "",
+                     f" --resources '{json.dumps(custom)}'" if custom else ""])
+    return (f"Ray cannot place the task: it asks for {_describe(demand)} on one node, and no "
+            f"alive node of the cluster {'has all of that' if spread else 'has that much'}{when}; "
+            f"the most any node has: {_describe(most)}. Add a node that has it (`ray start "
+            f"--address HEAD:PORT{flags}`), or fix the job's gpus or ray_resources and submit "
+            "it again")
+
+
+def _custom(demand: dict) -> dict:
+    return {k: v for k, v in demand.items() if k not in ("CPU", "GPU")}
+
+
+def _give_up(client, ref, f: Flight, why: str) -> None:
+    """Cancel a task that never started (it holds no GPU: nothing to wait for) and fail its
+    job for good: retried, it would wait for the same resources again."""
+    import ray
+
+    try:
+        ray.cancel(ref, force=True)
+    except Exception as e:  # noqa: BLE001 - it ended meanwhile: the job is failed all the same
+        log.warning("ray dispatcher: cannot cancel job %s's task: %s", f.job_id, e)
+    log.error("ray dispatcher: job %s failed: %s", f.job_id, why)
+    _report(client, f, why)
 
 
 def _beat(client, ref, f: Flight, flights, grace: float, worker: str | None = None) -> bool:

@@ -152,6 +152,14 @@ def _dispatcher_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _dispatcher(server, ray_cluster: str, **env) -> tuple[list[str], dict]:
+    """`oscar-zoo worker --executor ray` against this registry and cluster: (command, env)."""
+    return ([sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
+             server.url, "--executor", "ray", "--ray-address", ray_cluster],
+            {**os.environ, "OSCAR_ZOO_TOKEN": server.token("jobs:work"),
+             "RAY_USAGE_STATS_ENABLED": "0", **env})
+
+
 @pytest.mark.parametrize("stop", ["sigterm", "parent_killed"])
 def test_a_stopped_dispatcher_gives_its_jobs_back_without_spending_an_attempt(
         ray_cluster, tmp_path, stop):
@@ -166,10 +174,7 @@ def test_a_stopped_dispatcher_gives_its_jobs_back_without_spending_an_attempt(
         # a resource no node has: the task stays in flight, waiting for it
         job, _ = submitter.submit({"model": "smollm2-135m", "ray_resources": {"nowhere": 1}})
         log_path = tmp_path / "dispatcher.log"
-        env = {**os.environ, "OSCAR_ZOO_TOKEN": server.token("jobs:work"),
-               "RAY_USAGE_STATS_ENABLED": "0"}
-        cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
-               server.url, "--executor", "ray", "--ray-address", ray_cluster]
+        cmd, env = _dispatcher(server, ray_cluster)
         with open(log_path, "w") as out:
             if stop == "sigterm":
                 proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -200,3 +205,51 @@ def test_a_stopped_dispatcher_gives_its_jobs_back_without_spending_an_attempt(
                 except ProcessLookupError:
                     pass
             proc.wait(10)
+
+
+def test_a_job_no_node_can_ever_run_fails_after_the_grace_period_and_frees_the_dispatcher(
+        ray_cluster, tmp_path):
+    """Ray leaves a task whose demand fits no alive node pending forever (it calls it
+    infeasible): its job showed `running` for good and, at the dispatcher's cap of 1, every
+    job behind it waited. The dispatcher notes why in the job's `waiting`, then, past
+    OSCAR_ZOO_RAY_INFEASIBLE_SECONDS, cancels the task and fails the job without a retry."""
+    from oscar_zoo.zoo.jobs_client import JobsClient
+    from tests.utils.registry_server import run_registry
+
+    with run_registry(f"sqlite:///{tmp_path}/reg.sqlite", tmp_path / "data") as server, \
+            JobsClient(server.url, server.token("jobs:submit")) as submitter:
+        nowhere, _ = submitter.submit({"model": "smollm2-135m", "max_attempts": 3,
+                                       "ray_resources": {"nowhere": 1}})
+        too_much, _ = submitter.submit({"model": "smollm2-135m", "seed": 1,
+                                        "ray_resources": {"worker_node": 2}})
+        log_path = tmp_path / "dispatcher.log"
+        cmd, env = _dispatcher(server, ray_cluster, OSCAR_ZOO_WORKERS="1",
+                               OSCAR_ZOO_RAY_INFEASIBLE_SECONDS="2")
+        with open(log_path, "w") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            waiting = wait_for(lambda: "Ray cannot place" in (w := submitter.get(
+                nowhere["id"])["waiting"] or "") and w, 120,
+                what="the job saying that no node has what it asks for")
+            assert "nowhere=1" in waiting and "OSCAR_ZOO_RAY_INFEASIBLE_SECONDS" in waiting
+            assert submitter.get(too_much["id"])["status"] == "queued"    # behind it, at the cap
+            failed = wait_for(lambda: (j := submitter.get(nowhere["id"]))["status"] != "running"
+                              and j, 60, what="the job failing")
+            assert failed["status"] == "failed" and failed["attempts"] == 1, failed   # no retry
+            for part in ("Ray cannot place", "nowhere=1", "the most any node has", "nowhere=0",
+                         "ray start", "ray_resources"):
+                assert part in failed["error"], failed["error"]
+            assert failed["waiting"] is None
+            # the dispatcher's slot is free again: the next job is claimed (and meets the same end)
+            second = wait_for(lambda: (j := submitter.get(too_much["id"]))["status"] == "failed"
+                              and j, 60, what="the next job being claimed and failed")
+            assert "worker_node=2" in second["error"] and "worker_node=1" in second["error"]
+            assert "Ray cannot place" in _dispatcher_log(log_path)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

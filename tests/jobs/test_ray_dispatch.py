@@ -170,3 +170,29 @@ def test_a_task_whose_job_was_requeued_is_force_cancelled(jobs_api):
     f = R.Flight(job["id"], lease, 30.0, 0.0)
     flights = {"ref": f}
     assert R._beat(jobs_api.worker, "ref", f, flights, grace=10.0) is False and flights == {}
+
+
+def test_a_task_no_node_can_place_is_noted_then_cleared_when_such_a_node_joins(jobs_api,
+                                                                              monkeypatch):
+    """The grace period's other end (the real cluster test, test_ray.py, covers the failure):
+    Ray's node list is mocked here, as a node that joins cannot be had without a cluster."""
+    job = jobs_api.submit(lease_seconds=30, ray_resources={"late": 1})
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    f = R.Flight(job["id"], lease, 30.0, 0.0, demand={"CPU": 1, "late": 1})
+    flights = {"ref": f}
+    nodes = [{"CPU": 4, "head": 1}]
+    monkeypatch.setattr(R, "_node_totals", lambda: nodes)
+    R._check_placement(jobs_api.worker, flights, limit=60)
+    waiting = jobs_api.submitter.get(job["id"])["waiting"]
+    assert "late=1" in waiting and "late=0" in waiting and "60 s" in waiting
+    nodes.append({"CPU": 1, "late": 1})                        # the autoscaler added one
+    R._check_placement(jobs_api.worker, flights, limit=60)
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "running" and after["waiting"] is None and flights == {"ref": f}
+    assert after["progress"]["waiting_for"] == "Ray: CPU=1, late=1"
+    # a task that attached meanwhile keeps its own progress
+    jobs_api.worker.attach(job["id"], lease, "ray-task:h:1:node:f00")
+    jobs_api.worker.progress(job["id"], lease, "loading", {"done": 0, "total": 1})
+    nodes.pop()
+    R._check_placement(jobs_api.worker, flights, limit=60)
+    assert jobs_api.submitter.get(job["id"])["phase"] == "loading"

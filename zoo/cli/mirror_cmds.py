@@ -22,7 +22,8 @@ def mirror_command(spec, targets, show_status, as_json):
     Runs against the local registry (the data dir or OSCAR_ZOO_DATABASE_URL, like `serve`).
     Safe to re-run: what a hub already has is neither uploaded nor committed again. Only
     published versions are mirrored; for a yanked one, this records the yank in the index of
-    the mirrors that hold it. Tokens come from HF_TOKEN and MODELSCOPE_API_TOKEN.
+    the mirrors that hold it and takes its files off their main branch (the model's folder gets
+    the newest version not yanked; the yanked version's tag keeps its files). Tokens come from HF_TOKEN and MODELSCOPE_API_TOKEN.
 
     \b
     oscar-zoo mirror glm-4.7-fp8@3 --to hf:oscar-zoo/rotations --to modelscope:oscar-zoo/rotations
@@ -61,7 +62,7 @@ def _results_text(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         if r["status"] == "done" and r["path"] is None:   # a yank recorded (mirror_yank)
-            what = "yank recorded in its index" if r["committed"] else "nothing to change"
+            what = "yank recorded, main branch updated" if r["committed"] else "nothing to change"
             lines.append(f"{r['target']}:{r['repo']}  {what}")
         elif r["status"] == "done":
             what = "committed" if r["committed"] else "already there, nothing uploaded"

@@ -177,6 +177,13 @@ def main_holder(versions: dict, folder: str) -> str | None:
     top = last_mirrored_into(versions, folder)
     if top is None or not versions[top].get("yanked"):
         return top
+    return replacement(versions, folder)
+
+
+def replacement(versions: dict, folder: str) -> str | None:
+    """The newest version not yanked that belongs in `folder` (recorded in it or in one of its
+    v<N> subfolders) and says where its files are: what the folder holds once the version last
+    mirrored into it is yanked; None when there is none."""
     live = [n for n, e in versions.items()
             if not e.get("yanked") and _belongs(e.get("path"), folder) and _restorable(e)]
     return max(live, key=int, default=None)

@@ -166,7 +166,7 @@ def _folder_after_yank(hub, versions: dict, folder, head: str,
     top = layout.last_mirrored_into(versions, folder) if isinstance(folder, str) else None
     if top is None or not versions[top].get("yanked"):
         return [], []
-    holder = layout.main_holder(versions, folder)
+    holder = layout.replacement(versions, folder)
     sources = _tagged_sources(hub, versions[holder], folder, what) if holder else {}
     on_main = hub.hashes(list(sources), head) if sources else {}
     restored = [_read_tagged(hub, dst, src, versions[holder]["tag"], what)

@@ -306,7 +306,7 @@ def _unplaceable(demand: dict, nodes: list[dict], when: str) -> str:
     asked for, and what to do."""
     most = {k: max(node.get(k, 0) for node in nodes) for k in demand}
     spread = all(most[k] >= v for k, v in demand.items())   # each somewhere, never all on one
-    custom = _custom(demand)
+    custom = {k: v for k, v in demand.items() if k not in ("CPU", "GPU")}
     flags = "".join([f" --num-gpus {demand['GPU']:g}" if "GPU" in demand else "",
                      f" --resources '{json.dumps(custom)}'" if custom else ""])
     return (f"Ray cannot place the task: it asks for {_describe(demand)} on one node, and no "
@@ -314,10 +314,6 @@ def _unplaceable(demand: dict, nodes: list[dict], when: str) -> str:
             f"the most any node has: {_describe(most)}. Add a node that has it (`ray start "
             f"--address HEAD:PORT{flags}`), or fix the job's gpus or ray_resources and submit "
             "it again")
-
-
-def _custom(demand: dict) -> dict:
-    return {k: v for k, v in demand.items() if k not in ("CPU", "GPU")}
 
 
 def _give_up(client, ref, f: Flight, why: str) -> None:

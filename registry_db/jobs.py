@@ -285,12 +285,15 @@ def complete(session: Session, job_id: str, token: str, timings: dict | None = N
 
 def fail(session: Session, job_id: str, token: str, error: str, retryable: bool = True,
          cancelled: bool = False) -> Job:
-    """The attempt ended without a result. Cancelled -> cancelled; retryable and attempts left
-    -> queued again (cancelled if a cancel is pending); else failed."""
+    """The attempt ended without a result. Cancelled, or a cancel pending -> cancelled (even when
+    the attempt failed for another reason: the user asked for it); retryable and attempts left
+    -> queued again; else failed."""
     job = leased(session, job_id, token)
     now = now_utc()
     if cancelled:
         _finish(job, "cancelled", None, now)
+    elif _cancel_if_requested(job, now):
+        pass
     elif retryable and job.attempts < job.max_attempts:
         _requeue(job, f"attempt {job.attempts} failed and will be retried: {error}")
     else:

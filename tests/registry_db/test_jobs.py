@@ -49,8 +49,19 @@ def _release_held_by(s, job_id, token):
     assert released == job_id and status == jobs.get(s, job_id).status
 
 
-@pytest.mark.parametrize("end", [_fail_retryable, _release, _release_held_by],
-                         ids=["fail-retryable", "release", "release-held-by"])
+def _fail_for_good(s, job_id, token):
+    jobs.fail(s, job_id, token, "no node can place the task", retryable=False)
+
+
+def _fail_last_attempt(s, job_id, token):
+    jobs.get(s, job_id).attempts = 3        # max_attempts: no retry left
+    jobs.fail(s, job_id, token, "child died", retryable=True)
+
+
+@pytest.mark.parametrize("end", [_fail_retryable, _fail_for_good, _fail_last_attempt, _release,
+                                 _release_held_by],
+                         ids=["fail-retryable", "fail-for-good", "fail-last-attempt", "release",
+                              "release-held-by"])
 def test_a_cancel_pending_when_the_attempt_ends_cancels_the_job(registry, end):
     """The worker had not heard of the cancel yet when its attempt ended: the job went back to
     queued with cancel_requested set, which claim skips: queued forever."""

@@ -29,7 +29,11 @@ if (root && root.dataset.events && !("terminal" in root.dataset) && window.Event
   const field = (name) => document.querySelector(`[data-field="${name}"]`);
   const refresh = field("refresh");
   const reload = refresh.querySelector("a");
-  const say = (text, link) => refresh.replaceChildren(text, ...(link ? [" ", reload] : []));
+  const say = (text, link) => {
+    if (refresh.dataset.said === text) return;
+    refresh.dataset.said = text;
+    refresh.replaceChildren(text, ...(link ? [" ", reload] : []));
+  };
   let ended = false;
   source.addEventListener("job", (e) => {
     const job = JSON.parse(e.data);
@@ -46,8 +50,16 @@ if (root && root.dataset.events && !("terminal" in root.dataset) && window.Event
   say("Live: this page follows the job.", false);
 }
 
+// Live regions (status, phase, waiting) are announced by screen readers on every change to
+// their DOM, even a rewrite with the same text: each event writes only what differs.
+function setText(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
 // `cmd` in a message as <code>cmd</code>, as the server renders it
 function ticked(el, text) {
+  if (el.dataset.text === text) return;
+  el.dataset.text = text;
   el.replaceChildren(...text.split("`").map((part, i) => {
     if (i % 2 === 0) return document.createTextNode(part);
     const code = document.createElement("code");
@@ -59,32 +71,34 @@ function ticked(el, text) {
 function showJob(job, field) {
   const p = job.progress || {};
   const status = field("status");
-  status.textContent = job.status;
-  status.className = "badge status-" + job.status;
-  field("phase").textContent = job.phase || p.phase || "";
+  setText(status, job.status);
+  if (status.className !== "badge status-" + job.status) status.className = "badge status-" + job.status;
+  setText(field("phase"), job.phase || p.phase || "");
   const bar = field("bar");
   bar.max = p.total || 1;
   bar.value = p.done || 0;
-  field("count").textContent = p.total ? `${p.done || 0} / ${p.total}` : "";
-  field("layer").textContent = p.layer == null ? "" : `layer ${p.layer}`;
-  field("attempts").textContent = job.max_attempts ? `${job.attempts} of ${job.max_attempts}` : `${job.attempts}`;
-  field("updated").textContent = job.updated_at ? when(job.updated_at) : "";
-  field("error").textContent = job.error || "–";
+  setText(field("count"), p.total ? `${p.done || 0} / ${p.total}` : "");
+  setText(field("layer"), p.layer == null ? "" : `layer ${p.layer}`);
+  setText(field("attempts"), job.max_attempts ? `${job.attempts} of ${job.max_attempts}` : `${job.attempts}`);
+  setText(field("updated"), job.updated_at ? when(job.updated_at) : "");
+  setText(field("error"), job.error || "–");
   const waiting = field("waiting");
-  waiting.hidden = !job.waiting;
+  if (waiting.hidden !== !job.waiting) waiting.hidden = !job.waiting;
   ticked(waiting, job.waiting ? `Cannot start yet: ${job.waiting}` : "");
-  field("cancel").hidden = !(job.cancel_requested && job.status === "running");
-  field("finished").textContent = job.finished_at ? when(job.finished_at) : "–";
+  const cancel = field("cancel");
+  const noCancel = !(job.cancel_requested && job.status === "running");
+  if (cancel.hidden !== noCancel) cancel.hidden = noCancel;
+  setText(field("finished"), job.finished_at ? when(job.finished_at) : "–");
   showTimings(job.timings || {}, field("timings"));
-  field("worker").textContent = (job.lease && job.lease.holder) || "–";
-  field("started").textContent = job.started_at ? when(job.started_at) : "–";
+  setText(field("worker"), (job.lease && job.lease.holder) || "–");
+  setText(field("started"), job.started_at ? when(job.started_at) : "–");
   if (job.result) {
     const a = document.createElement("a");
     a.href = `/models/${encodeURIComponent(job.result.model)}/versions/${job.result.version}`;
     a.textContent = `${job.result.model} v${job.result.version}`;
     field("result").replaceChildren(a);
   }
-  if (TERMINAL.includes(job.status)) field("refresh").textContent = "This job has ended.";
+  if (TERMINAL.includes(job.status)) setText(field("refresh"), "This job has ended.");
 }
 
 function showTimings(timings, section) {

@@ -157,6 +157,50 @@ def test_job_page_says_why_a_queued_job_waits_and_drops_it_live(page, site):
     expect(page.locator('[data-field="waiting"]')).to_be_hidden()
 
 
+WATCH_LIVE = """() => {
+  window.__announced = [];
+  const watch = new MutationObserver((records) => window.__announced.push(...records.map(
+    (r) => r.target.closest("[aria-live], [role=status]").dataset.field || "live")));
+  for (const el of document.querySelectorAll("[aria-live], [role=status]"))
+    watch.observe(el, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def test_job_events_rewrite_live_regions_only_when_they_change(page, site):
+    """A screen reader announces a live region on every change to its DOM: progress events
+    that leave the status, phase and waiting message as they were must not touch them."""
+    from oscar_zoo.registry_db import workers as workers_db
+    from playwright.sync_api import expect
+
+    running = add_job(site.server)
+    page.goto(f"/jobs/{running}")
+    expect(page.locator('[data-field="refresh"]')).to_contain_text("Live")
+    page.evaluate(WATCH_LIVE)
+    for done in (5, 6):
+        update_job(site.server, running, progress={"phase": "pass1", "done": done, "total": 30, "layer": done})
+        expect(page.locator('[data-field="count"]')).to_have_text(f"{done} / 30")
+    assert page.evaluate("window.__announced") == []
+    update_job(site.server, running, phase="fitting")
+    expect(page.locator('[data-field="phase"]')).to_have_text("fitting")
+    assert "live" in page.evaluate("window.__announced")
+
+    with site.server.registry.db.write() as session:
+        workers_db.seen(session, "gpu-box:2:b", 1, False)            # not a Ray dispatcher
+    queued = add_job(site.server, status="queued", progress={},
+                     spec={"model": "smollm2-135m", "ray_resources": {"tpu": 1.0}})
+    page.goto(f"/jobs/{queued}")
+    expect(page.locator('[data-field="refresh"]')).to_contain_text("Live")
+    page.evaluate(WATCH_LIVE)
+    update_job(site.server, queued, attempts=2)
+    expect(page.locator('[data-field="attempts"]')).to_contain_text("2")
+    expect(page.locator('[data-field="waiting"]')).to_contain_text("no Ray dispatcher")
+    assert page.evaluate("window.__announced") == []
+    with site.server.registry.db.write() as session:
+        workers_db.seen(session, "ray-dispatch:1:c", None, True)
+    expect(page.locator('[data-field="waiting"]')).to_be_hidden()
+    assert "waiting" in page.evaluate("window.__announced")
+
+
 def test_job_page_shows_timings_and_a_cancel_live_and_says_when_the_stream_is_refused(page, site):
     from playwright.sync_api import expect
 

@@ -59,10 +59,12 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
            created_by: str | None = None, given: dict | None = None) -> tuple[Job, bool]:
     """A new queued job, or the one this idempotency key made before: (job, created).
 
-    `given`: the fields the user set ({field: True, or the same for a nested section}); only
-    those are compared with the key's job, since the rest of `spec` are defaults that an
-    operator may have changed since (None: the whole spec). Raises Conflict when the key was
-    used for a different spec.
+    `given`: the fields the user set ({field: True, or the same for a nested section}), stored
+    with the job. A retry is compared with the key's job on the fields either request set (the
+    side that omitted one contributes its completed value); the fields neither set are
+    defaults that an operator may have changed since, not compared (None: the whole spec). A
+    job stored before migration 0004 has no given fields: the retry's alone are compared.
+    Raises Conflict, naming the fields that differ, when the key was used for a different spec.
     """
     if idempotency_key:
         existing = _by_key(session, idempotency_key)
@@ -71,7 +73,8 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
     job = Job(spec=spec, model=model, gpus=gpus, status="queued", phase="queued",
               progress=_progress("queued"), attempts=0, max_attempts=max_attempts,
               lease_seconds=lease_seconds, cancel_requested=False, timings={},
-              idempotency_key=idempotency_key or None, created_by=created_by)
+              idempotency_key=idempotency_key or None, created_by=created_by,
+              given_fields=given)
     try:
         with session.begin_nested():
             session.add(job)
@@ -90,17 +93,39 @@ def _by_key(session: Session, key: str) -> Job | None:
 
 
 def _same_spec(job: Job, spec: dict, given: dict | None) -> Job:
-    if _only(job.spec, given) != _only(spec, given):
-        raise Conflict(f"idempotency key already used by job {job.id} with a different spec; "
-                       "use a new key for a new job")
+    if given is not None and job.given_fields is not None:
+        given = _union(job.given_fields, given)
+    differ = _differences(job.spec, spec, given)
+    if differ:
+        raise Conflict(f"idempotency key already used by job {job.id} with a different spec "
+                       f"(it differs in {', '.join(differ)}); send the same spec, or use a new "
+                       "key for a new job")
     return job
 
 
-def _only(spec: dict, given: dict | None) -> dict:
+def _union(a: dict, b: dict) -> dict:
+    """The fields either given map names; a section one side set whole (True) is compared whole."""
+    out = dict(a)
+    for k, m in b.items():
+        n = out.get(k)
+        if n is None:
+            out[k] = m
+        else:
+            out[k] = _union(n, m) if isinstance(n, dict) and isinstance(m, dict) else True
+    return out
+
+
+def _differences(old: dict, new: dict, given: dict | None) -> list[str]:
+    """Dotted names of the fields of `given` (None: every field) whose values differ."""
     if given is None:
-        return spec
-    return {k: _only(spec.get(k) or {}, m) if isinstance(m, dict) else spec.get(k)
-            for k, m in given.items()}
+        return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    out = []
+    for k, m in sorted(given.items()):
+        if isinstance(m, dict):
+            out += [f"{k}.{d}" for d in _differences(old.get(k) or {}, new.get(k) or {}, m)]
+        elif old.get(k) != new.get(k):
+            out.append(k)
+    return out
 
 
 def get(session: Session, job_id: str, lock: bool = False) -> Job:

@@ -200,6 +200,9 @@ class Job(Base):
     lease_seconds: Mapped[float] = mapped_column(Float, default=60.0)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # Migration 0004: the fields the submitting request set ({field: True, or the same for a
+    # nested section}), compared with an idempotent retry's; NULL for jobs stored before.
+    given_fields: Mapped[dict[str, Any] | None]
 
 
 class Worker(Base):

@@ -72,6 +72,27 @@ def test_a_retry_with_its_key_is_the_same_job_after_a_server_default_changed(job
             jobs_api.submitter.submit(changed, idempotency_key="nightly-1")
 
 
+def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_request(jobs_api):
+    """Only the retry's fields were compared: a nightly job asked for seed 7 without clip
+    search, and a request for the defaults with the same key got that job back silently."""
+    body = {"model": "smollm2", "tokens": 4096, "seed": 7, "clip_search": False,
+            "validation": {"windows": 3}}
+    first, created = jobs_api.submitter.submit(dict(body), idempotency_key="nightly-1")
+    assert created
+    with pytest.raises(Conflict, match=r"differs in clip_search, seed, validation\.windows\)"):
+        jobs_api.submitter.submit({"model": "smollm2", "tokens": 4096},
+                                  idempotency_key="nightly-1")
+    with pytest.raises(Conflict, match=r"differs in seed\)"):
+        jobs_api.submitter.submit({k: v for k, v in body.items() if k != "seed"},
+                                  idempotency_key="nightly-1")
+    # a field the first request set to its default may be left out: it is the same value
+    plain, _ = jobs_api.submitter.submit({"model": "smollm2", "clip_search": True},
+                                         idempotency_key="nightly-2")
+    again, created = jobs_api.submitter.submit({"model": "smollm2"}, idempotency_key="nightly-2")
+    assert not created and again["id"] == plain["id"]
+    assert _count(jobs_api.server, Job) == 2
+
+
 @pytest.mark.parametrize("spec, error, match", [
     ({"model": "smollm2-13"}, ModelNotFound, "smollm2-135m"),                  # suggestion
     ({"model": "qwen3-8b", "group_size": 48}, InvalidInput, "power of two"),

@@ -6,6 +6,7 @@ import pytest
 
 from oscar_zoo.registry_db import jobs
 from oscar_zoo.registry_db.registry import open_registry
+from oscar_zoo.zoo.errors import Conflict
 
 
 @pytest.fixture
@@ -32,6 +33,59 @@ def status(registry, job_id: str) -> tuple[str, bool]:
     with registry.db.read() as s:
         job = jobs.get(s, job_id)
         return job.status, job.cancel_requested
+
+
+# --- submit: a retry with the idempotency key -------------------------------------------------
+
+# A completed spec, as the API stores it: every default filled in.
+COMPLETED = {"model": "smollm2-135m", "tokens": 4096, "seed": 0, "clip_search": True,
+             "lease_seconds": 60.0, "validation": {"windows": 6, "context_len": 2048}}
+
+
+def submit_with_key(registry, given: dict | None, **spec) -> tuple[str, bool]:
+    with registry.db.write() as s:
+        job, created = jobs.submit(s, {**COMPLETED, **spec}, model="smollm2-135m", gpus=1,
+                                   max_attempts=3, lease_seconds=60, idempotency_key="nightly",
+                                   given=given)
+        return job.id, created
+
+
+def test_a_retry_is_compared_on_the_fields_either_request_set(registry):
+    """Only the retry's fields were compared: a retry that left out the first request's seed
+    and validation windows got the job made for them."""
+    first, created = submit_with_key(registry, {"model": True, "seed": True, "clip_search": True,
+                                                "validation": {"windows": True}},
+                                     seed=7, validation={"windows": 3, "context_len": 2048})
+    assert created
+    with pytest.raises(Conflict, match=r"differs in seed, validation\.windows\)"):
+        submit_with_key(registry, {"model": True})
+    with pytest.raises(Conflict, match=r"differs in seed\)"):
+        submit_with_key(registry, {"model": True, "validation": True},
+                        validation={"windows": 3, "context_len": 2048})
+    # the same values, whoever set them: the same job (clip_search was set to its default)
+    assert submit_with_key(registry, {"model": True, "seed": True,
+                                      "validation": {"context_len": True}},
+                           seed=7, validation={"windows": 3, "context_len": 2048}) == (first, False)
+    # a field neither request set is a default, which an operator may have changed since
+    assert submit_with_key(registry, {"model": True, "seed": True, "validation": {"windows": True}},
+                           seed=7, validation={"windows": 3, "context_len": 2048},
+                           lease_seconds=120.0) == (first, False)
+
+
+def test_a_job_stored_before_its_given_fields_were_is_compared_on_the_retrys(registry):
+    first, _ = submit_with_key(registry, {"model": True, "seed": True}, seed=7)
+    with registry.db.write() as s:
+        jobs.get(s, first).given_fields = None          # as migration 0004 leaves older jobs
+    assert submit_with_key(registry, {"model": True}) == (first, False)
+    with pytest.raises(Conflict, match=r"differs in seed\)"):
+        submit_with_key(registry, {"model": True, "seed": True}, seed=8)
+
+
+def test_a_retry_without_given_fields_is_compared_on_the_whole_spec(registry):
+    first, _ = submit_with_key(registry, {"model": True, "seed": True}, seed=7)
+    assert submit_with_key(registry, None, seed=7) == (first, False)
+    with pytest.raises(Conflict, match=r"differs in lease_seconds, tokens\)"):
+        submit_with_key(registry, None, seed=7, tokens=8192, lease_seconds=120.0)
 
 
 # --- a cancel pending when the attempt ends ----------------------------------------------------

@@ -10,6 +10,11 @@ never report on, or publish for, the attempt that replaced it (LeaseLost, 409). 
 extend the lease by the job's lease_seconds; `sweep` (run by the server itself, never a user's
 cron) requeues expired ones.
 
+A Ray task attaches to the lease its dispatcher claimed and gets a token of its own; each task
+process that attaches (Ray's retry of a task whose node it took for dead) replaces it, so an
+earlier process still alive behind a partition is fenced too. The dispatcher's claim token
+stays good, for its own calls and for the attach of a retry (whose arguments carry it).
+
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
 
@@ -195,7 +200,7 @@ def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) ->
         token = secrets.token_hex(16)
         job.status, job.phase, job.progress = "running", "loading", _progress("loading")
         job.attempts += 1
-        job.lease_holder, job.lease_token = worker[:200], token
+        job.lease_holder, job.lease_token, job.task_token = worker[:200], token, None
         job.heartbeat_at, job.lease_expires_at = now, now + timedelta(seconds=job.lease_seconds)
         job.started_at = job.started_at or now
         job.timings = {}
@@ -222,37 +227,44 @@ def _queued(session: Session, gpus: int | None) -> Iterator[Job]:
 
 
 def leased(session: Session, job_id: str, token: str) -> Job:
-    """The job, row-locked, if `token` still holds its lease. Raises LeaseLost, JobNotFound."""
+    """The job, row-locked, if `token` still holds its lease (the claim's, or the attached
+    task's). Raises LeaseLost, JobNotFound."""
     job = get(session, job_id, lock=True)
-    if job.status != "running" or not token or job.lease_token != token:
+    if job.status != "running" or not token or token not in (job.lease_token, job.task_token):
         why = job.status if job.status != "running" else "leased to another attempt"
         raise LeaseLost(f"job {job.id} is no longer yours ({why}); stop working on it")
     return job
 
 
-def attach(session: Session, job_id: str, token: str, worker: str) -> Job:
-    """A process takes over a lease its dispatcher claimed (a Ray task). A second attach is a
-    Ray retry of a task whose process died: it counts as a new attempt, up to max_attempts;
-    past that the job is failed. A job with a cancel pending is cancelled instead, before any
-    attempt starts (check the returned job's status: the caller must commit).
+def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job, str | None]:
+    """A process (a Ray task) takes over the lease its dispatcher claimed, presenting the
+    claim's token: (job, the token of the task's own later calls; None when the job ended
+    instead). A second attach is a Ray retry of a task whose process died: it counts as a new
+    attempt, up to max_attempts; past that the job is failed. Its new token replaces the
+    earlier task's, whose calls then answer LeaseLost (the process may live on behind a
+    partition). A job with a cancel pending is cancelled instead, before any attempt starts
+    (check the returned job's status: the caller must commit).
 
     Idempotent for one task: the same `worker` attaching again (its first reply was lost) gets
-    the job as it is, without another attempt counted or its timings reset.
+    the job as it is and the same token, without another attempt counted or its timings reset.
     """
     job = leased(session, job_id, token)
+    if token != job.lease_token:
+        raise LeaseLost(f"job {job.id}: attach with the lease the dispatcher claimed, not a "
+                        "task's")
     if _cancel_if_requested(job, now_utc()):
-        return job
+        return job, None
     if job.lease_holder == worker[:200]:
-        return job
+        return job, job.task_token
     if not (job.lease_holder or "").startswith("dispatch:"):
         if job.attempts >= job.max_attempts:
             _finish(job, "failed", f"gave up after {job.attempts} attempts: the last one's "
                     f"process ({job.lease_holder}) died", now_utc())
-            return job
+            return job, None
         job.attempts += 1
         job.timings = {}
-    job.lease_holder = worker[:200]
-    return job
+    job.lease_holder, job.task_token = worker[:200], secrets.token_hex(16)
+    return job, job.task_token
 
 
 def heartbeat(session: Session, job_id: str, token: str) -> Job:
@@ -380,7 +392,7 @@ def _requeue(job: Job, reason: str | None, refund: bool = False) -> None:
         job.attempts = max(job.attempts - 1, 0)
     job.status, job.phase = "queued", "queued"
     job.progress = _progress("queued", **({"requeued": reason} if reason else {}))
-    job.lease_holder = job.lease_token = job.lease_expires_at = None
+    job.lease_holder = job.lease_token = job.task_token = job.lease_expires_at = None
     job.timings = {}
     if reason:
         job.error = reason
@@ -398,6 +410,6 @@ def _cancel_if_requested(job: Job, now: datetime) -> bool:
 def _finish(job: Job, status: str, error: str | None, now: datetime) -> None:
     job.status, job.phase = status, status
     job.progress = {**(job.progress or {}), "phase": status}
-    job.lease_holder = job.lease_token = job.lease_expires_at = None
+    job.lease_holder = job.lease_token = job.task_token = job.lease_expires_at = None
     job.finished_at = now
     job.error = error if status == "failed" else (None if status == "succeeded" else job.error)

@@ -203,6 +203,9 @@ class Job(Base):
     # Migration 0004: the fields the submitting request set ({field: True, or the same for a
     # nested section}), compared with an idempotent retry's; NULL for jobs stored before.
     given_fields: Mapped[dict[str, Any] | None]
+    # Migration 0005: the attached Ray task's own fencing token (lease_token stays the one its
+    # dispatcher claimed with); a new task process attaching replaces it.
+    task_token: Mapped[str | None] = mapped_column(String(64))
 
 
 class Worker(Base):

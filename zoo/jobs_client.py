@@ -102,6 +102,8 @@ class JobsClient:
         return self._work("/v1/workers/claim", worker=worker, gpus=gpus, ray=ray, wait=wait)
 
     def attach(self, job_id: str, lease: str, worker: str) -> dict:
+        """A Ray task takes over its dispatcher's lease: the job, whose `lease` (token, seconds)
+        the task's later calls present; another task process attaching replaces that token."""
         return self._work(f"/v1/jobs/{job_id}/attach", lease=lease, worker=worker)
 
     def heartbeat(self, job_id: str, lease: str, worker: str | None = None) -> dict:

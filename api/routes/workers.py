@@ -4,6 +4,7 @@ Every call needs a token with scope `jobs:work` (or admin).
     POST /v1/workers/claim           {worker, gpus, ray, wait} -> 200 {job, lease: {token,
                                      seconds, expires_at}} | 204 (nothing within `wait` s)
     POST /v1/jobs/{id}/attach        {lease, worker}: a Ray task takes over its dispatcher's lease
+                                     -> the job, `lease.token` the task's own for later calls
     POST /v1/jobs/{id}/heartbeat     {lease} -> {status, cancel_requested, lease_expires_at}
     POST /v1/jobs/{id}/progress      {lease, phase, progress, timings} -> same as heartbeat
     POST /v1/jobs/{id}/result        multipart bundle files (+ status draft|published), header
@@ -15,6 +16,8 @@ Every call needs a token with scope `jobs:work` (or admin).
     POST /v1/jobs/{id}/release       {lease}: requeue without spending an attempt (shutdown)
 
 A call with a lease that is no longer the job's answers 409 (Lease lost): the worker stops.
+A Ray task's token is replaced when another task process attaches (Ray's retry), so only the
+latest reports; its dispatcher's claim token stays good for the dispatcher's own calls.
 """
 
 from __future__ import annotations
@@ -148,12 +151,12 @@ def _claim(registry, body: ClaimRequest) -> dict | None:
 @router.post("/v1/jobs/{job_id}/attach", summary="Take over a dispatcher's lease (Ray task)")
 def attach(job_id: str, body: AttachRequest, request: Request, actor: str = Depends(work)):
     with request.app.state.registry.db.write() as session:
-        job = jobs_db.attach(session, job_id, body.lease, body.worker)
+        job, token = jobs_db.attach(session, job_id, body.lease, body.worker)
         detail = detail_of(session, job)
     if detail["status"] != "running":     # a cancelled job has no error to add
         why = f": {detail['error']}" if detail["error"] else ""
         raise LeaseLost(f"job {job_id} {detail['status']}{why}")
-    return detail
+    return {**detail, "lease": {**detail["lease"], "token": token}}
 
 
 @router.post("/v1/jobs/{job_id}/heartbeat", summary="Extend the lease; learn about a cancel")

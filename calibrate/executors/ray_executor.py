@@ -7,16 +7,19 @@ and submits each as a task asking for the job's GPUs (`num_gpus=spec.gpus`: 1 fo
 8 for GLM-4.7-FP8; none on a cluster without GPUs) and its custom `ray_resources`.
 
 - While a task waits for resources, the dispatcher heartbeats its lease.
-- The task attaches to the lease and runs the same Attempt as a local worker (runner child in
-  its own process group, heartbeats, progress, publish), reporting to the registry itself.
+- The task attaches to the lease, which gives it a token of its own, and runs the same Attempt
+  as a local worker (runner child in its own process group, heartbeats, progress, publish),
+  reporting to the registry itself with that token. The dispatcher keeps the claim's token for
+  its own calls (heartbeats, a force-cancel, an unplaceable or refused task, giving jobs back).
 - A task Ray can never place (its demand fits no alive node's total resources: Ray calls it
   infeasible and leaves it pending forever) is noted in the job's `waiting`; past
   OSCAR_ZOO_RAY_INFEASIBLE_SECONDS (time for an autoscaler to add a node) it is cancelled and
   its job failed, naming the demand and what the nodes have, so that it neither shows
   `running` forever nor holds a dispatcher slot every other job waits for.
 - A task whose worker process or node dies is retried by Ray (`max_retries`); the retry
-  attaches again, which counts an attempt, and the registry's job-level guard (one version per
-  job) keeps a retry from publishing twice.
+  attaches again, which counts an attempt and replaces the task token: a first process that
+  was in fact alive (a partition) gets LeaseLost on its next call and stops its runner. The
+  registry's job-level guard (one version per job) keeps a retry from publishing twice.
 - Cancel: the task's own Attempt stops its runner; if the task is still running two grace
   periods later, the dispatcher force-cancels it (`ray.cancel(force=True)`), keeps the lease
   until Ray says the task has ended (its GPU free), then reports the job cancelled.
@@ -50,7 +53,8 @@ PLACEMENT_CHECK_S = 5.0     # how often the dispatcher compares its tasks' deman
 
 
 def run_task(url: str, token: str, job_id: str, lease: str) -> str:
-    """The Ray task: attach to the lease and run the attempt. Returns its outcome."""
+    """The Ray task: attach to the lease (`lease`: the dispatcher's claim token) and run the
+    attempt with the task's own token. Returns its outcome."""
     import ray
 
     ctx = ray.get_runtime_context()
@@ -67,8 +71,7 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
         except LeaseLost as e:
             return f"lost: {e}"
         info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources()}
-        return Attempt(client, job, {"token": lease, "seconds": job["lease"]["seconds"]}, worker,
-                       threading.Event(), info).run()
+        return Attempt(client, job, job["lease"], worker, threading.Event(), info).run()
 
 
 def _host_cpus() -> int:
@@ -98,7 +101,7 @@ def _attach(client: JobsClient, job_id: str, lease: str, worker: str,
 @dataclass
 class Flight:
     job_id: str
-    lease: str
+    lease: str                         # the claim's token: the dispatcher's own, never its task's
     lease_s: float
     next_beat: float
     cancel_since: float | None = None

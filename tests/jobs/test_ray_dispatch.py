@@ -9,7 +9,9 @@ import pytest
 
 from oscar_zoo.calibrate import jobspec
 from oscar_zoo.calibrate.executors import ray_executor as R
+from oscar_zoo.calibrate.executors import worker as W
 from oscar_zoo.zoo.errors import LeaseLost, OfflineError
+from tests.utils.bundles import make_bundle
 
 
 @pytest.mark.parametrize("resources", [{"GPU": 1}, {"CPU": 4}, {"worker_node": -1}])
@@ -99,20 +101,66 @@ def test_an_attach_whose_reply_was_lost_is_retried_without_spending_an_attempt(j
                                                                               monkeypatch):
     job = jobs_api.submit(max_attempts=3, lease_seconds=30)
     lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
-    real, calls = jobs_api.worker.attach, []
+    real, calls, answers = jobs_api.worker.attach, [], []
 
     def landed_but_reply_lost(*args):   # mocked: the attach lands, its answer never comes back
         calls.append(args)
-        answer = real(*args)
+        answers.append(real(*args))
         if len(calls) == 1:
             raise OfflineError("cannot reach the registry (read timed out)")
-        return answer
+        return answers[-1]
 
     monkeypatch.setattr(jobs_api.worker, "attach", landed_but_reply_lost)
     attached = R._attach(jobs_api.worker, job["id"], lease, "ray-task:h:1:node:f00", patience=10)
     assert len(calls) == 2 and attached["attempts"] == 1
+    # the task token the lost reply carried, not one that fences it
+    assert attached["lease"]["token"] == answers[0]["lease"]["token"] != lease
     after = jobs_api.submitter.get(job["id"])
     assert after["status"] == "running" and after["attempts"] == 1, after
+
+
+class TaskContext:   # ray.get_runtime_context() in a task (there is no Ray task here)
+    def get_node_id(self):
+        return "0123456789abcdef"
+
+    def get_assigned_resources(self):
+        return {"CPU": 1.0}
+
+
+def test_a_ray_retry_fences_the_task_it_replaces_and_the_dispatcher_keeps_the_lease(
+        jobs_api, monkeypatch):
+    """Ray retries a task whose node it took for dead while the first process lives on (a
+    partition): both attached with the dispatcher's token and reported with it, so the first
+    could publish while its retry ran. Mocked: the task's runtime context, and its runner (no
+    model), during which the retry attaches."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")                 # run_task sets it
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: TaskContext())
+    job = jobs_api.submit(max_attempts=3, lease_seconds=30)
+    lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
+    tokens = {}
+
+    def runner_outlived_by_a_retry(self, work):
+        tokens["first"] = self.token
+        tokens["retry"] = jobs_api.worker.attach(job["id"], lease, "ray-task:h:2:node:b0a")[
+            "lease"]["token"]
+        make_bundle(work / "bundle")
+        return self._finish(work, {"bundle_dir": str(work / "bundle"), "timings": {}})
+
+    monkeypatch.setattr(W.Attempt, "_run_child", runner_outlived_by_a_retry)
+    outcome = R.run_task(jobs_api.server.url, jobs_api.worker.registry.token, job["id"], lease)
+    assert outcome == "lost" and len({lease, tokens["first"], tokens["retry"]}) == 3
+    after = jobs_api.submitter.get(job["id"])
+    assert after["status"] == "running" and after["attempts"] == 2, after
+    assert after["result_version"] is None and after["lease"]["holder"] == "ray-task:h:2:node:b0a"
+    with pytest.raises(LeaseLost):
+        jobs_api.worker.heartbeat(job["id"], tokens["first"])
+    # the dispatcher's own calls still hold with its claim token: a heartbeat, a report
+    f = R.Flight(job["id"], lease, 30.0, 0.0)
+    assert R._beat(jobs_api.worker, "ref", f, {"ref": f}, grace=1.0) and f.lost_at is None
+    jobs_api.worker.progress(job["id"], tokens["retry"], "pass1", {"done": 1, "total": 2})
+    R._report(jobs_api.worker, f, "the Ray task failed: WorkerCrashedError", retryable=True)
+    assert jobs_api.submitter.get(job["id"])["status"] == "queued"
 
 
 def test_an_attach_to_a_job_cancelled_meanwhile_ends_it_cancelled(jobs_api):
@@ -146,14 +194,14 @@ def test_the_dispatcher_beats_in_its_own_name_so_it_counts_as_seen_at_its_cap(jo
 def test_a_task_that_ended_its_job_is_left_to_land_not_force_cancelled(jobs_api, end):
     job = jobs_api.submit(lease_seconds=30)
     lease = jobs_api.worker.claim("dispatch:test", None, ray=True)["lease"]["token"]
-    jobs_api.worker.attach(job["id"], lease, "ray-task:test")
+    task = jobs_api.worker.attach(job["id"], lease, "ray-task:test")["lease"]["token"]
     if end == "complete":
-        jobs_api.worker.complete(job["id"], lease, {}, {"done": 1})   # the task's last call
+        jobs_api.worker.complete(job["id"], task, {}, {"done": 1})   # the task's last call
     elif end == "fail":
-        jobs_api.worker.fail(job["id"], lease, "broke", retryable=False)
+        jobs_api.worker.fail(job["id"], task, "broke", retryable=False)
     else:
         jobs_api.submitter.cancel(job["id"])
-        jobs_api.worker.fail(job["id"], lease, "cancelled", cancelled=True)
+        jobs_api.worker.fail(job["id"], task, "cancelled", cancelled=True)
     f = R.Flight(job["id"], lease, 30.0, 0.0)
     flights = {"ref": f}
     assert R._beat(jobs_api.worker, "ref", f, flights, grace=0.2) is True   # it cleans up
@@ -191,8 +239,8 @@ def test_a_task_no_node_can_place_is_noted_then_cleared_when_such_a_node_joins(j
     assert after["status"] == "running" and after["waiting"] is None and flights == {"ref": f}
     assert after["progress"]["waiting_for"] == "Ray: CPU=1, late=1"
     # a task that attached meanwhile keeps its own progress
-    jobs_api.worker.attach(job["id"], lease, "ray-task:h:1:node:f00")
-    jobs_api.worker.progress(job["id"], lease, "loading", {"done": 0, "total": 1})
+    task = jobs_api.worker.attach(job["id"], lease, "ray-task:h:1:node:f00")["lease"]["token"]
+    jobs_api.worker.progress(job["id"], task, "loading", {"done": 0, "total": 1})
     nodes.pop()
     R._check_placement(jobs_api.worker, flights, limit=60)
     assert jobs_api.submitter.get(job["id"])["phase"] == "loading"

@@ -6,7 +6,7 @@ import pytest
 
 from oscar_zoo.registry_db import jobs
 from oscar_zoo.registry_db.registry import open_registry
-from oscar_zoo.zoo.errors import Conflict
+from oscar_zoo.zoo.errors import Conflict, LeaseLost
 
 
 @pytest.fixture
@@ -175,8 +175,14 @@ def test_a_job_behind_a_full_batch_of_ray_jobs_is_claimed(registry, ray_jobs):
 
 def attach(registry, job_id: str, token: str, worker: str) -> tuple[str, int, str | None]:
     with registry.db.write() as s:
-        job = jobs.attach(s, job_id, token, worker)
+        job, _ = jobs.attach(s, job_id, token, worker)
         return job.status, job.attempts, job.error
+
+
+def attached_token(registry, job_id: str, token: str, worker: str) -> str | None:
+    """The token attach gives the task for its later calls."""
+    with registry.db.write() as s:
+        return jobs.attach(s, job_id, token, worker)[1]
 
 
 def dispatched(registry, max_attempts: int = 3) -> tuple[str, str]:
@@ -202,6 +208,51 @@ def test_an_attach_whose_reply_was_lost_is_not_a_second_attempt(registry):
         assert job.timings == {"loading": 1.5} and job.lease_holder == task
     # Ray's retry of a task whose process died is another process: a new attempt
     assert attach(registry, job_id, token, "ray-task:host:43:0123456789ab:b0a")[:2] == ("running", 2)
+
+
+FIRST_TASK, RETRY = "ray-task:host:42:0123456789ab:f00", "ray-task:host:43:0123456789ab:b0a"
+
+
+def test_an_attach_fences_the_task_before_it_but_not_the_dispatcher(registry):
+    """Ray retried a task whose node it took for dead while the first process lived on (a
+    partition): both had attached with the dispatcher's token and reported with it, so both
+    could beat, report progress and complete."""
+    job_id, claimed = dispatched(registry)
+    first = attached_token(registry, job_id, claimed, FIRST_TASK)
+    assert first and first != claimed
+    assert attached_token(registry, job_id, claimed, FIRST_TASK) == first  # its reply was lost
+    with registry.db.write() as s:
+        jobs.heartbeat(s, job_id, first)
+    retry = attached_token(registry, job_id, claimed, RETRY)
+    assert retry and retry not in (first, claimed)
+    for call in (lambda s: jobs.heartbeat(s, job_id, first),
+                 lambda s: jobs.report_progress(s, job_id, first, "pass1"),
+                 lambda s: jobs.complete(s, job_id, first),
+                 lambda s: jobs.fail(s, job_id, first, "broke"),
+                 lambda s: jobs.release(s, job_id, first),
+                 lambda s: jobs.attach(s, job_id, first, FIRST_TASK)):
+        with pytest.raises(LeaseLost), registry.db.write() as s:
+            call(s)
+    with pytest.raises(LeaseLost, match="the dispatcher claimed"), registry.db.write() as s:
+        jobs.attach(s, job_id, retry, "ray-task:host:44:0123456789ab:c0c")  # a task's token
+    with registry.db.write() as s:
+        jobs.heartbeat(s, job_id, claimed)                # the dispatcher beats while it waits
+        jobs.report_progress(s, job_id, retry, "pass1")
+        job = jobs.complete(s, job_id, retry)
+        assert (job.status, job.attempts, job.lease_token, job.task_token) == ("succeeded", 2,
+                                                                               None, None)
+
+
+def test_a_requeued_job_keeps_no_task_token(registry):
+    job_id, claimed = dispatched(registry)
+    task = attached_token(registry, job_id, claimed, FIRST_TASK)
+    with registry.db.write() as s:
+        jobs.fail(s, job_id, claimed, "the Ray task failed: WorkerCrashedError")   # dispatcher
+        assert jobs.get(s, job_id).task_token is None
+    again, reclaimed = claim(registry, "dispatch:host:2:def", None)
+    assert again == job_id and reclaimed not in (claimed, task)
+    with pytest.raises(LeaseLost), registry.db.write() as s:
+        jobs.heartbeat(s, job_id, task)
 
 
 @pytest.mark.parametrize("attached_before", [False, True], ids=["first-attach", "ray-retry"])

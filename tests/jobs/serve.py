@@ -148,10 +148,12 @@ class Serve:
 
 
 def fault_spec(model: str, **extra) -> dict:
-    """A job spec for the fault tests: a pass 1 long enough to act in (8 windows x 4 layers of
-    the trimmed model), validation off (these tests are about the machinery). The model is a
-    path, so it is published under a name of its own."""
-    return {"model": model, "publish_as": "oscar-zoo-tests/smollm2-135m-4l", "tokens": 4096,
+    """A job spec for the fault tests: a pass 1 long enough to act in (24 windows x 4 layers of
+    the trimmed model: ~1.3 s on a fast core, several of wait_for's 0.2 s polls and of the
+    worker's 0.5 s progress reports; 8 windows took 0.4 s, which a poll could miss), validation
+    off (these tests are about the machinery). The model is a path, so it is published under
+    a name of its own."""
+    return {"model": model, "publish_as": "oscar-zoo-tests/smollm2-135m-4l", "tokens": 12288,
             "seq_len": 512, "clip_search": False, "validation": {"enabled": False}, **extra}
 
 

@@ -13,7 +13,8 @@ cron) requeues expired ones.
 A Ray task attaches to the lease its dispatcher claimed and gets a token of its own; each task
 process that attaches (Ray's retry of a task whose node it took for dead) replaces it, so an
 earlier process still alive behind a partition is fenced too. The dispatcher's claim token
-stays good, for its own calls and for the attach of a retry (whose arguments carry it).
+stays good for its own calls (heartbeat, fail, release) and for the attach of a retry (whose
+arguments carry it); progress, results and completion are the attached task's alone.
 
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
@@ -236,6 +237,16 @@ def leased(session: Session, job_id: str, token: str) -> Job:
     return job
 
 
+def _reporting(session: Session, job_id: str, token: str) -> Job:
+    """leased(), for the attempt's own reports (progress, result, completion): once a task has
+    attached, only its token makes them; the dispatcher's claim token only keeps the lease."""
+    job = leased(session, job_id, token)
+    if job.task_token and token != job.task_token:
+        raise LeaseLost(f"job {job.id} is run by its attached task ({job.lease_holder}); only "
+                        "the task reports progress or a result")
+    return job
+
+
 def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job, str | None]:
     """A process (a Ray task) takes over the lease its dispatcher claimed, presenting the
     claim's token: (job, the token of the task's own later calls; None when the job ended
@@ -278,7 +289,7 @@ def report_progress(session: Session, job_id: str, token: str, phase: str,
                     progress: dict | None = None, timings: dict | None = None) -> Job:
     if phase not in RUN_PHASES and phase != "queued":
         raise InvalidInput(f"phase {phase!r}: one of {', '.join(RUN_PHASES)}")
-    job = leased(session, job_id, token)
+    job = _reporting(session, job_id, token)
     job.phase = phase
     job.progress = {**_progress(phase), **(progress or {}), "phase": phase}
     if timings is not None:
@@ -292,7 +303,7 @@ def record_result(session: Session, job_id: str, token: str, prepared: Prepared,
 
     One version per job: a retry gets the version recorded before, with created=False.
     """
-    job = leased(session, job_id, token)
+    job = _reporting(session, job_id, token)
     existing = (session.get(BundleVersion, job.result_version_id) if job.result_version_id
                 else session.scalar(select(BundleVersion).where(BundleVersion.source_job == job.id)))
     if existing is not None:
@@ -311,7 +322,7 @@ def complete(session: Session, job_id: str, token: str, timings: dict | None = N
              progress: dict | None = None, error: str | None = None) -> Job:
     """The attempt ended with a result: succeeded, or failed for good with `error` (e.g. the
     bundle did not pass validation and was kept as a draft). Never retried."""
-    job = leased(session, job_id, token)
+    job = _reporting(session, job_id, token)
     status = "failed" if error else "succeeded"
     if timings is not None:
         job.timings = timings

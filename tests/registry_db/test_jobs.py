@@ -235,6 +235,10 @@ def test_an_attach_fences_the_task_before_it_but_not_the_dispatcher(registry):
             call(s)
     with pytest.raises(LeaseLost, match="the dispatcher claimed"), registry.db.write() as s:
         jobs.attach(s, job_id, retry, "ray-task:host:44:0123456789ab:c0c")  # a task's token
+    for call in (lambda s: jobs.report_progress(s, job_id, claimed, "pass1"),
+                 lambda s: jobs.complete(s, job_id, claimed)):   # the task's alone, now
+        with pytest.raises(LeaseLost, match="attached task"), registry.db.write() as s:
+            call(s)
     with registry.db.write() as s:
         jobs.heartbeat(s, job_id, claimed)                # the dispatcher beats while it waits
         jobs.report_progress(s, job_id, retry, "pass1")

@@ -66,3 +66,53 @@ def test_sqlite_pragmas(tmp_path):
         assert conn.exec_driver_sql("pragma foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("pragma busy_timeout").scalar() == 30000
     db.dispose()
+
+
+def test_0006_repairs_stuck_cancels_and_aliases_left_on_yanked_versions(registry_db_url):
+    """Data written before the fixes: a queued job with a cancel pending (claim skips it: queued
+    forever), `recommended` and `latest` on a yanked version."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from oscar_zoo.registry_db.models import Alias, AliasEvent, BundleVersion, Job, Model
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0005")
+    with Session(db.engine) as s, s.begin():
+        m = Model(name="m", hub_id="o/m", hub_id_lower="o/m", geometry={})
+        gone = Model(name="gone", hub_id="o/gone", hub_id_lower="o/gone", geometry={})
+        s.add_all([m, gone])
+        s.flush()
+
+        def version(model, number, status):
+            v = BundleVersion(model_id=model.id, number=number, status=status, digest=f"{model.name}{number}",
+                              size=1, method={}, quantization={}, clip={}, calibration={}, manifest={})
+            s.add(v)
+            s.flush()
+            return v
+        v1, v2, v3 = version(m, 1, "published"), version(m, 2, "published"), version(m, 3, "yanked")
+        g1 = version(gone, 1, "yanked")
+        s.add_all([Alias(model_id=m.id, name="latest", version_id=v3.id),
+                   Alias(model_id=m.id, name="recommended", version_id=v3.id),
+                   Alias(model_id=m.id, name="stable", version_id=v1.id),
+                   Alias(model_id=gone.id, name="latest", version_id=g1.id)])
+        s.add_all([Job(id="stuck", spec={}, status="queued", phase="queued", progress={"phase": "queued"},
+                       cancel_requested=True),
+                   Job(id="waiting", spec={}, status="queued", phase="queued", progress={}),
+                   Job(id="running", spec={}, status="running", phase="pass1", progress={},
+                       cancel_requested=True)])
+        ids = {"v1": v1.id, "v2": v2.id, "v3": v3.id, "g1": g1.id, "m": m.id, "gone": gone.id}
+    migrate.upgrade(db)
+    with Session(db.engine) as s:
+        left = {(a.model_id, a.name): a.version_id for a in s.scalars(select(Alias))}
+        assert left == {(ids["m"], "latest"): ids["v2"], (ids["m"], "stable"): ids["v1"]}
+        moves = {(e.model_id, e.alias, e.from_version_id, e.to_version_id)
+                 for e in s.scalars(select(AliasEvent))}
+        assert moves == {(ids["m"], "latest", ids["v3"], ids["v2"]),
+                         (ids["m"], "recommended", ids["v3"], None),
+                         (ids["gone"], "latest", ids["g1"], None)}
+        jobs = {j.id: j for j in s.scalars(select(Job))}
+        assert (jobs["stuck"].status, jobs["stuck"].progress["phase"]) == ("cancelled", "cancelled")
+        assert jobs["stuck"].finished_at is not None and jobs["stuck"].finished_at.tzinfo is not None
+        assert jobs["waiting"].status == "queued" and jobs["running"].status == "running"
+    db.dispose()

@@ -245,14 +245,14 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
 
 def _note(client, f: Flight, unplaceable: str | None = None) -> None:
     """What the job waits for, as its progress (and, `unplaceable`, as its `waiting`): only
-    while the dispatcher still holds the lease, so that a task which attached meanwhile does
-    not have its progress overwritten."""
+    while no task has attached, which the registry enforces (once one has, progress is the
+    task's alone), so a task that attached meanwhile keeps its own."""
     try:
-        if not ((client.get(f.job_id).get("lease") or {}).get("holder") or "").startswith("dispatch:"):
-            return
         client.progress(f.job_id, f.lease, "queued", {
             "waiting_for": f"Ray: {_describe(f.demand)}",
             **({"unplaceable": unplaceable} if unplaceable else {})})
+    except LeaseLost:            # its task attached, or the job ended: nothing to note
+        pass
     except OscarZooError as e:   # a note only: the job's own state is the heartbeat's business
         log.warning("ray dispatcher: job %s: cannot note what it waits for (%s)", f.job_id, e)
 

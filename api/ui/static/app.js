@@ -56,6 +56,10 @@ function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
 }
 
+function setHidden(el, hidden) {
+  if (el.hidden !== hidden) el.hidden = hidden;
+}
+
 // `cmd` in a message as <code>cmd</code>, as the server renders it
 function ticked(el, text) {
   if (el.dataset.text === text) return;
@@ -83,11 +87,9 @@ function showJob(job, field) {
   setText(field("updated"), job.updated_at ? when(job.updated_at) : "");
   setText(field("error"), job.error || "–");
   const waiting = field("waiting");
-  if (waiting.hidden !== !job.waiting) waiting.hidden = !job.waiting;
+  setHidden(waiting, !job.waiting);
   ticked(waiting, job.waiting ? `Cannot start yet: ${job.waiting}` : "");
-  const cancel = field("cancel");
-  const noCancel = !(job.cancel_requested && job.status === "running");
-  if (cancel.hidden !== noCancel) cancel.hidden = noCancel;
+  setHidden(field("cancel"), !(job.cancel_requested && job.status === "running"));
   setText(field("finished"), job.finished_at ? when(job.finished_at) : "–");
   showTimings(job.timings || {}, field("timings"));
   setText(field("worker"), (job.lease && job.lease.holder) || "–");

@@ -194,11 +194,14 @@ def dispatched(registry, max_attempts: int = 3) -> tuple[str, str]:
         return got[0].id, got[1]
 
 
+FIRST_TASK, RETRY = "ray-task:host:42:0123456789ab:f00", "ray-task:host:43:0123456789ab:b0a"
+
+
 def test_an_attach_whose_reply_was_lost_is_not_a_second_attempt(registry):
     """The task retries its attach through registry blips: when the first one landed and only
     its reply was lost, the retry (the same task, the same name) is the same attempt."""
     job_id, token = dispatched(registry)
-    task = "ray-task:host:42:0123456789ab:f00"
+    task = FIRST_TASK
     assert attach(registry, job_id, token, task) == ("running", 1, None)
     with registry.db.write() as s:
         jobs.get(s, job_id).timings = {"loading": 1.5}      # the attempt has begun reporting
@@ -207,10 +210,7 @@ def test_an_attach_whose_reply_was_lost_is_not_a_second_attempt(registry):
         job = jobs.get(s, job_id)
         assert job.timings == {"loading": 1.5} and job.lease_holder == task
     # Ray's retry of a task whose process died is another process: a new attempt
-    assert attach(registry, job_id, token, "ray-task:host:43:0123456789ab:b0a")[:2] == ("running", 2)
-
-
-FIRST_TASK, RETRY = "ray-task:host:42:0123456789ab:f00", "ray-task:host:43:0123456789ab:b0a"
+    assert attach(registry, job_id, token, RETRY)[:2] == ("running", 2)
 
 
 def test_an_attach_fences_the_task_before_it_but_not_the_dispatcher(registry):
@@ -267,10 +267,10 @@ def test_an_attach_to_a_job_with_a_cancel_pending_cancels_it(registry, attached_
     attempt when they are not: the user asked for a cancel."""
     job_id, token = dispatched(registry, max_attempts)
     if attached_before:
-        attach(registry, job_id, token, "ray-task:host:42:0123456789ab:f00")
+        attach(registry, job_id, token, FIRST_TASK)
     with registry.db.write() as s:
         jobs.request_cancel(s, job_id, "token:owner")
-    status, attempts, error = attach(registry, job_id, token, "ray-task:host:43:0123456789ab:b0a")
+    status, attempts, error = attach(registry, job_id, token, RETRY)
     assert (status, attempts, error) == ("cancelled", 1, None)
     with registry.db.read() as s:
         assert jobs.get(s, job_id).lease_token is None

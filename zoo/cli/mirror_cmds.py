@@ -23,7 +23,8 @@ def mirror_command(spec, targets, show_status, as_json):
     Safe to re-run: what a hub already has is neither uploaded nor committed again. Only
     published versions are mirrored; for a yanked one, this records the yank in the index of
     the mirrors that hold it and takes its files off their main branch (the model's folder gets
-    the newest version not yanked; the yanked version's tag keeps its files). Tokens come from HF_TOKEN and MODELSCOPE_API_TOKEN.
+    the newest version not yanked; the yanked version's tag keeps its files). Tokens come from
+    HF_TOKEN and MODELSCOPE_API_TOKEN.
 
     \b
     oscar-zoo mirror glm-4.7-fp8@3 --to hf:oscar-zoo/rotations --to modelscope:oscar-zoo/rotations

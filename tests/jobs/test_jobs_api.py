@@ -368,9 +368,10 @@ def test_a_retry_after_a_draft_upload_fails_the_job_with_the_reports_criterion(j
     from tests.api.ui.seeding import make_validated_bundle
 
     api = jobs_api
-    job = api.submit(lease_seconds=1)
-    first = api.worker.claim("w1", 0)["lease"]["token"]
+    # the bundle first: made inside the lease, it could outlast the lease on a busy CI host
     bundle = make_validated_bundle(tmp_path / "a", passed=False)
+    job = api.submit(lease_seconds=3)
+    first = api.worker.claim("w1", 0)["lease"]["token"]
     api.worker.upload_result(job["id"], first, bundle.path, "draft")
     # the worker dies before completing; the retry skips to the end with no report of its own
     _wait(lambda: api.submitter.get(job["id"])["status"] == "queued")

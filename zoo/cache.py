@@ -374,10 +374,12 @@ class Problem:
 
 
 def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) -> tuple[int, list[Problem]]:
-    """Re-hash every blob the snapshots (and --layers parts) of `model` (or all) point at.
+    """Re-hash every blob the snapshots (and --layers parts) of `model` (or all) point at, and
+    the engine files exported from them.
 
     Returns (files checked, problems). With repair, a corrupt or missing blob is deleted along
-    with every snapshot that uses it, so the next `pull` fetches it again.
+    with every snapshot that uses it, so the next `pull` fetches it again; a corrupt export is
+    deleted, so the next pull or export builds it again.
     """
     checked, problems, bad_blobs = 0, [], set()
     dirs = [(h.model, h.digest, h.path) for h in cache.held(model)]
@@ -404,14 +406,37 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
                 bad_blobs.add(target)
             elif not os.path.samefile(f, target) and sha256_file(f) != want:
                 problems.append(Problem(name, digest, f.name, "the snapshot's copy was modified"))
+    bad_exports: set[Path] = set()
+    for digest, name in {d: n for n, d, _ in reversed(dirs)}.items():  # first holder's name
+        for edir, n, found in _verify_exports(cache, name, digest):
+            checked += n
+            problems += found
+            if found:
+                bad_exports.add(edir)
     if repair and problems:
         for blob in bad_blobs:
             if blob.parent == cache.blobs:
                 blob.unlink(missing_ok=True)
         for name, digest, path in dirs:
-            if any(p.model == name and p.digest == digest for p in problems):
+            if any(p.model == name and p.digest == digest and not p.file.startswith("exports/")
+                   for p in problems):
                 shutil.rmtree(path, ignore_errors=True)
+        for edir in bad_exports:   # built again from the snapshot on its next use
+            shutil.rmtree(edir, ignore_errors=True)
     return checked, problems
+
+
+def _verify_exports(cache: Cache, name: str, digest: str) -> Iterator[tuple[Path, int, list[Problem]]]:
+    """(export dir, files checked, problems) for each export built from one bundle; a
+    problem's file is exports/<dir>/<file>."""
+    from .export import verify_export
+
+    for edir in _entries(cache.root / "exports" / _sha(digest)):
+        result = verify_export(edir)
+        if result is None:   # from an older oscar-zoo: rebuilt, with checksums, when next used
+            continue
+        checked, found = result
+        yield edir, checked, [Problem(name, digest, f"exports/{edir.name}/{f}", why) for f, why in found]
 
 
 def prune(cache: Cache, dry_run: bool = False,

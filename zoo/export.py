@@ -8,7 +8,9 @@
 Exports are built once per (digest, format, layers) under <cache>/exports/ and reused, so a warm
 `pull --format sglang` only reads a small JSON file and stats the files it lists (export.json
 records their sizes: they are written without fsync, so a crash may leave one short, and such an
-export is built again). Written without torch (zoo/interop/pt_writer.py).
+export is built again). export.json also records each file's sha256, which `oscar-zoo verify`
+checks: a same-size corruption is not something the warm path looks for. Written without torch
+(zoo/interop/pt_writer.py).
 `--out DIR` copies the files there.
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from .cache import Cache
 from .errors import InvalidInput
-from .files import atomic_write_bytes, publish_dir, staging_dir
+from .files import atomic_write_bytes, atomic_writer, publish_dir, sha256_file, staging_dir
 from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
@@ -129,20 +131,50 @@ def _intact(edir: Path, layers: list[int] | None) -> dict | None:
     sizes, else None.
 
     Stat only, no hashing: this is the warm path. The files were written without fsync, so
-    after a crash one may be short or missing; an export.json from before sizes were recorded
-    cannot tell, and counts as stale too."""
+    after a crash one may be short or missing; an export.json from before sizes and checksums
+    were recorded cannot tell, and counts as stale too."""
+    info = _info(edir)
+    if info is None or info["layers"] != layers:  # a dir named by an older, ambiguous layer_spec
+        return None
+    try:
+        if any((edir / name).stat().st_size != size for name, size in info["sizes"].items()):
+            return None
+    except OSError:
+        return None
+    return info
+
+
+def _info(edir: Path) -> dict | None:
+    """The export.json in `edir` if it lists, for each of its files, a size and a sha256."""
     try:
         info = json.loads((edir / INFO).read_text())
-        if info["layers"] != layers:  # a cache dir named by an older, ambiguous layer_spec
+        names = set(info["files"].values())
+        if "layers" not in info or not (set(info["sizes"]) == set(info["sha256"]) == names):
             return None
-        sizes = info["sizes"]
-        if set(sizes) != set(info["files"].values()):
-            return None
-        if any((edir / name).stat().st_size != size for name, size in sizes.items()):
-            return None
+        if any("/" in n or "\\" in n or n in ("", ".", "..") for n in names):
+            return None  # edited to point outside its directory: not ours to read
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a torn or edited one too
         return None
     return info
+
+
+def verify_export(edir: Path) -> tuple[int, list[tuple[str, str]]] | None:
+    """Re-hash an export's files against its export.json: (files checked, [(file, problem)]).
+    None for one that cannot vouch for itself (a torn export.json, or one from an oscar-zoo that
+    recorded no checksums): the next pull or export builds it again anyway."""
+    info = _info(edir)
+    if info is None:
+        return None
+    problems = []
+    for name, want in sorted(info["sha256"].items()):
+        try:
+            got = sha256_file(edir / name)
+        except FileNotFoundError:
+            problems.append((name, "missing"))
+            continue
+        if got != want:
+            problems.append((name, f"sha256 {got[:12]}... should be {want[:12]}..."))
+    return len(info["sha256"]), problems
 
 
 def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> dict:
@@ -162,8 +194,10 @@ def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> 
             write_file(tmp / k_name, k, durable=False)
             write_file(tmp / v_name, v, durable=False)
             files = {"k": k_name, "v": v_name}
-        sizes = {name: (tmp / name).stat().st_size for name in files.values()}
-        info = {"format": fmt, "layers": layers, "files": files, "sizes": sizes}
+        names = files.values()
+        info = {"format": fmt, "layers": layers, "files": files,
+                "sizes": {name: (tmp / name).stat().st_size for name in names},
+                "sha256": {name: sha256_file(tmp / name) for name in names}}
         atomic_write_bytes(tmp / INFO, json.dumps(info, indent=2).encode() + b"\n")
         edir.parent.mkdir(parents=True, exist_ok=True)
         publish_dir(tmp, edir, overwrite=edir.exists())
@@ -174,8 +208,6 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
     """bundle.json and README.md as they are, plus a rotations.safetensors of the chosen layers
     (it no longer matches the manifest's sha256: partial.json says what it holds)."""
     from safetensors.numpy import save_file
-
-    from .files import sha256_file
 
     save_file(bundle.to_tensors(), str(tmp / "rotations.safetensors"),
               metadata={"format": "oscar-zoo.bundle", "layers": ",".join(map(str, bundle.layers))})
@@ -191,8 +223,6 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
 
 def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
     """Copy (following the cache's links) into a user directory, all files or none."""
-    from .files import atomic_writer
-
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file in the way, no permission: say which --out, not a traceback

@@ -23,6 +23,10 @@ from oscar_zoo.zoo.pull import pull
 from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt
 
 OSCAR_ZOO = [sys.executable, "-m", "oscar_zoo.zoo.cli.main"]
+# what verify re-hashes: a bundle's bundle.json, rotations.safetensors and README.md, and with an
+# sglang export (the CLI's default) its K and V files
+BUNDLE_FILES = 3
+PULLED_FILES = BUNDLE_FILES + 2
 
 
 @pytest.fixture
@@ -46,7 +50,7 @@ def test_two_concurrent_pulls_share_one_download(hf_only, hub):
     full_gets = [p for p in hub.requests("GET", GLM_FILES[0])]
     assert len(full_gets) - len([r for r in hub.ranges if GLM_FILES[0] in r[0]]) == 1
     checked, problems = verify_cache(Cache())
-    assert checked == 3 and problems == []
+    assert checked == PULLED_FILES and problems == []
 
 
 def _hold_lock(key: str, ready: str) -> subprocess.Popen:
@@ -154,15 +158,37 @@ def test_an_export_left_short_by_a_crash_is_built_again(hf_only, tmp_path):
     again = pull("glm-4.7-fp8", fmt="sglang")
     assert again.export.files == first.export.files and again.cached
     assert {f: f.read_bytes() for f in (k, v)} == whole
-    # an export.json from before sizes were recorded cannot vouch for its files: built again
-    old = json.loads(info.read_text())
-    del old["sizes"]
-    info.write_text(json.dumps(old))
-    os.truncate(k, 0)
-    result = CliRunner().invoke(cli, ["export", "glm-4.7-fp8", "--out", str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "out" / k.name).read_bytes() == k.read_bytes() == whole[k]
-    assert "sizes" in json.loads(info.read_text())
+    # an export.json from before sizes (or checksums) were recorded cannot vouch for its files:
+    # built again
+    for key in ("sizes", "sha256"):
+        old = json.loads(info.read_text())
+        del old[key]
+        info.write_text(json.dumps(old))
+        os.truncate(k, 0)
+        out = tmp_path / f"out-{key}"
+        result = CliRunner().invoke(cli, ["export", "glm-4.7-fp8", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert (out / k.name).read_bytes() == k.read_bytes() == whole[k]
+        assert key in json.loads(info.read_text())
+
+
+def test_verify_finds_a_corrupt_export_and_the_next_pull_builds_it_again(hf_only):
+    """The warm path only stats an export (sizes): a flipped byte is verify's to find."""
+    first = pull("glm-4.7-fp8", fmt="sglang")
+    k = first.export.files["k"]
+    whole = k.read_bytes()
+    with open(k, "r+b") as f:
+        f.seek(len(whole) // 2)
+        f.write(bytes([whole[len(whole) // 2] ^ 0x10]))
+    assert pull("glm-4.7-fp8", fmt="sglang").export.files["k"].read_bytes() != whole  # served
+    result = CliRunner().invoke(cli, ["verify", "glm-4.7-fp8", "--json"])
+    assert result.exit_code == 1
+    problems = json.loads(result.stdout)["problems"]
+    assert [(p["file"], p["problem"][:6]) for p in problems] == [(f"exports/sglang/{k.name}", "sha256")]
+    assert not first.export.dir.exists() and first.path.exists()  # the export only: the bundle is fine
+    again = pull("glm-4.7-fp8", fmt="sglang")
+    assert again.export.files["k"] == k and k.read_bytes() == whole
+    assert verify_cache(Cache()) == (PULLED_FILES, [])
 
 
 def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
@@ -178,7 +204,7 @@ def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
     assert old.path in removed and not old.path.exists()
     assert new.path.exists() and new.export.files["k"].exists()
     assert not old.export.dir.exists()
-    assert verify_cache(cache) == (3, [])
+    assert verify_cache(cache) == (PULLED_FILES, [])
     assert prune(cache) == []
     v_blob = json.loads((new.path.parents[1] / "meta" / f"{new.digest}.json").read_text())["origin_files"]
     assert all(cache.has_blob(sha) for sha in v_blob.values())  # the zoo's .pt files are kept
@@ -245,7 +271,7 @@ def test_prune_waits_for_a_pull_whose_refs_are_not_written_yet(hf_only, monkeypa
     result = pull("glm-4.7-fp8")
     pruner.join(timeout=30)
     assert not pruner.is_alive() and pruned == []
-    assert verify_cache(Cache()) == (3, []) and (result.path / "bundle.json").is_file()
+    assert verify_cache(Cache()) == (BUNDLE_FILES, []) and (result.path / "bundle.json").is_file()
 
 
 def test_prune_times_out_naming_the_pull_it_waits_for(hf_only, monkeypatch):
@@ -271,7 +297,7 @@ def test_pull_and_prune_on_a_filesystem_without_flock(hf_only, hub, monkeypatch)
     hub.seed("hf", HF_ZOO, {f"{GLM_FOLDER}/{GLM_FILES[0]}": oscar_pt("qqt_r_h_pbr", "layer", 1, 92, 128, None, 9)})
     new = pull("glm-4.7-fp8")
     assert old.path in {p for p, _ in prune(Cache())}
-    assert not old.path.exists() and verify_cache(Cache()) == (3, []) and new.path.exists()
+    assert not old.path.exists() and verify_cache(Cache()) == (BUNDLE_FILES, []) and new.path.exists()
 
 
 def test_prune_removes_no_more_than_the_user_confirmed(hf_only, monkeypatch):

@@ -288,7 +288,8 @@ def verify_command(target, as_json):
     """Re-hash the cache (all of it, or one model), or verify a bundle directory.
 
     A corrupt blob is deleted together with the snapshots that use it, so the next pull
-    fetches it again. Exit status 1 if anything was wrong.
+    fetches it again; a corrupt export (engine files) is deleted, so the next pull builds it
+    again. Exit status 1 if anything was wrong.
     """
     _small_blas()
     import sys

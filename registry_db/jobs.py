@@ -12,9 +12,10 @@ cron) requeues expired ones.
 
 A Ray task attaches to the lease its dispatcher claimed and gets a token of its own; each task
 process that attaches (Ray's retry of a task whose node it took for dead) replaces it, so an
-earlier process still alive behind a partition is fenced too. The dispatcher's claim token
-stays good for its own calls (heartbeat, fail, release) and for the attach of a retry (whose
-arguments carry it); progress, results and completion are the attached task's alone.
+earlier process still alive behind a partition is fenced too, and may not attach again. The
+dispatcher's claim token stays good for its own calls (heartbeat, fail, release) and for the
+attach of a retry (whose arguments carry it); progress, results and completion are the
+attached task's alone.
 
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
@@ -202,6 +203,7 @@ def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) ->
         job.status, job.phase, job.progress = "running", "loading", _progress("loading")
         job.attempts += 1
         job.lease_holder, job.lease_token, job.task_token = worker[:200], token, None
+        job.fenced_holders = None   # the old claim's tasks cannot attach: its token is gone
         job.heartbeat_at, job.lease_expires_at = now, now + timedelta(seconds=job.lease_seconds)
         job.started_at = job.started_at or now
         job.timings = {}
@@ -258,14 +260,20 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
 
     Idempotent for one task: the same `worker` attaching again (its first reply was lost) gets
     the job as it is and the same token, without another attempt counted or its timings reset.
+    A task that a later one replaced stays replaced: its attach, even one retried after a lost
+    reply that raced the retry's, is refused (LeaseLost) rather than taking the lease back.
     """
     job = leased(session, job_id, token)
     if token != job.lease_token:
         raise LeaseLost(f"job {job.id}: attach with the lease the dispatcher claimed, not a "
                         "task's")
+    worker = worker[:200]
+    if worker in (job.fenced_holders or []):
+        raise LeaseLost(f"job {job.id}: this task process was replaced by a later one "
+                        f"({job.lease_holder}); stop working on it")
     if _cancel_if_requested(job, now_utc()):
         return job, None
-    if job.lease_holder == worker[:200]:
+    if job.lease_holder == worker:
         return job, job.task_token
     if not (job.lease_holder or "").startswith("dispatch:"):
         if job.attempts >= job.max_attempts:
@@ -274,7 +282,8 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
             return job, None
         job.attempts += 1
         job.timings = {}
-    job.lease_holder, job.task_token = worker[:200], secrets.token_hex(16)
+        job.fenced_holders = [*(job.fenced_holders or []), job.lease_holder]
+    job.lease_holder, job.task_token = worker, secrets.token_hex(16)
     return job, job.task_token
 
 

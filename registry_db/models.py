@@ -206,6 +206,9 @@ class Job(Base):
     # Migration 0005: the attached Ray task's own fencing token (lease_token stays the one its
     # dispatcher claimed with); a new task process attaching replaces it.
     task_token: Mapped[str | None] = mapped_column(String(64))
+    # Migration 0007: the task processes (lease_holder names) a later task's attach replaced
+    # under this claim; none of them may attach again.
+    fenced_holders: Mapped[list[Any] | None]
 
 
 class Worker(Base):

@@ -247,14 +247,33 @@ def test_an_attach_fences_the_task_before_it_but_not_the_dispatcher(registry):
                                                                                None, None)
 
 
-def test_a_requeued_job_keeps_no_task_token(registry):
+def test_a_replaced_task_cannot_take_the_lease_back_by_attaching_again(registry):
+    """The first task's attach landed but its reply was lost, and Ray's retry attached before
+    the first task retried its own: that late attach used to count a third attempt and fence
+    the retry, leaving the process Ray had given up on to run the job."""
     job_id, claimed = dispatched(registry)
-    task = attached_token(registry, job_id, claimed, FIRST_TASK)
+    attached_token(registry, job_id, claimed, FIRST_TASK)
+    retry = attached_token(registry, job_id, claimed, RETRY)
+    with pytest.raises(LeaseLost, match="replaced by a later one"), registry.db.write() as s:
+        jobs.attach(s, job_id, claimed, FIRST_TASK)
+    assert attached_token(registry, job_id, claimed, RETRY) == retry   # its own lost reply
+    with registry.db.write() as s:
+        job = jobs.report_progress(s, job_id, retry, "pass1")
+        assert (job.attempts, job.lease_holder, job.task_token) == (2, RETRY, retry)
+
+
+def test_a_requeued_job_keeps_no_task_token(registry):
+    job_id, claimed = dispatched(registry, max_attempts=4)
+    attached_token(registry, job_id, claimed, FIRST_TASK)
+    task = attached_token(registry, job_id, claimed, RETRY)
     with registry.db.write() as s:
         jobs.fail(s, job_id, claimed, "the Ray task failed: WorkerCrashedError")   # dispatcher
-        assert jobs.get(s, job_id).task_token is None
+        job = jobs.get(s, job_id)
+        assert job.task_token is None and job.fenced_holders == [FIRST_TASK]
     again, reclaimed = claim(registry, "dispatch:host:2:def", None)
     assert again == job_id and reclaimed not in (claimed, task)
+    with registry.db.read() as s:   # the old claim's tasks hold its token, which is gone
+        assert jobs.get(s, job_id).fenced_holders is None
     with pytest.raises(LeaseLost), registry.db.write() as s:
         jobs.heartbeat(s, job_id, task)
 

@@ -138,8 +138,7 @@ def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
                 log.warning("ray dispatcher: parent process exited; stopping")
                 break
             gpus = int(ray.cluster_resources().get("GPU", 0))
-            cap = settings.get("workers") or max(gpus, 1)
-            if len(flights) < cap:
+            if _room(flights, gpus):
                 # Idle: a long poll (a job starts at once, an idle dispatcher asks rarely; with
                 # exit_with_parent a short one, so a dead parent is noticed).
                 wait = 0 if flights else (min(CLAIM_WAIT_S, 5.0) if exit_with_parent
@@ -159,6 +158,20 @@ def dispatch(client: JobsClient, address: str | None, stop: threading.Event,
                 stop.wait(POLL_S)
     finally:
         _give_back(client, flights)
+
+
+def _room(flights: dict, cluster_gpus: int) -> bool:
+    """Whether to claim another job: up to OSCAR_ZOO_WORKERS jobs in flight when that is set;
+    else, on a cluster with GPUs, until their tasks ask for all of them (one 8-GPU job fills
+    an 8-GPU cluster: a job claimed behind it would only wait in Ray's queue, shown `running`,
+    where another worker could have run it); without GPUs, one job at a time."""
+    workers = settings.get("workers")
+    if workers:
+        return len(flights) < workers
+    if not cluster_gpus:
+        return not flights
+    asked = sum(f.demand.get("GPU", 0) for f in flights.values())
+    return asked < cluster_gpus and len(flights) < cluster_gpus
 
 
 def _signal_handlers() -> dict:

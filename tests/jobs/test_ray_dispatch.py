@@ -244,3 +244,21 @@ def test_a_task_no_node_can_place_is_noted_then_cleared_when_such_a_node_joins(j
     nodes.pop()
     R._check_placement(jobs_api.worker, flights, limit=60)
     assert jobs_api.submitter.get(job["id"])["phase"] == "loading"
+
+
+def test_the_dispatcher_claims_while_its_jobs_leave_gpus_free(monkeypatch):
+    """Counting jobs, not GPUs, the dispatcher claimed 7 more jobs behind an 8-GPU one on an
+    8-GPU cluster: they waited in Ray's queue, shown `running`, where another worker could
+    have run them."""
+    monkeypatch.delenv("OSCAR_ZOO_WORKERS", raising=False)
+
+    def flights(*gpus):
+        return {i: R.Flight(str(i), "lease", 30.0, 0.0, demand={"CPU": 1, **({"GPU": g} if g else {})})
+                for i, g in enumerate(gpus)}
+
+    assert R._room(flights(), 8) and R._room(flights(1, 1, 4), 8)
+    assert not R._room(flights(8), 8) and not R._room(flights(4, 4), 8)
+    assert not R._room(flights(*[1] * 8), 8)
+    assert R._room(flights(), 0) and not R._room(flights(0), 0)    # no GPUs: one at a time
+    monkeypatch.setenv("OSCAR_ZOO_WORKERS", "3")                    # the user's cap, in jobs
+    assert R._room(flights(8, 8), 8) and not R._room(flights(1, 1, 1), 8)

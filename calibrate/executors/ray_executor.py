@@ -50,6 +50,8 @@ log = logging.getLogger("oscar_zoo.ray")
 
 ATTACH_PATIENCE_S = 120.0   # a task retries its attach this long through registry blips
 PLACEMENT_CHECK_S = 5.0     # how often the dispatcher compares its tasks' demands with the nodes
+GIVE_BACK_S = 20.0          # a stopping dispatcher waits this long for its tasks to end; serve
+                            # kills it 10 s later, time enough to release their leases
 
 
 def run_task(url: str, token: str, job_id: str, lease: str) -> str:
@@ -186,7 +188,7 @@ def _restore_signal_handlers(handlers: dict) -> None:
             signal.signal(sig, handler)
 
 
-def _give_back(client, flights: dict, timeout: float = 30.0) -> None:
+def _give_back(client, flights: dict, timeout: float = GIVE_BACK_S) -> None:
     """Stopping: end each task in flight (Ray would end them with this driver anyway), wait
     until Ray says it is gone (its GPU free), then release its lease: the job is requeued
     without spending an attempt, as a local worker does on Ctrl-C."""
@@ -453,13 +455,14 @@ class RayExecutor:
 
     def stop(self) -> list[str]:
         """SIGTERM: the dispatcher ends its tasks and releases their leases (the jobs are
-        requeued without spending an attempt). Past 30 s it is killed; Ray then ends its tasks
-        and the sweeper requeues their jobs when the leases run out (those attempts count)."""
+        requeued without spending an attempt). Past GIVE_BACK_S + 10 s it is killed; Ray then
+        ends its tasks and the sweeper requeues their jobs when the leases run out (those
+        attempts count)."""
         self.stopping.set()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(GIVE_BACK_S + 10)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()

@@ -18,6 +18,7 @@
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
       .locks/gc.lock                        shared by pulls, exclusive for prune
+      .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune
 
 A snapshot directory appears only by rename after every file in it is verified, so its existence
 means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
@@ -261,26 +262,42 @@ class Cache:
     @contextmanager
     def gc_guard(self, exclusive: bool = False) -> Iterator[None]:
         """Shared by pulls (many at once), exclusive for prune: until its refs are written a
-        pull's new blobs and snapshot look like garbage. Waiting is bounded by lock_timeout."""
-        fd = self._gc_flock(exclusive)
-        if fd is None:  # no flock here (Windows, some network filesystems): pulls serialize too
+        pull's new blobs and snapshot look like garbage. Waiting is bounded by lock_timeout.
+
+        A pull passes through a gate (gc-gate.lock) on its way in, and prune closes the gate
+        before it waits: pulls that keep overlapping would otherwise hold the shared lock
+        without a break and starve prune. Those already in finish; new ones wait for prune."""
+        gate = self._flock("gc-gate", True, "a prune is running")
+        if gate is None:  # no flock here (Windows, some network filesystems): pulls serialize too
             with self.lock("gc-serial", "the cache (a pull or a prune)"):
                 yield
             return
         try:
+            fd = self._flock("gc", exclusive, "a pull is still running" if exclusive
+                             else "a prune is running")
+        except BaseException:
+            os.close(gate)
+            raise
+        if not exclusive:   # a pull only passes through
+            os.close(gate)
+        try:
             yield
         finally:
             os.close(fd)
+            if exclusive:
+                os.close(gate)
 
-    def _gc_flock(self, exclusive: bool) -> int | None:
+    def _flock(self, name: str, exclusive: bool, holder: str) -> int | None:
+        """An fd holding .locks/<name>.lock's flock, taken within lock_timeout (LockTimeout
+        says `holder` is why not); None where the filesystem has no flock."""
         if fcntl is None:
             return None
-        path = self.root / ".locks" / "gc.lock"
+        path = self.root / ".locks" / f"{name}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         # one open file description per holder, so threads of one process exclude each other too
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            if _flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, exclusive):
+            if _flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, holder):
                 return fd
         except BaseException:
             os.close(fd)
@@ -289,7 +306,7 @@ class Cache:
         return None
 
 
-def _flock_within(fd: int, how: int, exclusive: bool) -> bool:
+def _flock_within(fd: int, how: int, holder: str) -> bool:
     """Take the flock within lock_timeout; False where the filesystem has no flock."""
     timeout = float(settings.get("lock_timeout"))
     deadline = time.monotonic() + timeout
@@ -299,7 +316,6 @@ def _flock_within(fd: int, how: int, exclusive: bool) -> bool:
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                holder = "a pull is still running" if exclusive else "a prune is running"
                 raise LockTimeout(f"waited {timeout:g} s for the cache: {holder}. Try again when "
                                   "it has finished, or raise OSCAR_ZOO_LOCK_TIMEOUT") from None
             time.sleep(0.05)

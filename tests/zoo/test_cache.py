@@ -283,6 +283,41 @@ def test_prune_times_out_naming_the_pull_it_waits_for(hf_only, monkeypatch):
             prune(cache)
 
 
+def test_prune_gets_in_between_pulls_that_keep_overlapping(monkeypatch):
+    """Pulls share the gc lock: a stream of them, each starting before the last one ends,
+    held it without a break, and prune waited out its timeout. Threads stand in for the pull
+    processes (each holder has its own open file, so flock treats them alike)."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "5")
+    cache = Cache()
+    cache.ensure()
+    stop, entered, errors = threading.Event(), [], []
+
+    def pulls():
+        while not stop.is_set():
+            try:
+                with cache.gc_guard():
+                    entered.append(time.monotonic())
+                    time.sleep(0.2)
+            except LockTimeout as e:   # waiting for the prune past 5 s would be a bug too
+                errors.append(e)
+
+    streams = [threading.Thread(target=pulls) for _ in range(2)]
+    for t in streams:
+        t.start()
+        time.sleep(0.1)    # staggered: one always holds the lock
+    try:
+        began = time.monotonic()
+        prune(cache)
+        took = time.monotonic() - began
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in streams:
+            t.join(timeout=10)
+    assert took < 2 and not errors
+    assert any(t > began + took for t in entered)    # and the pulls went on after it
+
+
 def test_pull_and_prune_on_a_filesystem_without_flock(hf_only, hub, monkeypatch):
     """Some network filesystems answer flock with ENOSYS: the cache then falls back to soft
     lock files (filelock's), and pull and prune still work. Mocked: no such filesystem here."""

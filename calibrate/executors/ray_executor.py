@@ -66,7 +66,9 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
               f"{secrets.token_hex(3)}")
     # Ray sets OMP_NUM_THREADS=1 in its workers (the task asks for num_cpus=1); the runner
     # (which inherits this process's environment) would run its CPU parts on one thread.
-    os.environ["OMP_NUM_THREADS"] = str(_host_cpus())
+    task_gpus = float(ctx.get_assigned_resources().get("GPU", 0))
+    node_gpus = _node_gpus(ctx.get_node_id()) if task_gpus else 0.0
+    os.environ["OMP_NUM_THREADS"] = str(_runner_threads(_host_cpus(), task_gpus, node_gpus))
     with JobsClient(url, token) as client:
         try:
             job = _attach(client, job_id, lease, worker)
@@ -74,6 +76,26 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
             return f"lost: {e}"
         info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources()}
         return Attempt(client, job, job["lease"], worker, threading.Event(), info).run()
+
+
+def _runner_threads(host_cpus: int, task_gpus: float, node_gpus: float) -> int:
+    """The runner's CPU threads: the host's CPUs, in proportion to the node's GPUs the task
+    holds, so that eight 1-GPU jobs on an 8-GPU host get an eighth each rather than all of
+    them eight times over."""
+    if 0 < task_gpus < node_gpus:
+        return max(1, int(host_cpus * task_gpus / node_gpus))
+    return host_cpus
+
+
+def _node_gpus(node_id: str) -> float:
+    import ray
+
+    try:
+        return float(next(n["Resources"].get("GPU", 0) for n in ray.nodes()
+                          if n.get("NodeID") == node_id))
+    except Exception as e:  # noqa: BLE001 - the GCS unreachable, the node gone: all the CPUs
+        log.warning("ray task: cannot read this node's GPU count (%s)", e)
+        return 0.0
 
 
 def _host_cpus() -> int:

@@ -57,6 +57,9 @@ def test_the_runner_of_a_ray_task_gets_the_hosts_cpus_not_rays_one_thread(monkey
         def get_node_id(self):
             return "0123456789abcdef"
 
+        def get_assigned_resources(self):
+            return {"CPU": 1.0}
+
     def lost(*args, **kwargs):
         raise LeaseLost("gone")
 
@@ -67,3 +70,11 @@ def test_the_runner_of_a_ray_task_gets_the_hosts_cpus_not_rays_one_thread(monkey
     import os
 
     assert os.environ["OMP_NUM_THREADS"] == str(R._host_cpus()) and R._host_cpus() >= 1
+
+
+def test_ray_tasks_sharing_a_gpu_host_share_its_cpus():
+    """Each task's runner took every CPU of the host: eight 1-GPU jobs on an 8-GPU node ran
+    eight times as many threads as it has CPUs."""
+    assert R._runner_threads(64, 1, 8) == 8 and R._runner_threads(64, 2, 8) == 16
+    assert R._runner_threads(64, 8, 8) == 64 and R._runner_threads(4, 1, 8) == 1
+    assert R._runner_threads(64, 0, 8) == 64 and R._runner_threads(64, 1, 0) == 64

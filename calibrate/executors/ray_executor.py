@@ -188,13 +188,14 @@ def _room(flights: dict, cluster_gpus: int) -> bool:
     """Whether to claim another job: up to OSCAR_ZOO_WORKERS jobs in flight when that is set;
     else, on a cluster with GPUs, until their tasks ask for all of them (one 8-GPU job fills
     an 8-GPU cluster: a job claimed behind it would only wait in Ray's queue, shown `running`,
-    where another worker could have run it); without GPUs, one job at a time."""
+    where another worker could have run it); without GPUs, one job at a time. A task no node
+    can place holds no GPU: it does not count, so it holds back no job behind it."""
     workers = settings.get("workers")
     if workers:
         return len(flights) < workers
     if not cluster_gpus:
         return not flights
-    asked = sum(f.demand.get("GPU", 0) for f in flights.values())
+    asked = sum(f.demand.get("GPU", 0) for f in flights.values() if f.unplaceable_since is None)
     return asked < cluster_gpus and len(flights) < cluster_gpus
 
 

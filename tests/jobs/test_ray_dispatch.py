@@ -260,5 +260,8 @@ def test_the_dispatcher_claims_while_its_jobs_leave_gpus_free(monkeypatch):
     assert not R._room(flights(8), 8) and not R._room(flights(4, 4), 8)
     assert not R._room(flights(*[1] * 8), 8)
     assert R._room(flights(), 0) and not R._room(flights(0), 0)    # no GPUs: one at a time
+    unplaceable = flights(16)
+    unplaceable[0].unplaceable_since = 0.0     # no node has 16: it holds none of the 8
+    assert R._room(unplaceable, 8)
     monkeypatch.setenv("OSCAR_ZOO_WORKERS", "3")                    # the user's cap, in jobs
     assert R._room(flights(8, 8), 8) and not R._room(flights(1, 1, 1), 8)

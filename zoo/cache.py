@@ -422,6 +422,7 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
                 bad_blobs.add(target)
             elif not os.path.samefile(f, target) and sha256_file(f) != want:
                 problems.append(Problem(name, digest, f.name, "the snapshot's copy was modified"))
+    bad_snapshots = {(p.model, p.digest) for p in problems}
     bad_exports: set[Path] = set()
     for digest, name in {d: n for n, d, _ in reversed(dirs)}.items():  # first holder's name
         for edir, n, found in _verify_exports(cache, name, digest):
@@ -434,8 +435,7 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
             if blob.parent == cache.blobs:
                 blob.unlink(missing_ok=True)
         for name, digest, path in dirs:
-            if any(p.model == name and p.digest == digest and not p.file.startswith("exports/")
-                   for p in problems):
+            if (name, digest) in bad_snapshots:
                 shutil.rmtree(path, ignore_errors=True)
         for edir in bad_exports:   # built again from the snapshot on its next use
             shutil.rmtree(edir, ignore_errors=True)

@@ -68,13 +68,15 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
     # (which inherits this process's environment) would run its CPU parts on one thread.
     task_gpus = float(ctx.get_assigned_resources().get("GPU", 0))
     node_gpus = _node_gpus(ctx.get_node_id()) if task_gpus else 0.0
-    os.environ["OMP_NUM_THREADS"] = str(_runner_threads(_host_cpus(), task_gpus, node_gpus))
+    threads = _runner_threads(_host_cpus(), task_gpus, node_gpus)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     with JobsClient(url, token) as client:
         try:
             job = _attach(client, job_id, lease, worker)
         except LeaseLost as e:
             return f"lost: {e}"
-        info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources()}
+        info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources(),
+                "cpu_threads": threads}
         return Attempt(client, job, job["lease"], worker, threading.Event(), info).run()
 
 

@@ -1,7 +1,8 @@
 """The ray executor on a real local Ray cluster: a head node plus a second node started with
 `ray start`, each with one CPU and a custom resource of its own. The job asks for the second
 node's resource, so its task can only run there; the task's worker process is SIGKILLed in
-pass 1, Ray retries the task, and the job completes with exactly one version.
+pass 1, Ray retries the task, and the job completes with exactly one version. A variant of the
+cluster declares 2 GPUs on the second node, for the dispatcher's GPU accounting.
 
 Teardown ends the cluster's processes by pid: those of the process groups `ray start` made
 (found by this test's own temp dir), and their descendants (Ray's worker processes) - not
@@ -10,6 +11,7 @@ Teardown ends the cluster's processes by pid: those of the process groups `ray s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -88,8 +91,10 @@ def _ray_start(args: list[str], env: dict) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-@pytest.fixture
-def ray_cluster(monkeypatch):
+@contextlib.contextmanager
+def _cluster(monkeypatch, worker_args: list[str]):
+    """A head node (1 CPU, resource `head`) and a second node (`worker_args`, resource
+    `worker_node`): yields the head's address."""
     # Ray's unix socket paths must stay short: a temp dir of our own under /tmp.
     temp_dir = tempfile.mkdtemp(prefix="ozray-", dir="/tmp")
     # A ~/.ray/auth_token left by some other Ray use (`ray get-auth-token --generate`) makes the
@@ -105,7 +110,7 @@ def ray_cluster(monkeypatch):
                     f"--temp-dir={temp_dir}", f"--ray-client-server-port={_port()}",
                     f"--dashboard-agent-listen-port={_port()}"], env)
         groups |= _groups_of(temp_dir)
-        _ray_start([f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+        _ray_start([f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", *worker_args,
                     "--resources", json.dumps({"worker_node": 1}),
                     f"--dashboard-agent-listen-port={_port()}"], env)
         groups |= _groups_of(temp_dir)
@@ -124,6 +129,22 @@ def ray_cluster(monkeypatch):
         wait_for(lambda: not [p for p in _tree(groups, temp_dir) - {os.getpid()} if alive(p)], 15,
                  what="the Ray cluster's processes ending")
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    with _cluster(monkeypatch, ["--num-cpus=1"]) as address:
+        yield address
+
+
+@pytest.fixture
+def ray_gpu_cluster(monkeypatch):
+    """The second node declares 2 GPUs. Ray counts them as it counts any resource (this
+    machine has none: what is tested is the scheduling and the dispatcher's accounting, not
+    CUDA; the runners see CUDA_VISIBLE_DEVICES set and fall back to the CPU) and 3 CPUs, so
+    that a 2-GPU task or two 1-GPU tasks fit beside each other's 1 CPU."""
+    with _cluster(monkeypatch, ["--num-cpus=3", "--num-gpus=2"]) as address:
+        yield address
 
 
 def test_job_runs_on_the_worker_node_and_survives_its_worker_process_being_killed(
@@ -158,6 +179,24 @@ def _dispatcher(server, ray_cluster: str, **env) -> tuple[list[str], dict]:
              server.url, "--executor", "ray", "--ray-address", ray_cluster],
             {**os.environ, "OSCAR_ZOO_TOKEN": server.token("jobs:work"),
              "RAY_USAGE_STATS_ENABLED": "0", **env})
+
+
+@contextlib.contextmanager
+def _running_dispatcher(server, ray_cluster: str, log_path: Path, **env):
+    """A dispatcher (see _dispatcher) writing to `log_path` while the block runs; SIGTERMed after."""
+    cmd, env = _dispatcher(server, ray_cluster, **env)
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "parent_killed"])
@@ -223,12 +262,8 @@ def test_a_job_no_node_can_ever_run_fails_after_the_grace_period_and_frees_the_d
         too_much, _ = submitter.submit({"model": "smollm2-135m", "seed": 1,
                                         "ray_resources": {"worker_node": 2}})
         log_path = tmp_path / "dispatcher.log"
-        cmd, env = _dispatcher(server, ray_cluster, OSCAR_ZOO_WORKERS="1",
-                               OSCAR_ZOO_RAY_INFEASIBLE_SECONDS="2")
-        with open(log_path, "w") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        try:
+        with _running_dispatcher(server, ray_cluster, log_path, OSCAR_ZOO_WORKERS="1",
+                                 OSCAR_ZOO_RAY_INFEASIBLE_SECONDS="2"):
             waiting = wait_for(lambda: "Ray cannot place" in (w := submitter.get(
                 nowhere["id"])["waiting"] or "") and w, 120,
                 what="the job saying that no node has what it asks for")
@@ -246,10 +281,39 @@ def test_a_job_no_node_can_ever_run_fails_after_the_grace_period_and_frees_the_d
                               and j, 60, what="the next job being claimed and failed")
             assert "worker_node=2" in second["error"] and "worker_node=1" in second["error"]
             assert "Ray cannot place" in _dispatcher_log(log_path)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+
+
+def test_jobs_fill_the_declared_gpus_and_each_runner_gets_its_share_of_the_cpus(
+        ray_gpu_cluster, tmp_path, four_layers, monkeypatch):
+    """A 2-GPU job fills the cluster's 2 GPUs: the dispatcher claims nothing behind it (a
+    claimed job would only wait in Ray's queue, shown `running`). Once it ends, two 1-GPU jobs
+    run side by side, and each runner gets half the host's CPUs; the 2-GPU one had them all."""
+    from oscar_zoo.calibrate.executors.ray_executor import _host_cpus
+    from oscar_zoo.zoo.jobs_client import JobsClient
+    from tests.utils.registry_server import run_registry
+
+    monkeypatch.delenv("OSCAR_ZOO_WORKERS", raising=False)     # the GPU count is the cap
+    with run_registry(f"sqlite:///{tmp_path}/reg.sqlite", tmp_path / "data") as server, \
+            JobsClient(server.url, server.token("jobs:submit")) as submitter:
+        wide, _ = submitter.submit(fault_spec(four_layers, seed=1, gpus=2))
+        narrow = [submitter.submit(fault_spec(four_layers, seed=s, gpus=1))[0] for s in (2, 3)]
+        log_path = tmp_path / "dispatcher.log"
+        ids = [wide["id"], *(j["id"] for j in narrow)]
+        with _running_dispatcher(server, ray_gpu_cluster, log_path):
+            jobs = wait_for(lambda: all((j := submitter.get(i))["status"] in ("succeeded", "failed")
+                                        for i in ids) and [submitter.get(i) for i in ids],
+                            400, what="the three jobs ending")
+        log = _dispatcher_log(log_path)[-3000:]
+        assert [j["status"] for j in jobs] == ["succeeded"] * 3, (jobs, log)
+        wide, *narrow = jobs
+        at = {j["id"]: (datetime.fromisoformat(j["started_at"]), datetime.fromisoformat(j["finished_at"]))
+              for j in jobs}
+        (_, wide_end), (a0, a1), (b0, b1) = at[wide["id"]], at[narrow[0]["id"]], at[narrow[1]["id"]]
+        assert a0 >= wide_end and b0 >= wide_end, (at, log)     # claimed only once the GPUs were free
+        assert a0 < b1 and b0 < a1, (at, log)                   # and then side by side
+        host = _host_cpus()
+        assert wide["progress"]["worker"]["cpu_threads"] == host
+        assert wide["progress"]["worker"]["ray_resources"].get("GPU") == 2.0
+        for j in narrow:
+            assert j["progress"]["worker"]["ray_resources"].get("GPU") == 1.0
+            assert j["progress"]["worker"]["cpu_threads"] == max(1, host // 2)

@@ -1,5 +1,7 @@
 """Kernel tests run on the CPU through Triton's interpreter by default (CI has no GPU). On a GPU
-machine, OSCAR_ZOO_TEST_DEVICE=cuda runs the very same tests on compiled kernels."""
+machine, OSCAR_ZOO_TEST_DEVICE=cuda runs the very same tests on compiled kernels, and
+OSCAR_ZOO_TEST_DEVICE=cpu,cuda runs each test on both in turn, in one process: interpreted and
+compiled launches interleaved, as in a program that quantizes on both devices."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import torch
 from oscar_zoo.kernels import _launch
 
 
-@pytest.fixture
-def device() -> torch.device:
-    return torch.device(os.environ.get("OSCAR_ZOO_TEST_DEVICE", "cpu"))
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        names = [n.strip() for n in os.environ.get("OSCAR_ZOO_TEST_DEVICE", "cpu").split(",") if n.strip()]
+        metafunc.parametrize("device", [torch.device(n) for n in names], ids=names)
 
 
 def run_poisoned(fn):

@@ -10,8 +10,9 @@ picks by device:
 - CPU tensors always run in the interpreter (`validate` and the CPU test suite rely on this);
 - anything else is refused with a clear message.
 
-The interpreter restores its own `triton.language` patches after every launch (Triton >= 3.6),
-so both kinds can run in one process. One more thing is needed: Triton's standard library
+The interpreter restores its own `triton.language` patches after a launch (Triton >= 3.6), but
+not those a call to a `@jit` helper from inside the kernel makes (`_language_restored` puts
+those back), so both kinds can run in one process. One more thing is needed: Triton's standard library
 (`tl.max`, `tl.sum`, ...) is itself made of `@jit` functions, built compiled or interpreted when
 `triton.language` is first imported. While an interpreted launch runs, `_stdlib_interpreted`
 swaps the compiled ones for interpreted twins and puts them back after, so the interpreter works
@@ -55,7 +56,7 @@ class _Interpreted:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            with _stdlib_interpreted(), _scalar_index():
+            with _language_restored(), _stdlib_interpreted(), _scalar_index():
                 return self.fn[grid](*args, **kwargs)
         return launch
 
@@ -84,6 +85,41 @@ def _stdlib_interpreted():
     finally:
         for mod, attr, val in reversed(swapped):
             setattr(mod, attr, val)
+
+
+@contextlib.contextmanager
+def _language_restored():
+    """Everything in triton.language's modules and classes as it was before the launch.
+
+    Triton's interpreter patches triton.language while a kernel runs and restores it after,
+    except for a `@jit` helper called from the kernel (Triton 3.6 to 3.9: a device-function
+    call patches the namespaces the helper's module sees, tl.core for the standard library's
+    tl.max, and keeps no record to restore them). Left patched, every later compile in this
+    process failed in the code generator ("'value' object has no attribute 'dtype'")."""
+    saved = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
+    try:
+        yield
+    finally:
+        for ns, before in saved:
+            now = vars(ns)
+            if isinstance(ns, type):    # a module keeps new names: the interpreter's rewritten
+                for name in [n for n in now if n not in before]:    # functions look them up there
+                    delattr(ns, name)
+            for name, val in before.items():
+                if now.get(name, _MISSING) is not val:
+                    setattr(ns, name, val)
+
+
+_MISSING = object()
+
+
+def _language_namespaces() -> list:
+    """triton.language's modules and the classes defined in them (tensor, dtype, ...)."""
+    mods = [m for name, m in list(sys.modules.items())
+            if m is not None and (name == "triton.language" or name.startswith("triton.language."))]
+    classes = {id(v): v for m in mods for v in vars(m).values()
+               if isinstance(v, type) and (v.__module__ or "").startswith("triton.language")}
+    return mods + list(classes.values())
 
 
 @contextlib.contextmanager

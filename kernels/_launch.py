@@ -91,10 +91,10 @@ def _stdlib_interpreted():
 def _language_restored():
     """Everything in triton.language's modules and classes as it was before the launch.
 
-    Triton's interpreter patches triton.language while a kernel runs and restores it after,
-    except for a `@jit` helper called from the kernel (Triton 3.6 to 3.9: a device-function
-    call patches the namespaces the helper's module sees, tl.core for the standard library's
-    tl.max, and keeps no record to restore them). Left patched, every later compile in this
+    Triton's interpreter patches triton.language while a kernel runs and restores it after
+    (since triton-lang/triton#8735), except for a `@jit` helper called from the kernel (Triton
+    3.6 to 3.9: a device-function call patches the namespaces the helper's module sees, tl.core
+    for the standard library's tl.max, and keeps no record to restore them). Left patched, every later compile in this
     process failed in the code generator ("'value' object has no attribute 'dtype'")."""
     saved = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
     try:

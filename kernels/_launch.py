@@ -94,16 +94,18 @@ def _language_restored():
     Triton's interpreter patches triton.language while a kernel runs and restores it after
     (since triton-lang/triton#8735), except for a `@jit` helper called from the kernel (Triton
     3.6 to 3.9: a device-function call patches the namespaces the helper's module sees, tl.core
-    for the standard library's tl.max, and keeps no record to restore them). Left patched, every later compile in this
-    process failed in the code generator ("'value' object has no attribute 'dtype'")."""
+    for the standard library's tl.max, and keeps no record to restore them). Left patched,
+    every later compile in this process failed in the code generator ("'value' object has no
+    attribute 'dtype'"). A module keeps the names it gained: the interpreter's rewritten
+    functions look theirs up there."""
     saved = [(ns, dict(vars(ns))) for ns in _language_namespaces()]
     try:
         yield
     finally:
         for ns, before in saved:
             now = vars(ns)
-            if isinstance(ns, type):    # a module keeps new names: the interpreter's rewritten
-                for name in [n for n in now if n not in before]:    # functions look them up there
+            if isinstance(ns, type):
+                for name in [n for n in now if n not in before]:
                     delattr(ns, name)
             for name, val in before.items():
                 if now.get(name, _MISSING) is not val:

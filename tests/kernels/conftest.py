@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 from oscar_zoo.kernels import _launch

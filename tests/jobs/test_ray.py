@@ -299,10 +299,13 @@ def test_jobs_fill_the_declared_gpus_and_each_runner_gets_its_share_of_the_cpus(
         narrow = [submitter.submit(fault_spec(four_layers, seed=s, gpus=1))[0] for s in (2, 3)]
         log_path = tmp_path / "dispatcher.log"
         ids = [wide["id"], *(j["id"] for j in narrow)]
+
+        def ended() -> list[dict] | None:
+            now = [submitter.get(i) for i in ids]
+            return now if all(j["status"] in ("succeeded", "failed") for j in now) else None
+
         with _running_dispatcher(server, ray_gpu_cluster, log_path):
-            jobs = wait_for(lambda: all((j := submitter.get(i))["status"] in ("succeeded", "failed")
-                                        for i in ids) and [submitter.get(i) for i in ids],
-                            400, what="the three jobs ending")
+            jobs = wait_for(ended, 400, what="the three jobs ending")
         log = _dispatcher_log(log_path)[-3000:]
         assert [j["status"] for j in jobs] == ["succeeded"] * 3, (jobs, log)
         wide, *narrow = jobs

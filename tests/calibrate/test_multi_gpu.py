@@ -36,14 +36,14 @@ def _validation(bundle, loaded):
     return validate(bundle, model, tok, cfg, kernel_quantizer(torch.float32, model.device))
 
 
-def test_a_model_split_over_two_gpus_calibrates_and_validates_as_on_one():
+def test_a_model_split_over_gpus_calibrates_and_validates_as_on_one():
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
 
     name = os.environ.get("OSCAR_ZOO_TEST_GGUF", "smollm2-135m")
     one = _load(name, {"": 0})
     split = _load(name, "balanced")
     layer_devices = {p.device for layer in split[0].model.layers for p in layer.parameters()}
-    assert len(layer_devices) == 2, f"the split model's layers sit on {layer_devices}"
+    assert len(layer_devices) >= 2, f"the split model's layers sit on {layer_devices}"
 
     cfg = CalibrationConfig(model=name, tokens=4096, seq_len=1024, clip_windows=1)
     a = calibrate(cfg, loaded=one).bundle

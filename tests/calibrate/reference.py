@@ -63,3 +63,8 @@ def oscar_rotation(cov: np.ndarray):
     sym = (cov + cov.T) / 2
     eig, u = np.linalg.eigh(sym)
     return u, eig, u @ hadamard(len(eig)) @ bitrev_perm(eig)
+
+
+def eigenvectors(rotation, eig: np.ndarray) -> np.ndarray:
+    """U back from R = U H P, P ordered by `eig` (H is symmetric and its own inverse)."""
+    return np.asarray(rotation, dtype=np.float64) @ bitrev_perm(eig).T @ hadamard(len(eig))

@@ -56,8 +56,7 @@ def test_a_model_split_over_gpus_calibrates_and_validates_as_on_one():
             # rounding, but eigh may flip an eigenvector's sign, so R = U H P is compared
             # through the leading, well-separated columns of U, up to sign
             np.testing.assert_allclose(y.eigenvalues, x.eigenvalues, rtol=1e-3, atol=1e-6 * x.eigenvalues.max())
-            u = [r.rotation.astype(np.float64) @ ref.bitrev_perm(r.eigenvalues).T @ ref.hadamard(len(r.eigenvalues))
-                 for r in (x, y)]
+            u = [ref.eigenvectors(r.rotation, r.eigenvalues) for r in (x, y)]
             top = np.argsort(x.eigenvalues)[-8:]
             np.testing.assert_allclose(np.abs(np.sum(u[0] * u[1], 0))[top], 1.0, atol=1e-3)
             np.testing.assert_allclose(y.clip, x.clip, atol=0.011)     # at most a step of the search grid

@@ -93,6 +93,7 @@ class HubEmulator:
         self.lock = threading.RLock()
         self.generation = 0                  # bumped by reset(): delayed requests then give up
         self.server: ThreadingHTTPServer | None = None
+        self.starter_files = self._default_starters()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -132,6 +133,13 @@ class HubEmulator:
             self.log.clear()
             self.ranges.clear()
             self.tokens = set()
+            self.starter_files = self._default_starters()
+
+    @staticmethod
+    def _default_starters() -> dict[str, dict[str, bytes]]:
+        """What a hub commits into a repo it creates: the real Hub a .gitattributes (hubs.md
+        1.5); ModelScope nothing here, though a test may make it seed a model card."""
+        return {"hf": {".gitattributes": GITATTRIBUTES}, "ms": {}}
 
     # --- seeding and inspection --------------------------------------------------------------
 
@@ -140,7 +148,7 @@ class HubEmulator:
             key = (hub, repo_id)
             if key not in self.repos and create:
                 repo = Repo(hub, repo_id)
-                seed = {".gitattributes": (GITATTRIBUTES, False)} if hub == "hf" else {}
+                seed = {p: (data, False) for p, data in self.starter_files[hub].items()}
                 repo.commit(repo.default_branch, seed, "initial commit")
                 self.repos[key] = repo
             return self.repos.get(key)

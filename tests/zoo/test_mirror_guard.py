@@ -44,6 +44,34 @@ def test_a_repo_holding_only_the_hubs_seed_is_mirrored_into(registry, hub, tmp_p
     assert mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0].status == "done"
 
 
+def test_a_repo_the_run_created_is_mirrored_into_whatever_the_hub_put_there(registry, hub,
+                                                                           tmp_path):
+    """A hub may start a repo it creates with a model card and a config (ModelScope's web UI
+    does); those are not someone else's work, so the run that created the repo goes on, its
+    README.md replacing the hub's. The same files in a repo that already existed are refused."""
+    starter_card, config = b"# rotations\n", b'{"framework": "other"}'
+    hub.starter_files["ms"] = {"README.md": starter_card, "configuration.json": config}
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    assert mirror_version(registry.registry, "smollm2-135m", 1, [MS])[0].status == "done"
+    files = hub.repo("ms", REPO).files()
+    assert files["configuration.json"][0] == config
+    assert files["README.md"][0] != starter_card and b"smollm2-135m" in files["README.md"][0]
+    assert TAG in hub.repo("ms", REPO).tags
+
+    other = "oscar-zoo/other"
+    hub.seed("ms", other, {"README.md": starter_card, "configuration.json": config})
+    result = mirror_version(registry.registry, "smollm2-135m", 1, [f"modelscope:{other}"])[0]
+    assert result.status == "failed" and "is not an oscar-zoo mirror" in result.error
+    assert hub.repo("ms", other).files()["README.md"][0] == starter_card
+
+
+def test_a_repo_that_already_exists_is_not_taken_for_one_the_run_created(registry, hub, tmp_path):
+    hub.seed("hf", REPO, {"notes.txt": b"ours"})
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    result = mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0]
+    assert result.status == "failed" and "notes.txt" in result.error
+
+
 def _from_a_job(registry, asked: list[str]) -> None:
     """Make version 1 the result of a job whose spec asks for `asked`."""
     from oscar_zoo.registry_db.models import BundleVersion, Job

@@ -24,9 +24,18 @@ class HFTarget:
         constants.HF_HUB_DISABLE_XET = True  # read at call time (hubs.md 1.3)
         return self.hub.api()
 
-    def ensure_repo(self) -> None:
+    def ensure_repo(self) -> bool:
+        """Create the repo if it is missing; True when this call created it."""
+        from huggingface_hub.errors import HfHubHTTPError
+
         with self.hub.errors(self.repo, None):
-            self.api().create_repo(self.repo, repo_type="model", exist_ok=True)
+            try:
+                self.api().create_repo(self.repo, repo_type="model")
+            except HfHubHTTPError as e:
+                if getattr(e.response, "status_code", None) != 409:
+                    raise
+                return False
+        return True
 
     def tags(self) -> dict[str, str]:
         with self.hub.errors(self.repo, None):

@@ -25,14 +25,16 @@ class ModelScopeTarget:
         self.repo = repo
         self.hub = MSHub()
 
-    def ensure_repo(self) -> None:
+    def ensure_repo(self) -> bool:
+        """Create the repo if it is missing; True when this call created it."""
         import modelscope_hub.errors as ms
 
         with self.hub.errors(self.repo, None):
             try:
                 self.hub.api().create_repo(self.repo, "model", visibility="public")
             except ms.AlreadyExistsError:
-                pass
+                return False
+        return True
 
     def tags(self) -> dict[str, str]:
         return self.hub.tags(self.repo)

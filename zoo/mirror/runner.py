@@ -237,11 +237,13 @@ def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> b
 def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
           model: str) -> MirrorResult:
     tag = layout.tag_name(model, number)
-    hub.ensure_repo()
+    # whatever a repo this run created holds is the hub's starter content (ModelScope may add
+    # a model card), which the mirror's own README.md replaces
+    created = hub.ensure_repo()
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)
-        if index_bytes is None:
+        if index_bytes is None and not created:
             _refuse_foreign(hub, head)
         index = _loaded(hub, index_bytes)
         folder = _folder_for(index, manifest, number, model)
@@ -304,7 +306,8 @@ def _indexed(index: dict, model: str, number: int, digest: str) -> bool:
 def _refuse_foreign(hub, head: str) -> None:
     """A repo with content but no index is someone else's (a typo in a target, a job spec
     naming any repo the server's token can write): the root README.md and the RotationZoo
-    folders would overwrite theirs. Only the hub's own seed (.gitattributes) may be there."""
+    folders would overwrite theirs. Only the hub's own seed (.gitattributes) may be there
+    (in a repo the run did not create itself)."""
     theirs = sorted(p for p in hub.paths(head) if p not in SEED_FILES)
     if theirs:
         shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
@@ -312,7 +315,8 @@ def _refuse_foreign(hub, head: str) -> None:
             f"{hub.kind}:{hub.repo} is not an oscar-zoo mirror: it holds files ({shown}) but no "
             f"{layout.INDEX}, and mirroring would overwrite its README.md; nothing was changed. "
             "Check the target (--to, OSCAR_ZOO_MIRROR_TARGETS or the job's `mirror`), or mirror "
-            "into a new or empty repo")
+            "into a new or empty repo (if oscar-zoo created this one and stopped before its "
+            "first commit, delete the files the hub put there, or the repo, and mirror again)")
 
 
 def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFile]) -> list[str]:

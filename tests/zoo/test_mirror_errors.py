@@ -44,3 +44,21 @@ def test_mirror_json_to_modelscope_is_json(registry, hub, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert [(r["target"], r["status"]) for r in json.loads(p.stdout)] == [("modelscope", "done")]
     assert hub.repo("ms", REPO).tags
+
+
+def test_a_token_that_cannot_create_repos_still_mirrors_into_one_that_exists(hub, tmp_path):
+    """A fine-grained token may write to one repo of an org but not create repos there: the Hub
+    answers the create with 403, and the run goes on into the existing repo. Where the repo does
+    not exist, the 403 is the error."""
+    hub.tokens = {"hf_test", "ms_test"}
+    b = make_bundle(tmp_path / "b")
+    for kind in ("hf", "ms"):
+        hub.seed(kind, REPO, {})
+    hub.fail("POST", r"/api/(repos/create|v1/models)$", status=403)
+    for target in (HF, MS):
+        r = mirror_bundle(b.path, 1, target)
+        assert (r.status, r.tag) == ("done", TAG), r.error
+    for kind in ("hf", "modelscope"):
+        r = mirror_bundle(b.path, 1, f"{kind}:oscar-zoo/elsewhere")
+        assert r.status == "failed" and "403" in r.error, r.error
+    assert hub.repo("hf", "oscar-zoo/elsewhere") is None and hub.repo("ms", "oscar-zoo/elsewhere") is None

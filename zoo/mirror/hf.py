@@ -32,8 +32,17 @@ class HFTarget:
             try:
                 self.api().create_repo(self.repo, repo_type="model")
             except HfHubHTTPError as e:
-                if getattr(e.response, "status_code", None) != 409:
+                status = getattr(e.response, "status_code", None)
+                if status == 409:
+                    return False
+                if status not in (401, 402, 403):
                     raise
+                # a token that may write to the repo but not create in its namespace (a
+                # fine-grained token for one org repo): what exist_ok=True does, kept
+                try:
+                    self.api().repo_info(self.repo, repo_type="model")
+                except HfHubHTTPError:
+                    raise e from None
                 return False
         return True
 

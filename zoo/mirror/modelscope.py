@@ -30,6 +30,9 @@ class ModelScopeTarget:
         import modelscope_hub.errors as ms
 
         with self.hub.errors(self.repo, None):
+            # asked first: a token that may write to this repo need not be allowed to create
+            if self.hub.api().repo_exists(self.repo, "model"):
+                return False
             try:
                 self.hub.api().create_repo(self.repo, "model", visibility="public")
             except ms.AlreadyExistsError:

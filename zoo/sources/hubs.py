@@ -225,7 +225,7 @@ class MSHub:
             raise Unauthorized(f"{where}: 401 Unauthorized; set MODELSCOPE_API_TOKEN to a valid "
                                "token") from None
         except (ms.PermissionDeniedError, ms.PermissionError):
-            raise Forbidden(f"{where}: 403 Forbidden; MODELSCOPE_API_TOKEN cannot read it") from None
+            raise Forbidden(f"{where}: 403 Forbidden; MODELSCOPE_API_TOKEN has no access") from None
         except ms.NotExistError as e:
             raise NotFound(f"{where}: not found on {self.label} ({_first_line(e)})") from None
         except ms.FileIntegrityError as e:

@@ -481,7 +481,8 @@ def prune(cache: Cache, dry_run: bool = False,
 def _garbage(cache: Cache) -> list[tuple[Path, int]]:
     gone: list[tuple[Path, int]] = []
     live: set[tuple[str, str]] = set()
-    for mdir in sorted((cache.root / "models").glob("*")):
+    # a model dir's name is a model_key, never hidden: a .DS_Store there is not a model
+    for mdir in (p for p in _entries(cache.root / "models") if p.is_dir()):
         refs = set(cache.refs(mdir.name).values())
         for snap in _entries(mdir / "snapshots"):
             if snap.name in refs:

@@ -20,13 +20,12 @@ import hashlib
 import json
 import os
 import shutil
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import Cache
 from .errors import InvalidInput
-from .files import atomic_write_bytes, atomic_writer, publish_dir, sha256_file, staging_dir
+from .files import atomic_write_bytes, atomic_writers, publish_dir, sha256_file, staging_dir
 from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
@@ -228,14 +227,14 @@ def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
     except OSError as e:  # a file in the way, no permission: say which --out, not a traceback
         raise InvalidInput(f"--out {out}: cannot create that directory ({e.strerror}); choose "
                            "another path") from None
-    copied = {}
-    # every file is written to its temp name before any is renamed (the writers close in a row
-    # at the end): a failure leaves `out` as it was, never a new K beside an old V
-    with ExitStack() as renames:
-        for role, src in files.items():
-            dest = out / src.name
-            fout = renames.enter_context(atomic_writer(dest))
-            with open(src, "rb") as fin:
-                shutil.copyfileobj(fin, fout, 1 << 20)
-            copied[role] = dest
+    copied = {role: out / src.name for role, src in files.items()}
+    # a failure leaves `out` as it was, never a new K beside an old V
+    try:
+        with atomic_writers(list(copied.values())) as outs:
+            for src, fout in zip(files.values(), outs):
+                with open(src, "rb") as fin:
+                    shutil.copyfileobj(fin, fout, 1 << 20)
+    except IsADirectoryError as e:
+        raise InvalidInput(f"--out {out}: {e.filename} is a directory; move it or choose another "
+                           "path") from None
     return copied

@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -100,6 +100,37 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
         fsync_dir(path.parent)
     except BaseException:
         _unlink(tmp)
+        raise
+
+
+@contextmanager
+def atomic_writers(paths: list[Path]) -> Iterator[list[BinaryIO]]:
+    """atomic_writer for files that belong together (an engine's K and V): every temp file is
+    written and fsynced before the first rename, so a failure or Ctrl-C while writing leaves
+    all of `paths` as they were; only a crash within the renames themselves can mix them."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        with ExitStack() as files:
+            outs = []
+            for path in map(Path, paths):
+                if path.is_dir():   # found now, not at its rename after the others moved
+                    raise IsADirectoryError(errno.EISDIR, "a directory is in the way", str(path))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                temps.append((Path(tmp), path))
+                outs.append(files.enter_context(os.fdopen(fd, "wb")))
+            yield outs
+            for f in outs:
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in temps:
+            _public_mode(tmp)
+            os.replace(tmp, path)
+        for parent in {path.parent for _, path in temps}:
+            fsync_dir(parent)
+    except BaseException:
+        for tmp, _ in temps:
+            _unlink(tmp)
         raise
 
 

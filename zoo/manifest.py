@@ -196,6 +196,8 @@ class Manifest(Strict):
         names = [f.name for f in files]
         if len(names) != len(set(names)):
             raise ValueError("duplicate file names")
+        if MANIFEST in names:   # it would stand in for the manifest whose hash was checked
+            raise ValueError(f"{MANIFEST} lists itself")
         return files
 
     def file(self, name: str) -> FileEntry:

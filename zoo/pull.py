@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,16 +235,34 @@ def _materialize_bundle(plan: Plan, cache: Cache, progress: bool,
         if plan.digest and digest != plan.digest:
             raise IntegrityError(f"{plan.origin}: bundle.json hashes to {digest[:12]}... but the "
                                  f"source announced {plan.digest[:12]}...; nothing was cached")
-        manifest = json.loads(raw)
+        manifest, listed = _listed_files(raw, plan.origin)
         if fmt is not None:  # before the schema check (it needs the rotations): hence .get
             check_format(fmt, (manifest.get("method") or {}).get("granularity"))
         cache.add_bytes(raw, digest)
-        listed = manifest.get("files", [])
         remotes = [plan.locate(f["name"], f["sha256"], f["size"]) for f in listed]
         fetched += sum(f.size or 0 for f in remotes if not cache.has_blob(f.sha256, f.size))
         shas = _fetch_all(remotes, cache, progress)
         files = {MANIFEST: digest, **{f.name: s for f, s in zip(remotes, shas)}}
         return digest, cache.link_snapshot(plan.model, digest, files, check=_check_snapshot), fetched
+
+
+def _listed_files(raw: bytes, origin: str) -> tuple[dict, list[dict]]:
+    """The manifest and the files it lists, checked as far as fetching them needs (the full
+    schema check runs on the linked snapshot): each entry a name, sha256 and size; no name
+    twice, and none that is the manifest's own, which would replace the copy just hashed."""
+    try:
+        manifest = json.loads(raw)
+        listed = manifest.get("files", [])
+        names = [f["name"] for f in listed]
+        typed = all(isinstance(f["name"], str) and isinstance(f["sha256"], str)
+                    and type(f["size"]) is int for f in listed)
+    except (ValueError, AttributeError, KeyError, TypeError) as e:
+        raise BundleFormatError(f"{origin}: {MANIFEST} is not a bundle manifest ({type(e).__name__}: "
+                                f"{e}); nothing was cached") from None
+    if not typed or len(set(names)) != len(names) or MANIFEST in names:
+        raise BundleFormatError(f"{origin}: {MANIFEST} lists a file twice, lists itself or lists "
+                                "one without a name, sha256 and size; nothing was cached")
+    return manifest, listed
 
 
 def _materialize_import(plan: Plan, cache: Cache, progress: bool,
@@ -304,10 +323,29 @@ def _check_snapshot(path: Path) -> None:
 
 
 def _fetch_all(remotes: list[RemoteFile], cache: Cache, progress: bool) -> list[str]:
+    """Up to 4 files at a time. When one fails, or on Ctrl-C, the others stop at their next
+    chunk (their partial files kept for the next pull to resume) rather than run to the end."""
     if len(remotes) <= 1:
         return [fetch(r, cache, progress) for r in remotes]
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=min(4, len(remotes))) as pool:
-        return list(pool.map(lambda r: fetch(r, cache, progress), remotes))
+        futures = [pool.submit(fetch, r, cache, progress, stop) for r in remotes]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:
+            _stop_all(stop, futures)
+            raise
+        failed = [f.exception() for f in futures if f in done and f.exception() is not None]
+        if failed:
+            _stop_all(stop, futures)
+            raise failed[0]
+        return [f.result() for f in futures]
+
+
+def _stop_all(stop: threading.Event, futures: list) -> None:
+    stop.set()
+    for f in futures:
+        f.cancel()
 
 
 def _snapshot_files(path: Path) -> dict[str, str]:

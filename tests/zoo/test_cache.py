@@ -210,6 +210,18 @@ def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
     assert all(cache.has_blob(sha) for sha in v_blob.values())  # the zoo's .pt files are kept
 
 
+def test_prune_and_ls_pass_over_what_a_file_manager_leaves_among_the_models(hf_only):
+    """A .DS_Store (or any hidden entry) in models/ is not a model: prune used to stop on it."""
+    pulled = pull("glm-4.7-fp8")
+    cache = Cache()
+    (cache.root / "models" / ".DS_Store").write_bytes(b"\0")
+    (cache.root / "models" / ".Trash-1000").mkdir()
+    assert prune(cache) == []
+    assert pulled.path.exists() and (cache.root / "models" / ".DS_Store").exists()
+    r = CliRunner().invoke(cli, ["cache", "ls", "--json"])
+    assert r.exit_code == 0 and "glm-4.7-fp8" in r.output
+
+
 def test_prune_ages_out_what_a_killed_download_left_in_the_blob_store():
     """<key>.hub is ModelScope's workdir (it resumes from a file inside), <key>.hub.done its
     finished file before we adopt it (zoo/sources/hubs.py): a process killed in between left

@@ -80,6 +80,23 @@ def test_a_stalled_transfer_is_abandoned_and_resumed(hf_only, hub, zoo_files, mo
     assert Cache().blob(k_sha(zoo_files)).read_bytes() == zoo_files[K_PATH]
 
 
+def test_one_file_failing_stops_the_others_and_keeps_their_partial_files(hf_only, hub, zoo_files,
+                                                                         monkeypatch):
+    """The two .pt files download side by side. K arrives corrupt; V, stalled mid-way, would
+    be retried to the end before the pull reported K. It stops instead (one request, no
+    retry), and what it got stays as a partial for the next pull to resume."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_TIMEOUT", "1")
+    hub.corrupt(GLM_FILES[0], times=None)
+    hub.truncate(GLM_FILES[1], after=1_000_000, stall=3.0)
+    with pytest.raises(IntegrityError, match="sha256"):
+        pull("glm-4.7-fp8")
+    v_sha = hashlib.sha256(zoo_files[f"{GLM_FOLDER}/{GLM_FILES[1]}"]).hexdigest()
+    assert len(hub.requests("GET", GLM_FILES[1])) == 1
+    cache = Cache()
+    assert not cache.has_blob(v_sha)
+    assert cache.incomplete(v_sha).stat().st_size == 1_000_000
+
+
 # --- TLS -----------------------------------------------------------------------------------------
 
 @pytest.fixture

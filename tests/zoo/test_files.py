@@ -117,3 +117,44 @@ def test_a_leftover_old_tree_beside_a_published_one_is_removed(tmp_path):
     shutil.copytree(final, tmp_path / ".snap.old")
     files.heal_dir(final)
     assert (final / "data").read_text() == "old" and _hidden(tmp_path) == []
+
+
+def test_atomic_writers_rename_nothing_until_every_file_is_on_disk(tmp_path, monkeypatch):
+    """K and V written together: a failure (here an fsync, as a full disk or Ctrl-C would give)
+    after the first file is complete leaves both old files, and no temp file."""
+    from oscar_zoo.zoo.files import atomic_writers
+
+    paths = [tmp_path / "k.pt", tmp_path / "v.pt"]
+    for p in paths:
+        p.write_bytes(b"OLD")
+    real, calls = os.fsync, []
+
+    def fsync_failing_second(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_failing_second)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_writers(paths) as (k, v):
+            k.write(b"NEW")
+            v.write(b"NEW")
+    monkeypatch.setattr(os, "fsync", real)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {"k.pt": b"OLD", "v.pt": b"OLD"}
+    with atomic_writers(paths) as (k, v):
+        k.write(b"NEW")
+        v.write(b"NEW!")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {"k.pt": b"NEW", "v.pt": b"NEW!"}
+
+
+def test_atomic_writers_refuse_a_directory_in_the_way_before_writing(tmp_path):
+    from oscar_zoo.zoo.files import atomic_writers
+
+    (tmp_path / "k.pt").write_bytes(b"OLD")
+    (tmp_path / "v.pt").mkdir()
+    with pytest.raises(IsADirectoryError):
+        with atomic_writers([tmp_path / "k.pt", tmp_path / "v.pt"]) as (k, v):
+            k.write(b"NEW")
+    assert (tmp_path / "k.pt").read_bytes() == b"OLD"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.pt", "v.pt"]

@@ -221,7 +221,9 @@ def test_hub_500_is_retried_then_reported(seed_zoo, hub, monkeypatch):
     hub.fail("GET", r"/resolve/", status=500)
     with pytest.raises(RemoteError, match="500"):
         pull("glm-4.7-fp8")
-    assert len(hub.requests("GET", f"/resolve/.*{GLM_FILES[0]}")) == 3  # 1 + 2 retries
+    # 1 + 2 retries for the file reported; the other stops with it, at most as far
+    counts = sorted(len(hub.requests("GET", f"/resolve/.*{name}")) for name in GLM_FILES)
+    assert counts[-1] == 3 and 1 <= counts[0] <= 3
 
 
 def test_transient_500_heals_with_retries(seed_zoo, hub, monkeypatch):

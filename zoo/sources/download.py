@@ -135,7 +135,8 @@ def retry_transient(call: Callable, retries: int, wait: Callable[[int], float] =
             time.sleep(delay)
 
 
-def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
+def fetch(remote: RemoteFile, cache: Cache, progress: bool = True,
+          stop: threading.Event | None = None) -> str:
     """Make sure the file is in the blob store; return its sha256.
 
     Raises IntegrityError, Unauthorized, Forbidden, BundleNotFound, RemoteError, OfflineError.
@@ -153,7 +154,7 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True) -> str:
         fresh_retry_left = True
         while True:
             resumed = partial.exists() and partial.stat().st_size > 0
-            download_to(remote, partial, progress)
+            download_to(remote, partial, progress, stop)
             try:
                 return _verify_and_adopt(remote, cache, partial)
             except IntegrityError:
@@ -214,15 +215,22 @@ def _git_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_to(remote: RemoteFile, partial: Path, progress: bool = True) -> None:
-    """Download (resuming) into `partial` without verifying it: the caller checks the bytes."""
+class Stopped(Exception):
+    """A download given up because `stop` was set (another file of the pull failed, or Ctrl-C);
+    its partial file stays for the next pull to resume."""
+
+
+def download_to(remote: RemoteFile, partial: Path, progress: bool = True,
+                stop: threading.Event | None = None) -> None:
+    """Download (resuming) into `partial` without verifying it: the caller checks the bytes.
+    Setting `stop` ends it at the next chunk (Stopped)."""
     httpx = import_httpx()
 
     retries = int(settings.get("http_retries"))
     attempt = 0
     while True:
         try:
-            _attempt(remote, partial, progress)
+            _attempt(remote, partial, progress, stop)
             return
         except (httpx.TransportError, _Retry) as e:
             if attempt >= retries:
@@ -230,16 +238,20 @@ def download_to(remote: RemoteFile, partial: Path, progress: bool = True) -> Non
             wait = backoff(attempt, getattr(e, "retry_after", None))
             _note(f"{remote.name}: {_describe(e)}; retrying in {wait:.1f} s "
                   f"({attempt + 1}/{retries})")
-            time.sleep(wait)
+            if stop is not None and stop.wait(wait):
+                raise Stopped(remote.name) from None
+            if stop is None:
+                time.sleep(wait)
             attempt += 1
 
 
-def _attempt(remote: RemoteFile, partial: Path, progress: bool) -> None:
+def _attempt(remote: RemoteFile, partial: Path, progress: bool, stop: threading.Event | None) -> None:
     have = partial.stat().st_size if partial.exists() else 0
     if remote.size is not None and have > remote.size:
         partial.unlink()
         have = 0
     if remote.size is not None and have == remote.size:
+        partial.touch()  # an empty file needs no request; the caller still checks its sha256
         return  # complete already (a crash between download and verify)
     headers = dict(remote.headers)
     if have:
@@ -256,6 +268,8 @@ def _attempt(remote: RemoteFile, partial: Path, progress: bool) -> None:
             for chunk in r.iter_bytes():  # write as it arrives: a stall loses nothing received
                 f.write(chunk)
                 bar(len(chunk))
+                if stop is not None and stop.is_set():
+                    raise Stopped(remote.name)
     if remote.size is not None and partial.stat().st_size < remote.size:
         raise _Retry(f"connection closed after {partial.stat().st_size} of {remote.size} bytes")
 

@@ -71,8 +71,8 @@ async def data_error(request: Request, exc: DataError) -> ProblemResponse:
     # logged: each one is a check missing before the write, to add where the value comes in
     log.warning("database refused a value on %s %s: %s", request.method, request.url.path,
                 exc.orig)
-    return problem(422, "Invalid input", "a value in the request cannot be stored (too long, or "
-                   "holding a NUL character); shorten or clean it and retry", request.url.path)
+    return problem(422, "Invalid input", "a value in the request cannot be stored (too long, out "
+                   "of range, or holding a NUL character); shorten or clean it and retry", request.url.path)
 
 
 class UnexpectedErrors:

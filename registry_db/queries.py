@@ -153,7 +153,8 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
     """
     ref = str(ref).strip()
     if ref.isascii() and ref.isdigit():
-        row = None if int(ref) >= 2**31 else session.scalar(
+        # int() of over 4,300 digits raises; no such number is a version anyway
+        row = None if len(ref) > 10 or int(ref) >= 2**31 else session.scalar(
             select(BundleVersion).where(BundleVersion.model_id == model.id,
                                         BundleVersion.number == int(ref)))
     elif not ALIAS_NAME.match(ref.lower()):

@@ -140,7 +140,7 @@ def _load_tensors(path: Path) -> dict[str, np.ndarray]:
 
 def _split(name: str) -> tuple[str, int, str]:
     parts = name.split(".")
-    if (len(parts) != 3 or parts[0] not in SIDES or not parts[1].isdigit()
+    if (len(parts) != 3 or parts[0] not in SIDES or not (parts[1].isascii() and parts[1].isdigit())
             or parts[2] not in ("rotation", "clip", "eigenvalues", "mean")):
         raise BundleFormatError(
             f"unexpected tensor {name!r}: names are {{k,v}}.<layer>.{{rotation,clip,eigenvalues,mean}}")

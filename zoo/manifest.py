@@ -20,6 +20,7 @@ from .geometry import ModelGeometry
 FORMAT = "oscar-zoo.bundle"
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
+MAX_LAYERS, MAX_HEADS, MAX_HEAD_DIM = 100_000, 4096, 4096
 TENSORS = "rotations.safetensors"
 CARD = "README.md"
 
@@ -59,10 +60,12 @@ class ModelRef(Strict):
 
 
 class Geometry(Strict):
-    num_layers: int = Field(gt=0)
-    num_q_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    # bounds far above any model, so that a hostile manifest cannot make the checks that
+    # expand it (a layer list, a [d, d] per layer) spend minutes and gigabytes before refusing
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    num_q_heads: int = Field(gt=0, le=MAX_HEADS)
+    num_kv_heads: int = Field(gt=0, le=MAX_HEADS)
+    head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
     attention_layers: list[int] = []
     head_dim_by_layer: dict[str, int] = {}
     kv_heads_by_layer: dict[str, int] = {}
@@ -74,8 +77,10 @@ class Geometry(Strict):
         bad = [k for k in by_layer if not k.isascii() or not k.isdigit()]
         if bad:
             raise ValueError(f"keys must be layer ids (0, 1, ...), not {bad[:3]}")
-        if any(v <= 0 for v in by_layer.values()):
-            raise ValueError("values must be positive")
+        if any(not 0 < v <= max(MAX_HEADS, MAX_HEAD_DIM) for v in by_layer.values()):
+            raise ValueError(f"values must be positive and at most {max(MAX_HEADS, MAX_HEAD_DIM)}")
+        if any(len(k) > len(str(MAX_LAYERS)) for k in by_layer):
+            raise ValueError(f"layer ids must be below {MAX_LAYERS}")
         return by_layer
 
     def to_geometry(self) -> ModelGeometry:

@@ -25,7 +25,7 @@ from starlette.datastructures import UploadFile
 
 from ...registry_db.mirrors import mirror_after_publish
 from ...registry_db.models import BundleVersion
-from ...zoo.errors import InvalidInput, UnsafePathError, UnsupportedMediaType
+from ...zoo.errors import InvalidInput, OscarZooError, UnsafePathError, UnsupportedMediaType
 from ...zoo.files import CHUNK, safe_join
 from ...zoo.manifest import MANIFEST
 from ..auth import require
@@ -83,8 +83,19 @@ async def staged_upload(request: Request, prefix: str) -> AsyncIterator[tuple[Pa
         staging = Path(tempfile.mkdtemp(prefix=prefix, dir=staging_root))
         try:
             yield staging, await run_in_threadpool(_stage, form, staging)
+        except OscarZooError as e:
+            _without_path(e, staging)
+            raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _without_path(e: OscarZooError, staging: Path) -> None:
+    """The checks name files by their path; the client sent `bundle.json`, not the server's
+    staging dir (which would also tell it where the data dir is)."""
+    if e.args and isinstance(e.args[0], str):
+        text = e.args[0].replace(f"{staging}/", "").replace(str(staging), "the upload")
+        e.args = (text, *e.args[1:])
 
 
 def _stage(form, staging: Path) -> dict[str, str]:

@@ -96,6 +96,47 @@ def test_malformed_safetensors_and_manifest(publisher, tmp_path, snapshot):
     assert snapshot(server) == before
 
 
+def test_an_error_names_the_uploaded_file_not_the_servers_staging_path(publisher, tmp_path):
+    server, http = publisher
+    d = make_bundle(tmp_path / "b").path
+    r = http.post("/v1/models/smollm2-135m/versions", files=_files(d, **{"bundle.json": b"{]"}))
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and detail.startswith("bundle.json ")
+    assert "staging" not in detail and str(server.registry.data_dir) not in detail
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m["geometry"].update(num_layers=10**30), "num_layers"),
+    (lambda m: m["geometry"].update(num_layers=2_000_000), "num_layers"),
+    (lambda m: m["geometry"].update(head_dim=1 << 20), "head_dim"),
+    (lambda m: m["geometry"].update(kv_heads_by_layer={"9" * 40: 2}), "layer ids"),
+])
+def test_a_geometry_too_large_for_any_model_is_refused_before_it_is_expanded(
+        publisher, tmp_path, snapshot, edit, says):
+    """Checks expand the geometry (a list of layers, a [d, d] per layer): a 2 KB manifest
+    naming 2 million layers kept one for a minute and 1.8 GB, 10^30 overflowed into a 500."""
+    server, http = publisher
+    d = make_bundle(tmp_path / "b").path
+    manifest = json.loads((d / "bundle.json").read_text())
+    edit(manifest)
+    before = snapshot(server)
+    r = http.post("/v1/models/smollm2-135m/versions",
+                  files=_files(d, **{"bundle.json": json.dumps(manifest).encode()}))
+    assert r.status_code == 422 and says in r.json()["detail"], r.text
+    assert snapshot(server) == before
+
+
+def test_a_layer_id_in_other_digits_is_an_unexpected_tensor_not_a_500(publisher, tmp_path,
+                                                                       snapshot):
+    server, http = publisher
+    make_bundle(tmp_path / "b")
+    _retensor(tmp_path / "b", lambda t: t.update({"k.\u00b2.eigenvalues": t["k.0.eigenvalues"]}))
+    before = snapshot(server)
+    r = http.post("/v1/models/smollm2-135m/versions", files=_files(tmp_path / "b"))
+    assert r.status_code == 422 and "unexpected tensor" in r.json()["detail"], r.text
+    assert snapshot(server) == before
+
+
 def test_sha_mismatch_and_unlisted_or_missing_files(publisher, tmp_path, snapshot):
     server, http = publisher
     make_bundle(tmp_path / "b")

@@ -62,7 +62,10 @@ def test_unsatisfiable_malformed_and_if_range(served):
     assert r.headers["content-range"] == f"bytes */{len(data)}"
     assert r.headers["content-type"] == "application/problem+json"
     # Malformed or multi-range requests get the whole file (RFC 9110 lets a server ignore Range).
-    for header in ("bytes=a-b", "items=0-1", "bytes=0-1,5-6", "bytes=9-3"):
+    # ... and so do numbers no file reaches: int() of over 4,300 digits raises (was a 500)
+    huge = "9" * 5000
+    for header in ("bytes=a-b", "items=0-1", "bytes=0-1,5-6", "bytes=9-3", f"bytes={huge}-",
+                   f"bytes=-{huge}", f"bytes=0-{huge}"):
         r = http.get(URL, headers={"Range": header})
         assert r.status_code == 200 and r.content == data, header
     stale = http.get(URL, headers={"Range": "bytes=0-9", "If-Range": '"stale"'})
@@ -74,6 +77,9 @@ def test_unsatisfiable_malformed_and_if_range(served):
 
 def test_unknown_file_and_path_tricks(served):
     server, http, data = served
+    for ref in ("9" * 5000, "9" * 11):   # no version, whatever its size (5000 digits was a 500)
+        r = http.get(f"/v1/models/smollm2-135m/versions/{ref}/files/bundle.json")
+        assert r.status_code == 404, r.text
     r = http.get("/v1/models/smollm2-135m/versions/1/files/model.bin")
     assert r.status_code == 404 and "rotations.safetensors" in r.json()["detail"]
     for bad in ("..%2F..%2Fregistry.sqlite", "%2E%2E", "bundle.json%00"):

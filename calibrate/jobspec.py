@@ -216,8 +216,19 @@ def _check_ray_resources(resources: dict[str, float]) -> None:
 
 
 def _check_geometry(spec: JobSpec, geometry: ModelGeometry) -> None:
+    check_int2_geometry(spec.group_size, geometry)
+
+
+def check_int2_geometry(group_size: int | None, geometry: ModelGeometry) -> None:
+    """What OSCAR's Hadamard step and the INT2 kernels need of a model's head dims and of the
+    group size (None: the default). Raises InvalidInput; run before the calibration passes."""
     dims = sorted({geometry.head_dim_of(i) for i in geometry.layers()})
-    g = spec.group_size or min(128, dims[0])
+    odd = [d for d in dims if d < 64 or d & (d - 1)]
+    if odd:
+        raise InvalidInput(f"head_dim {', '.join(map(str, odd))}: OSCAR's Hadamard rotation and the "
+                           "INT2 kernels need a power of two >= 64, so this model cannot be "
+                           "calibrated")
+    g = group_size or min(128, dims[0])
     bad = [d for d in dims if d % g]
     if g & (g - 1) or bad:
         raise InvalidInput(f"group_size {g} must be a power of two dividing head_dim "

@@ -112,6 +112,7 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     model, tok = loaded if loaded is not None else load_model(src)
     capture.install(model)
     geometry = model_geometry(model)
+    jobspec.check_int2_geometry(cfg.group_size, geometry)   # before the passes, not at the first kernel
     timings["loading"] = time.perf_counter() - t0
 
     text = load_text(cfg.data, "calibration", cfg.text_field)
@@ -146,6 +147,7 @@ def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int
     with Fitter(cfg.composition, cfg.granularity == "kv_head") as fitter:
         _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1", update1))
         _check_layers(geometry, moments)
+        _check_finite(moments, layers, "calibration")
         for group in _same_kind(layers, moments):     # final now: fitted while pass 2 runs
             _submit(fitter, group, "k", moments, cfg)
         if cfg.v_objective == "sst":
@@ -221,6 +223,20 @@ def _check_layers(geometry, moments) -> None:
             "cannot be captured; this architecture's attention is not supported")
 
 
+def _check_finite(moments, layers, text: str) -> None:
+    """A model that overflows (fp16 keys, broken weights) names its layer here, not as NaN in
+    an eigh or in the written bundle."""
+    for lid in layers:
+        if not moments[lid].finite():
+            raise InvalidInput(nonfinite_message(lid, text))
+
+
+def nonfinite_message(lid: int, text: str) -> str:
+    return (f"layer {lid}: the model's queries, keys or values hold NaN or inf on the {text} "
+            "text, so no rotation or clip can be fitted to them; check that the model loads "
+            "correctly (dtype, weights) or calibrate on other --data")
+
+
 @dataclass
 class FittedLayer:
     rot_k: torch.Tensor
@@ -264,6 +280,7 @@ def _side_moment(m: LayerMoments, side: str, cfg) -> torch.Tensor:
 
 
 def _collect(fitter: Fitter, moments, cfg, layers, progress) -> dict[int, FittedLayer]:
+    _check_finite(moments, layers, "calibration")   # pass 2's, before its fits are read
     out = {}
     for i, lid in enumerate(layers):
         mean = moments[lid].k_mean().float().cpu() if cfg.key_centering else None
@@ -286,6 +303,9 @@ def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_s
     def observer(module, q, k, v, mask, kw):
         lid = module.layer_idx
         f = fitted[lid]
+        # a NaN error curve would make every comparison false and pick the harshest clip
+        if not bool(torch.isfinite(q).all() & torch.isfinite(k).all() & torch.isfinite(v).all()):
+            raise InvalidInput(nonfinite_message(lid, "held-out"))
         allowed = capture.bool_mask(mask, q.shape[2], k.shape[2], q.device)
         out[lid] = clip_search.search_layer(
             module, q, k, v, allowed, kw.get("scaling") or q.shape[-1] ** -0.5,

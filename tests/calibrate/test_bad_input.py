@@ -200,3 +200,36 @@ def test_other_os_errors_pass_through(monkeypatch):
     with pytest.raises(OSError) as e:
         loading.load_model(loading.resolve_source("org/gone"))
     assert not isinstance(e.value, (ModelNotFound, OfflineError))
+
+
+@pytest.mark.parametrize("group, match", [(48, "power of two dividing head_dim"),
+                                          (8, "below head_dim/4 = 16")])
+def test_the_calibrate_command_refuses_a_group_size_before_loading(monkeypatch, group, match):
+    """It used to load the model and run both passes (48), or write a bundle the decode
+    kernel refuses (8): the checks a job gets at submit now run first."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    monkeypatch.setattr(loading, "load_model", _never)
+    monkeypatch.setattr(pipeline, "load_model", _never)
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--group-size", str(group),
+                                 "--out", "never-written"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert match in r.output, r.output
+
+
+@pytest.mark.parametrize("head_dim", [96, 32])
+def test_a_head_dim_the_kernels_cannot_take_is_refused_before_the_passes(monkeypatch, head_dim):
+    """head_dim 96 failed after both passes with a bare ValueError from the Hadamard step, 32
+    at the clip search's first kernel."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=4 * head_dim, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=head_dim)
+    model = transformers.LlamaForCausalLM(config)
+    monkeypatch.setattr(pipeline, "_pass", _never)
+    monkeypatch.setattr(pipeline, "load_text", _never)
+    with pytest.raises(InvalidInput, match=f"head_dim {head_dim}: .* power of two >= 64"):
+        calibrate(CalibrationConfig(model="smollm2-135m", tokens=512), loaded=(model, None))

@@ -11,6 +11,7 @@ from oscar_zoo.calibrate import capture
 from oscar_zoo.calibrate.data import load_text, token_windows
 from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate, forward
 from oscar_zoo.zoo import bundle as B
+from oscar_zoo.zoo.errors import InvalidInput
 
 from . import reference as ref
 
@@ -136,3 +137,31 @@ def test_validation_names_a_layer_whose_own_keys_overflow(truncated_model):
                                                           baselines=("naive",)), kernel_quantizer())
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("overflow_in, says", [("calibration", "calibration text"),
+                                               ("clip search", "held-out text")])
+def test_a_model_that_overflows_is_named_not_fitted_on_nan(truncated_model, overflow_in, says):
+    """One inf in one key of layer 1 (an fp16 overflow, say). In the calibration windows it
+    reached the statistics and failed only at the write, as NaN in k.1.mean; in the clip
+    search it made every error comparison false and picked the harshest clip, 0.62, for
+    every layer, in a bundle that verified."""
+    model, tok = truncated_model(2)
+    forwards = []
+
+    def overflow(module, args, out):
+        forwards.append(1)
+        if (overflow_in == "clip search") != (len(forwards) <= 2):   # passes 1 and 2 come first
+            out = out.clone()
+            out[0, 400, 5] = float("inf")
+        return out
+
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_windows=1,
+                            clip_queries=64, clip_search=True)
+    hook = model.model.layers[1].self_attn.k_proj.register_forward_hook(overflow)
+    try:
+        with pytest.raises(InvalidInput, match=f"layer 1: .* NaN or inf on the {says}"):
+            calibrate(cfg, loaded=(model, tok))
+    finally:
+        hook.remove()
+    assert len(forwards) == (1 if overflow_in == "calibration" else 3)

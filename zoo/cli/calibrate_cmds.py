@@ -75,7 +75,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
     from oscar_zoo.calibrate.data import BUILTIN
-    from oscar_zoo.calibrate.jobspec import int2_defaults
+    from oscar_zoo.calibrate.jobspec import check_int2_geometry, int2_defaults
     from oscar_zoo.calibrate.loading import resolve_source
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
     from oscar_zoo.calibrate.validate import ValidationConfig
@@ -94,6 +94,8 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         group_size=group_size or int2.get("group_size"), sink_tokens=int2["sink_tokens"],
         recent_tokens=int2["recent_tokens"])
     cfg.check()  # before a load: a bad length must not cost one
+    if src.entry is not None:   # a catalog model's geometry is known: a bad group costs no load
+        check_int2_geometry(cfg.group_size, src.entry.geometry)
     if run_validation:
         ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
     bars = PhaseBars()

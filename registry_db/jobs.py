@@ -277,6 +277,9 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
         return job, job.task_token
     if not (job.lease_holder or "").startswith("dispatch:"):
         if job.attempts >= job.max_attempts:
+            if _ended_with_result(session, job, now_utc(),
+                                  f"the last attempt's process ({job.lease_holder}) died"):
+                return job, None
             _finish(job, "failed", f"gave up after {job.attempts} attempts: the last one's "
                     f"process ({job.lease_holder}) died", now_utc())
             return job, None
@@ -353,6 +356,8 @@ def fail(session: Session, job_id: str, token: str, error: str, retryable: bool 
         pass
     elif retryable and job.attempts < job.max_attempts:
         _requeue(job, f"attempt {job.attempts} failed and will be retried: {error}")
+    elif _ended_with_result(session, job, now, f"attempt {job.attempts} failed: {error}"):
+        pass
     else:
         tried = f" (after {job.attempts} attempts)" if job.attempts > 1 else ""
         _finish(job, "failed", f"{error}{tried}", now)
@@ -396,11 +401,28 @@ def sweep(session: Session, now: datetime | None = None) -> list[tuple[str, str]
         if _cancel_if_requested(job, now):      # a cancel whose worker died
             pass
         elif job.attempts >= job.max_attempts:
-            _finish(job, "failed", f"{lost}; gave up after {job.attempts} attempts", now)
+            if not _ended_with_result(session, job, now, lost):
+                _finish(job, "failed", f"{lost}; gave up after {job.attempts} attempts", now)
         else:
             _requeue(job, f"{lost}; requeued")
         out.append((job.id, job.status))
     return out
+
+
+def _ended_with_result(session: Session, job: Job, now: datetime, lost: str) -> bool:
+    """The last attempt, lost after it recorded the job's result (its version published, the
+    aliases moved): the job ends as the worker would have ended it (succeeded, or failed when
+    validation kept the bundle a draft), not failed for the lost attempt. (With attempts left
+    the job is requeued: a worker that claims it sees the result and only completes it.)"""
+    version = session.get(BundleVersion, job.result_version_id) if job.result_version_id else None
+    if version is None:
+        return False
+    if version.status == "draft" and (job.spec or {}).get("publish", True):
+        _finish(job, "failed", f"validation failed; the bundle is kept as draft version "
+                f"{version.number} of {job.model} with its report ({lost} before it reported)", now)
+    else:
+        _finish(job, "succeeded", None, now)
+    return True
 
 
 def _requeue(job: Job, reason: str | None, refund: bool = False) -> None:

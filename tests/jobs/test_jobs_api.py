@@ -323,6 +323,26 @@ def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp
     assert any("calibration job" in (h["reason"] or "") for h in aliases["history"])
 
 
+@pytest.mark.parametrize("status, ends", [("published", "succeeded"), ("draft", "failed")])
+def test_a_last_attempt_lost_after_its_result_ends_with_that_result(jobs_api, tmp_path, status,
+                                                                    ends):
+    """max_attempts 1: the worker records the result (published, aliases moved) and dies
+    before it completes. The job used to read failed ("gave up after 1 attempts") beside its
+    published version: a user would submit it again. It ends as the worker would have ended it."""
+    api = jobs_api
+    job = api.submit(lease_seconds=1, max_attempts=1, aliases=["recommended"])
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    make_bundle(tmp_path / "a", seed=1)
+    version, _ = api.worker.upload_result(job["id"], lease, tmp_path / "a", status)
+    _wait(lambda: api.submitter.get(job["id"])["status"] not in ("running", "queued"))
+    final = api.submitter.get(job["id"])
+    assert final["status"] == ends and final["result"]["version"] == version["version"]
+    if ends == "succeeded":
+        assert final["error"] is None
+    else:
+        assert "draft version 1" in final["error"] and "validation failed" in final["error"]
+
+
 def test_a_refused_version_on_the_result_is_a_conflict_not_a_lost_lease(jobs_api, tmp_path):
     # The same bytes as a version since yanked: 409 YankedVersion, while the lease is fine.
     api = jobs_api

@@ -51,8 +51,11 @@ def test_a_repo_the_run_created_is_mirrored_into_whatever_the_hub_put_there(regi
     README.md replacing the hub's. The same files in a repo that already existed are refused."""
     starter_card, config = b"# rotations\n", b'{"framework": "other"}'
     hub.starter_files["ms"] = {"README.md": starter_card, "configuration.json": config}
+    # a hiccup right after the create: the retried push must still know the run made the repo
+    hub.fail("GET", r"/repo/files", status=503, times=1, hub="ms")
     registry.publish_dir(make_bundle(tmp_path / "b").path)
-    assert mirror_version(registry.registry, "smollm2-135m", 1, [MS])[0].status == "done"
+    result = mirror_version(registry.registry, "smollm2-135m", 1, [MS])[0]
+    assert result.status == "done", result.error
     files = hub.repo("ms", REPO).files()
     assert files["configuration.json"][0] == config
     assert files["README.md"][0] != starter_card and b"smollm2-135m" in files["README.md"][0]

@@ -104,7 +104,10 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
     hub = open_target(kind, repo)
     model = model or manifest["model"]["name"]
     try:
-        return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number, model))
+        # once, outside the push's retries: a retry would find the repo this run created and
+        # take the hub's starter files in it for someone else's
+        created = _with_retries(hub.ensure_repo)
+        return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number, model, created))
     except Exception as e:  # one hub's failure is recorded, never raised to the other
         reason = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
         log.warning("mirroring %s v%s to %s failed: %s", model, number, target, reason)
@@ -235,11 +238,10 @@ def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> b
 
 
 def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
-          model: str) -> MirrorResult:
+          model: str, created: bool) -> MirrorResult:
+    """created: this run made the repo, so whatever it holds is the hub's starter content
+    (ModelScope may add a model card), which the mirror's own README.md replaces."""
     tag = layout.tag_name(model, number)
-    # whatever a repo this run created holds is the hub's starter content (ModelScope may add
-    # a model card), which the mirror's own README.md replaces
-    created = hub.ensure_repo()
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)

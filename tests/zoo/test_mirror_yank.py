@@ -216,3 +216,47 @@ def test_pulling_a_model_whose_every_version_is_yanked_says_what_to_do(hub_w, bu
     assert out.exit_code == 1 and "v1 (bad rotations)" in out.stderr, out.output
     assert "Traceback" not in out.output
     assert pull(f"{MODEL}@1").digest == bundles[0].digest   # by number, from its tag
+
+
+@pytest.mark.parametrize("target,kind", TARGETS)
+def test_yanking_a_version_an_earlier_yank_put_back_restores_the_next_one(hub_w, bundles,
+                                                                         tmp_path, target, kind):
+    """v1, v3, then v2 (which goes to FOLDER/v2, v3 holding FOLDER). Yanking v3 puts v2 back
+    in FOLDER; yanking v2 then used to clear only FOLDER/v2, leaving the yanked v2 served."""
+    v2 = same_calibration_as(bundles[0], tmp_path / "v2", seed=7)
+    v3 = same_calibration_as(bundles[0], tmp_path / "v3", seed=8)
+    mirrored(target, (1, bundles[0]), (3, v3), (2, v2))
+    repo = hub_w.repo(kind, REPO)
+    held = lambda: layout.RepoFile.of("", folder_on(repo)["bundle.json"]).sha256  # noqa: E731
+    assert held() == v3.digest
+    assert mark_yanked(target, MODEL, 3, "bad").status == "done" and held() == v2.digest
+    result = mark_yanked(target, MODEL, 2, "bad too")
+    assert (result.status, result.error) == ("done", None)
+    assert held() == bundles[0].digest and folder_on(repo) == folder_on(repo, TAG)
+
+
+def test_a_yank_the_index_cannot_take_fails_instead_of_reporting_done(hub_w, bundles):
+    """Another tool's key among the model's versions: the yank took nothing off main and
+    said done, so the registry believed the mirror no longer served the version."""
+    mirrored(HF, (1, bundles[0]))
+    repo = hub_w.repo("hf", REPO)
+    index = json.loads(repo.files()["oscar-zoo.json"][0])
+    index["models"][MODEL]["versions"]["next"] = {"note": "v2 in review (another tool)"}
+    hub_w.seed("hf", REPO, {"oscar-zoo.json": json.dumps(index).encode()})
+    n = len(repo.commits)
+    result = mark_yanked(HF, MODEL, 1, "broken rotations")
+    assert result.status == "failed" and "mirror a version" in result.error
+    assert len(repo.commits) == n and folder_on(repo)
+
+
+@pytest.mark.parametrize("slot", ["managed by another tool", {"versions": {"1": {"digest": "ab"}}}])
+def test_a_pull_from_a_mirror_passes_over_another_tools_entries(hub_w, bundles, monkeypatch,
+                                                                slot):
+    mirrored(HF, (1, bundles[0]))
+    repo = hub_w.repo("hf", REPO)
+    index = json.loads(repo.files()["oscar-zoo.json"][0])
+    index["models"]["aaa-other"] = slot     # sorted before ours: a raw AttributeError before
+    hub_w.seed("hf", REPO, {"oscar-zoo.json": layout.dump_index(index)})
+    monkeypatch.setenv("OSCAR_ZOO_HF_MIRROR_REPO", REPO)
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+    assert pull(MODEL).digest == bundles[0].digest

@@ -189,6 +189,15 @@ def replacement(versions: dict, folder: str) -> str | None:
     return max(live, key=int, default=None)
 
 
+def folders_of(path) -> list[str]:
+    """The main-branch folders a version recorded at `path` may be served from: its own, and
+    for a v<N> subfolder the folder above it (where a yank of a newer version restores it)."""
+    if not isinstance(path, str):
+        return []
+    parent = path.rpartition("/")[0]
+    return [path, parent] if parent and _belongs(path, parent) else [path]
+
+
 def _belongs(path, folder: str) -> bool:
     return path == folder or (isinstance(path, str) and path.startswith(folder + "/v")
                               and path[len(folder) + 2:].isdigit())

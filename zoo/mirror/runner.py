@@ -136,13 +136,24 @@ def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index = _loaded(hub, hub.read(layout.INDEX, head))
+        slot = index["models"].get(model)
+        if slot is not None and not layout.readable_slot(slot):
+            # a yank reported done that took nothing off main would be worse than a failure
+            raise Conflict(f"{hub.kind}:{hub.repo}: {layout.INDEX} lists {model} in a form "
+                           "oscar-zoo does not write (another tool's keys or entries among its "
+                           "versions), so the yank was not recorded; mirror a version of the "
+                           "model there again (that rewrites its entry), then yank again")
         entry = layout.mark_yanked(index, model, number, reason)
         if entry is None:   # never mirrored here: nothing to take back
             return MirrorResult(hub.kind, hub.repo, "done")
         # Compared with main on every run, not only the first: a re-run after a failure (or
-        # after a yank recorded by an older oscar-zoo) finishes what is missing
-        restored, removed = _folder_after_yank(hub, _index_versions(index, model),
-                                               entry.get("path"), head, f"{model} v{number}")
+        # after a yank recorded by an older oscar-zoo) finishes what is missing. Its own folder,
+        # and the one above a v<N> folder: an earlier yank may have put this version back there
+        restored, removed = [], []
+        for folder in layout.folders_of(entry.get("path")):
+            got, gone = _folder_after_yank(hub, _index_versions(index, model), folder, head,
+                                           f"{model} v{number}")
+            restored, removed = restored + got, removed + gone
         wanted = [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
                   layout.RepoFile.of(layout.ROOT_README,
                                      layout.render_root_readme(index, hub.repo))]

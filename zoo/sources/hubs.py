@@ -109,7 +109,7 @@ class HFHub:
                 if r.status_code not in (200, 302) or not sha or not size:
                     return None
                 commits.add(r.headers.get("X-Repo-Commit"))
-                files[path] = FileMeta(path, int(size), sha.strip('"').removeprefix("W/"),
+                files[path] = FileMeta(path, int(size), sha.removeprefix("W/").strip('"'),
                                        (r.headers.get("ETag") or "").strip('"') or None)
         except (httpx.TransportError, ValueError):  # the HfApi path retries and reports it
             return None

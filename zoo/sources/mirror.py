@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..catalog import CatalogEntry
-from ..errors import BundleNotFound, NotFound, VersionNotFound
+from ..errors import BundleNotFound, NotFound, RemoteError, VersionNotFound
 from .base import Plan, Ref
 from .download import RemoteFile, fetch
 from .hubs import hub
@@ -33,16 +33,22 @@ class MirrorSource:
         cache = Cache()
         meta = listing.files[INDEX]
         sha = fetch(self.hub.remote(self.repo, meta, listing.commit or branch, INDEX), cache, False)
-        index = json.loads(cache.blob(sha).read_bytes())
-        slot = _model_slot(index, entry, name)
+        try:
+            index = json.loads(cache.blob(sha).read_bytes())
+        except ValueError as e:
+            raise RemoteError(f"{where}: {INDEX} cannot be read ({e})") from None
+        slot = _model_slot(index if isinstance(index, dict) else {}, entry, name)
         if slot is None:
             raise BundleNotFound(f"{where}: the mirror has no {name}")
         model, info = slot
         number = _number(where, model, info, ref)
-        e = info["versions"].get(str(number))
+        e = _versions(info).get(number)
         if e is None:
             raise VersionNotFound(f"{where}: {model} v{number} is not mirrored; mirrored: "
-                                  f"{', '.join('v' + n for n in sorted(info['versions'], key=int))}")
+                                  f"{', '.join(f'v{n}' for n in sorted(_versions(info)))}")
+        if not _usable(e):
+            raise RemoteError(f"{where}: the index's entry for {model} v{number} is not one "
+                              "oscar-zoo wrote (no tag, folder, digest or file list)")
         notes = []
         if e.get("yanked"):
             notes.append(f"version {number} of {model} was yanked: "
@@ -76,8 +82,7 @@ def _number(where: str, model: str, info: dict, ref: Ref) -> int:
     if ref.alias not in (None, "latest", "recommended"):
         raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
                               f"not {ref.alias!r}")
-    versions = {int(n): e for n, e in (info.get("versions") or {}).items()
-                if str(n).isdigit() and isinstance(e, dict)}
+    versions = _versions(info)
     live = [n for n, e in versions.items() if not e.get("yanked")]
     if not live:
         raise VersionNotFound(_all_yanked(where, model, versions))
@@ -98,10 +103,26 @@ def _all_yanked(where: str, model: str, versions: dict[int, dict]) -> str:
             f"({model}@{numbers[0]})")
 
 
+def _versions(info: dict) -> dict[int, dict]:
+    """A model's versions by number; entries another tool put there (other keys, other
+    shapes) are not versions."""
+    versions = info.get("versions")
+    return {int(n): e for n, e in (versions.items() if isinstance(versions, dict) else ())
+            if str(n).isascii() and str(n).isdigit() and isinstance(e, dict)}
+
+
+def _usable(e: dict) -> bool:
+    # files: {name: sha256}, as layout.index_entry writes it
+    return (all(isinstance(e.get(k), str) for k in ("tag", "path", "digest"))
+            and isinstance(e.get("files"), dict) and all(isinstance(n, str) for n in e["files"]))
+
+
 def _model_slot(index: dict, entry: CatalogEntry | None, name: str):
-    models = index.get("models") or {}
+    models = index.get("models")
     keys = {name.lower()} | ({entry.name, *entry.names} if entry is not None else set())
-    for model, info in models.items():
+    for model, info in (models.items() if isinstance(models, dict) else ()):
+        if not isinstance(info, dict):    # another tool's entry
+            continue
         if model.lower() in keys or str(info.get("hub_id", "")).lower() in keys:
             return model, info
     return None

@@ -45,6 +45,9 @@ class ValidationSpec(Strict):
                                "otherwise it is kept as a draft with its report")
 
 
+MAX_SEED = 2**63 - 1   # torch.Generator.manual_seed's limit (a signed 64-bit integer)
+
+
 class JobSpec(Strict):
     model: str = Field(min_length=1, max_length=500)
     revision: str | None = Field(None, max_length=200)
@@ -55,7 +58,7 @@ class JobSpec(Strict):
     tokens: int | None = Field(None, ge=1, le=1 << 30)
     seq_len: int | None = Field(None, ge=2, le=1 << 20)
     batch_size: int | None = Field(None, ge=1, le=1024)   # None: automatic (pipeline.windows_per_forward)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     k_objective: Literal["qqt", "ktk", "hadamard"] = "qqt"
     v_objective: Literal["sst", "vtv", "hadamard"] = "sst"
     composition: Literal["r_h_pbr", "r_h", "pbr", "plain"] = "r_h_pbr"

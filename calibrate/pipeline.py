@@ -69,6 +69,8 @@ class CalibrationConfig:
             raise InvalidInput("granularity is layer or kv_head")
         if self.tokens <= 0 or self.seq_len <= 1 or (self.batch_size is not None and self.batch_size <= 0):
             raise InvalidInput("tokens, seq_len and batch_size must be positive")
+        if not 0 <= self.seed <= jobspec.MAX_SEED:   # else it fails only at the clip search
+            raise InvalidInput(f"seed {self.seed}: use a number from 0 to {jobspec.MAX_SEED}")
         if self.clip_search and (self.clip_windows < 1 or self.clip_queries < 1):
             raise InvalidInput(f"clip search needs clip_windows >= 1 and clip_queries >= 1 (got "
                                f"{self.clip_windows} and {self.clip_queries}); use 2 and 256, or "

@@ -51,6 +51,8 @@ def test_query_rows_without_int2_tokens_is_invalid_input():
     (dict(clip_windows=0), "clip_windows >= 1"),
     (dict(clip_queries=0), "clip_queries >= 1"),
     (dict(sink_tokens=-1), "must be >= 0"),
+    (dict(seed=2**64), "seed 18446744073709551616: use a number from 0"),   # was: after both passes
+    (dict(seed=-1), "seed -1"),
 ])
 def test_calibration_refuses_before_loading_anything(monkeypatch, kw, match):
     monkeypatch.setattr(pipeline, "resolve_source", _never)

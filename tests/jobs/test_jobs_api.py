@@ -99,6 +99,7 @@ def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_reques
     ({"model": "smollm2-135m", "mirror": ["s3:bucket"]}, InvalidInput, "hf:ORG/REPO"),
     ({"model": "smollm2-135m", "tokenz": 5}, InvalidInput, "tokenz"),
     ({"model": "smollm2-135m", "tokens": 0}, InvalidInput, "tokens"),
+    ({"model": "smollm2-135m", "seed": 2**64}, InvalidInput, "seed"),   # failed after both passes
 ])
 def test_bad_specs_are_refused_up_front_and_store_nothing(jobs_api, spec, error, match):
     with pytest.raises(error, match=match):

@@ -129,6 +129,7 @@ class Attempt:
     def run(self) -> str:
         beat = threading.Thread(target=self._heartbeats, daemon=True, name=f"heartbeat-{self.id[:8]}")
         beat.start()
+        threading.Thread(target=self._watchdog, daemon=True, name=f"lease-{self.id[:8]}").start()
         work = Path(tempfile.mkdtemp(prefix=f"oscar-zoo-job-{self.id[:8]}-"))
         try:
             if self.job.get("result_version") is not None:   # an earlier attempt published
@@ -284,6 +285,16 @@ class Attempt:
                     log.error("job %s: registry unreachable (%s); giving the attempt up", self.id, e)
                     return None
                 time.sleep(1.0)
+
+    def _watchdog(self) -> None:
+        """The lease by our own clock, apart from the beats: a beat stuck in its request (a
+        registry that accepts and never answers holds it for the whole HTTP timeout, 30 s) must
+        not keep the runner going after the registry has handed the job to another worker."""
+        while not self.ended.wait(0.2):
+            if time.monotonic() > self.expires:
+                log.error("job %s: no heartbeat got through before the lease ran out", self.id)
+                self.lost.set()
+                return
 
     def _heartbeats(self) -> None:
         interval = max(self.lease_s / 3, 0.2)

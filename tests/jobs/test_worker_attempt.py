@@ -14,6 +14,7 @@ from pathlib import Path
 
 from oscar_zoo.calibrate.executors import worker as W
 from oscar_zoo.zoo.errors import InvalidInput, Unauthorized
+from oscar_zoo.zoo.jobs_client import JobsClient
 from tests.utils.bundles import make_bundle
 
 FAKE_RUNNER = str(Path(__file__).with_name("fake_runner.py"))
@@ -152,3 +153,27 @@ def test_a_cancel_asked_through_the_registry_still_ends_the_job_cancelled(jobs_a
     thread.join(60)
     after = jobs_api.submitter.get(job["id"])
     assert outcome["result"] == "cancelled" and after["status"] == "cancelled"
+
+
+def test_a_registry_that_stops_answering_loses_the_lease_on_time(jobs_api):
+    """The registry accepts the heartbeat's connection and never answers (hung, or packets
+    dropped): the beat waits out the HTTP timeout (30 s) while the registry requeues the job
+    after its 1 s lease. The attempt gives up when its lease runs out, not when a beat returns."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    held = []
+    threading.Thread(target=lambda: [held.append(silent.accept()) for _ in iter(int, 1)],
+                     daemon=True).start()
+    jobs_api.submit(lease_seconds=1)
+    attempt = _attempt(jobs_api)
+    attempt.client = JobsClient(f"http://127.0.0.1:{silent.getsockname()[1]}", "any-token")
+    started = time.monotonic()
+    threading.Thread(target=attempt._heartbeats, daemon=True).start()
+    threading.Thread(target=attempt._watchdog, daemon=True).start()
+    assert attempt.lost.wait(15), "still working on a job whose lease ran out"
+    assert time.monotonic() - started < 5
+    attempt.ended.set()
+    silent.close()

@@ -24,11 +24,12 @@ def _rotated(x: torch.Tensor, rotation, mean) -> torch.Tensor:
     if rotation is not None:
         r = rotation.to(device=x.device, dtype=x.dtype).float()   # rounded to x's dtype, as the kernel's tensor cores take it
         xr = xr @ r if r.dim() == 2 else torch.einsum("thd,hde->the", xr, r)
-    if mean is not None:
-        m = mean.float().to(x.device)
+    if mean is not None:   # mean @ R with the exact R in float64, then float32, as quantize_kv
+        m = mean.double().to(x.device)
         if rotation is not None:
-            m = m @ r if r.dim() == 2 else torch.einsum("hd,hde->he", m, r)
-        xr = xr - m
+            r64 = rotation.double().to(x.device)
+            m = m @ r64 if r64.dim() == 2 else torch.einsum("hd,hde->he", m, r64)
+        xr = xr - m.float()
     return xr
 
 

@@ -49,3 +49,17 @@ def test_16_bit_input_rounds_the_rotation_as_the_kernel_does(device, xdt):
     want = fake_quantize_kv(x, rot, 0.9, 32)
     got = fake_quantize_kv_vectorized(x, rot, 0.9, 32)
     assert ((got - want).abs() > 1e-4).float().mean() < 1e-2    # float32 rounding: a rare tie only
+
+
+@pytest.mark.parametrize("xdt", [torch.bfloat16, torch.float16])
+def test_16_bit_input_centers_with_the_exact_rotation_as_the_kernel_does(device, xdt):
+    """The kernel subtracts mean @ R with R exact; the twin used R rounded to x's dtype there
+    too: every element differed, by up to one INT2 step. x = 0 leaves only the centering, so
+    the two must agree bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.zeros(16, 2, 64, dtype=xdt, device=device)
+    rot = torch.linalg.qr(torch.randn(2, 64, 64, generator=g, dtype=torch.float64))[0].float().to(device)
+    mean = (10 * torch.randn(2, 64, generator=g)).to(device)
+    want = fake_quantize_kv(x, rot, 0.9, 32, mean=mean)
+    got = fake_quantize_kv_vectorized(x, rot, 0.9, 32, mean=mean)
+    assert torch.equal(got, want)

@@ -36,18 +36,21 @@ def _capture_config(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("model, sink, recent, group", [
-    ("qwen3-30b-a3b", 128, 1024, 128), ("gemma-4-12b", 64, 512, 256), ("qwen3-8b", 64, 256, 128)])
+@pytest.mark.parametrize("model, sink, recent, group, other", [
+    ("qwen3-30b-a3b", 128, 1024, 128, 64), ("gemma-4-12b", 64, 512, 256, 128),   # head_dim 512: >= 128
+    ("qwen3-8b", 64, 256, 128, 64)])
 def test_calibrate_simulates_the_cache_the_model_is_served_with(monkeypatch, tmp_path, model,
-                                                                sink, recent, group):
+                                                                sink, recent, group, other):
     """The command used 64 / 256 / 128 for every model while a job used the catalog's, so the
     clip search was tuned for windows OSCAR does not serve that model with."""
     seen = _capture_config(monkeypatch)
     r = CliRunner().invoke(cli, ["calibrate", model, "--out", str(tmp_path / "b")])
     assert isinstance(r.exception, Stop), r.output
     assert (seen[0].sink_tokens, seen[0].recent_tokens, seen[0].group_size) == (sink, recent, group)
-    r = CliRunner().invoke(cli, ["calibrate", model, "--group-size", "64", "--out", str(tmp_path / "b")])
-    assert seen[1].group_size == 64
+    r = CliRunner().invoke(cli, ["calibrate", model, "--group-size", str(other), "--out",
+                                 str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop), r.output
+    assert seen[1].group_size == other
 
 
 @pytest.mark.parametrize("flag", ["--tokens", "--seq-len"])

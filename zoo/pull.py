@@ -235,34 +235,19 @@ def _materialize_bundle(plan: Plan, cache: Cache, progress: bool,
         if plan.digest and digest != plan.digest:
             raise IntegrityError(f"{plan.origin}: bundle.json hashes to {digest[:12]}... but the "
                                  f"source announced {plan.digest[:12]}...; nothing was cached")
-        manifest, listed = _listed_files(raw, plan.origin)
-        if fmt is not None:  # before the schema check (it needs the rotations): hence .get
-            check_format(fmt, (manifest.get("method") or {}).get("granularity"))
+        # the schema before anything it lists is fetched (a file named bundle.json would stand
+        # in for the manifest just hashed); the tensors are checked once linked (_check_snapshot)
+        from .manifest import parse_manifest
+
+        manifest = parse_manifest(raw, where=f"{plan.origin}: {MANIFEST}")
+        if fmt is not None:
+            check_format(fmt, manifest.method.granularity)
         cache.add_bytes(raw, digest)
-        remotes = [plan.locate(f["name"], f["sha256"], f["size"]) for f in listed]
+        remotes = [plan.locate(f.name, f.sha256, f.size) for f in manifest.files]
         fetched += sum(f.size or 0 for f in remotes if not cache.has_blob(f.sha256, f.size))
         shas = _fetch_all(remotes, cache, progress)
         files = {MANIFEST: digest, **{f.name: s for f, s in zip(remotes, shas)}}
         return digest, cache.link_snapshot(plan.model, digest, files, check=_check_snapshot), fetched
-
-
-def _listed_files(raw: bytes, origin: str) -> tuple[dict, list[dict]]:
-    """The manifest and the files it lists, checked as far as fetching them needs (the full
-    schema check runs on the linked snapshot): each entry a name, sha256 and size; no name
-    twice, and none that is the manifest's own, which would replace the copy just hashed."""
-    try:
-        manifest = json.loads(raw)
-        listed = manifest.get("files", [])
-        names = [f["name"] for f in listed]
-        typed = all(isinstance(f["name"], str) and isinstance(f["sha256"], str)
-                    and type(f["size"]) is int for f in listed)
-    except (ValueError, AttributeError, KeyError, TypeError) as e:
-        raise BundleFormatError(f"{origin}: {MANIFEST} is not a bundle manifest ({type(e).__name__}: "
-                                f"{e}); nothing was cached") from None
-    if not typed or len(set(names)) != len(names) or MANIFEST in names:
-        raise BundleFormatError(f"{origin}: {MANIFEST} lists a file twice, lists itself or lists "
-                                "one without a name, sha256 and size; nothing was cached")
-    return manifest, listed
 
 
 def _materialize_import(plan: Plan, cache: Cache, progress: bool,

@@ -87,20 +87,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 @contextmanager
 def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     """Open a temp file beside `path`; on clean exit fsync and rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        _public_mode(Path(tmp))
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        _unlink(tmp)
-        raise
+    with atomic_writers([Path(path)]) as (f,):
+        yield f
 
 
 @contextmanager

@@ -26,24 +26,11 @@ class HFTarget:
 
     def ensure_repo(self) -> bool:
         """Create the repo if it is missing; True when this call created it."""
-        from huggingface_hub.errors import HfHubHTTPError
-
         with self.hub.errors(self.repo, None):
-            try:
-                self.api().create_repo(self.repo, repo_type="model")
-            except HfHubHTTPError as e:
-                status = getattr(e.response, "status_code", None)
-                if status == 409:
-                    return False
-                if status not in (401, 402, 403):
-                    raise
-                # a token that may write to the repo but not create in its namespace (a
-                # fine-grained token for one org repo): what exist_ok=True does, kept
-                try:
-                    self.api().repo_info(self.repo, repo_type="model")
-                except HfHubHTTPError:
-                    raise e from None
+            # asked first: a token that may write to this repo need not be allowed to create
+            if self.api().repo_exists(self.repo, repo_type="model"):
                 return False
+            self.api().create_repo(self.repo, repo_type="model", exist_ok=True)
         return True
 
     def tags(self) -> dict[str, str]:

@@ -332,6 +332,15 @@ def _dtype(name: str) -> torch.dtype:
 
 # --- the bundle ------------------------------------------------------------------------------
 
+def _method(cfg) -> Method:
+    # a Hadamard side is H alone, with no fitted factor to compose (OSCAR names it bare)
+    k_comp = "none" if cfg.k_objective == "hadamard" else cfg.composition
+    v_comp = "none" if cfg.v_objective == "hadamard" else cfg.composition
+    return Method(k_objective=cfg.k_objective, v_objective=cfg.v_objective, composition=k_comp,
+                  v_composition=None if v_comp == k_comp else v_comp,
+                  granularity=cfg.granularity, key_centering=cfg.key_centering)
+
+
 def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
     k_vals = torch.cat([c.k for c in clips.values()]).numpy()
     v_vals = torch.cat([c.v for c in clips.values()]).numpy()
@@ -345,10 +354,7 @@ def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
         model=ModelRef(name=src.name, hub_id=src.hub_id, revision=cfg.revision,
                        architecture=(getattr(model.config, "architectures", None) or [None])[0]),
         geometry=Geometry.of(geometry),
-        method=Method(k_objective=cfg.k_objective, v_objective=cfg.v_objective,
-                      composition="none" if cfg.k_objective == cfg.v_objective == "hadamard"
-                      else cfg.composition,
-                      granularity=cfg.granularity, key_centering=cfg.key_centering),
+        method=_method(cfg),
         quantization=Quantization(group_size=group_size(cfg, geometry, geometry.layers()[0]),
                                   scale_dtype=cfg.scale_dtype, sink_tokens=cfg.sink_tokens,
                                   recent_tokens=cfg.recent_tokens),

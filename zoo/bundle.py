@@ -245,7 +245,7 @@ def summary(manifest: Manifest) -> dict:
         "kv_heads": geo.num_kv_heads,
         "head_dim": geo.head_dim,
         "method": f"K {manifest.method.k_objective} / V {manifest.method.v_objective}, "
-                  f"{manifest.method.composition}, per {manifest.method.granularity}",
+                  f"{manifest.method.compositions()}, per {manifest.method.granularity}",
         "key_centering": manifest.method.key_centering,
         "clip": {"k": manifest.clip.k_global, "v": manifest.clip.v_global,
                  "granularity": manifest.clip.granularity, "searched": manifest.clip.searched},

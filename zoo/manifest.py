@@ -95,8 +95,20 @@ class Method(Strict):
     k_objective: Literal[K_OBJECTIVES]
     v_objective: Literal[V_OBJECTIVES]
     composition: Literal[COMPOSITIONS] = "r_h_pbr"
+    # V's composition where it is not K's: a Hadamard V beside a fitted K, or an imported pair
+    # of files made with different recipes. None: V has K's.
+    v_composition: Literal[COMPOSITIONS] | None = None
     granularity: Literal["layer", "kv_head"] = "layer"
     key_centering: bool = False
+
+    def composition_of(self, side: str) -> str:
+        return self.v_composition or self.composition if side == "v" else self.composition
+
+    def compositions(self) -> str:
+        """For people: one name when both sides share it, else both."""
+        if self.v_composition is None:
+            return self.composition
+        return f"K {self.composition} / V {self.v_composition}"
 
 
 class Quantization(Strict):

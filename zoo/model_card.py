@@ -42,7 +42,7 @@ def render_card(m: Manifest) -> str:
         f"| layers with rotations | {layers} of {geo.num_layers} |",
         f"| heads | {geo.num_q_heads} query, {geo.num_kv_heads} KV, head_dim {geo.head_dim} |",
         f"| method | K `{m.method.k_objective}`, V `{m.method.v_objective}`, "
-        f"composition `{m.method.composition}`, per {m.method.granularity} |",
+        f"composition `{m.method.compositions()}`, per {m.method.granularity} |",
         f"| key centering | {'on' if m.method.key_centering else 'off'} |",
         f"| clip ratios | K {c.k_global:g} / V {c.v_global:g} (granularity {c.granularity}"
         f"{', searched' if c.searched else ''}) |",

@@ -88,6 +88,24 @@ def test_calibrated_bundle_writes_and_verifies(truncated_model, tmp_path):
     assert max(e["done"] for e in events if e["phase"] == "pass1") == 2        # 1 window x 2 layers
 
 
+def test_a_hadamard_key_side_beside_a_fitted_value_side_exports_as_oscar_names_them(
+        truncated_model, tmp_path):
+    """The manifest held one composition for both sides, so K came out as the objective
+    `hadamard_r_h_pbr`, which no engine script knows and which re-imports as unknown."""
+    from oscar_zoo.zoo.interop.convert import export_files
+
+    model, tok = truncated_model(1)
+    cfg = CalibrationConfig(model="smollm2-135m", tokens=512, seq_len=512, clip_search=False,
+                            k_objective="hadamard", v_objective="sst")
+    bundle = calibrate(cfg, loaded=(model, tok)).bundle
+    m = bundle.manifest.method
+    assert (m.composition_of("k"), m.composition_of("v")) == ("none", "r_h_pbr")
+    k_path, v_path = export_files(bundle, tmp_path / "sglang")
+    assert (k_path.name, v_path.name) == ("k_rotation_hadamard.pt", "v_rotation_sst_r_h_pbr.pt")
+    prefix = "oscar2_" if m.key_centering else ""      # centered keys: OSCAR's format 3
+    assert torch.load(k_path, weights_only=True)["objective"] == f"{prefix}hadamard"
+
+
 def test_windows_per_forward_batches_on_a_gpu_only():
     from oscar_zoo.calibrate.pipeline import GPU_TOKENS, windows_per_forward
 

@@ -142,6 +142,28 @@ def test_hadamard_files_export_oscars_objective_and_round_trip(tmp_path):
     assert (again.manifest.method.k_objective, again.manifest.method.v_objective) == ("hadamard", "hadamard")
 
 
+@pytest.mark.parametrize("k_objective, v_objective, v_name", [
+    ("qqt_r_h_pbr", "hadamard", "v_rotation_hadamard.pt"),
+    ("qqt_r_h_pbr", "sst_pbr", "v_rotation_sst_pbr.pt"),
+    ("hadamard", "sst_r_h", "v_rotation_sst_r_h.pt"),
+])
+def test_a_pair_made_with_two_recipes_exports_each_side_under_its_own(tmp_path, k_objective,
+                                                                       v_objective, v_name):
+    """K's composition used to stand for both: V came back out as `hadamard_r_h_pbr` (an
+    objective that re-imports as unknown) or under K's composition's file name."""
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, seed=1, objective=k_objective)
+    v = _random_oscar(range(30), 64, seed=2, objective=v_objective)
+    b = bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+    B.write(b, tmp_path / "b")
+    k_path, v_path = export_files(B.read(tmp_path / "b"), tmp_path / "out")
+    assert v_path.name == v_name
+    assert torch.load(k_path, weights_only=True)["objective"] == k_objective
+    assert torch.load(v_path, weights_only=True)["objective"] == v_objective
+    again = import_files(k_path, v_path, entry, ServingDefaults.of(entry))
+    assert again.manifest.method == b.manifest.method
+
+
 @pytest.mark.parametrize("shape", [(5, 64), (3, 32)])
 def test_k_mean_of_the_wrong_shape_is_a_clear_error(shape):
     entry = lookup("smollm2-135m")

@@ -66,8 +66,8 @@ def bundle_from_oscar(k: OscarFile, v: OscarFile, model: CatalogEntry, serving: 
     _check_layers("v", v, geo)
     if k.per_head != v.per_head:
         raise BundleFormatError("the K file is per head and the V file is not (or vice versa)")
-    k_obj, comp = _method(k.objective)
-    v_obj, _ = _method(v.objective)
+    k_obj, k_comp = _method(k.objective)
+    v_obj, v_comp = _method(v.objective)
     k_obj = {"own": "ktk"}.get(k_obj, k_obj)
     v_obj = {"own": "vtv"}.get(v_obj, v_obj)
     if k_obj not in ("qqt", "ktk", "hadamard", "identity"):
@@ -77,7 +77,7 @@ def bundle_from_oscar(k: OscarFile, v: OscarFile, model: CatalogEntry, serving: 
     centered = [lid for lid, layer in k.layers.items() if layer.k_mean is not None]
     if centered and len(centered) != len(k.layers):
         raise BundleFormatError("k_mean is present on some layers but not all")
-    bundle = Bundle(_manifest(model, serving, k, v, (k_obj, v_obj, comp), bool(centered),
+    bundle = Bundle(_manifest(model, serving, k, v, (k_obj, v_obj, k_comp, v_comp), bool(centered),
                               imported_from, tag))
     for side, f, clip in (("k", k, serving.k_clip), ("v", v, serving.v_clip)):
         for lid, layer in f.layers.items():
@@ -113,15 +113,17 @@ def _short(ids: list[int]) -> str:
 
 
 def _manifest(model: CatalogEntry, s: ServingDefaults, k: OscarFile, v: OscarFile,
-              method: tuple[str, str, str], centered: bool, imported_from: str, tag: str) -> Manifest:
-    k_obj, v_obj, comp = method
+              method: tuple[str, str, str, str], centered: bool, imported_from: str,
+              tag: str) -> Manifest:
+    k_obj, v_obj, k_comp, v_comp = method
     cal = dict(k.calibration or {})
     tagm = _TAG.search(tag or "")
     return Manifest(
         model=ModelRef(name=model.name, hub_id=model.hub_id, architecture=model.architecture,
                        revision=cal.get("model_revision")),
         geometry=Geometry.of(model.geometry),
-        method=Method(k_objective=k_obj, v_objective=v_obj, composition=comp,
+        method=Method(k_objective=k_obj, v_objective=v_obj, composition=k_comp,
+                      v_composition=None if v_comp == k_comp else v_comp,
                       granularity="kv_head" if k.per_head else "layer", key_centering=centered),
         quantization=Quantization(group_size=s.group_size, sink_tokens=s.sink_tokens,
                                   recent_tokens=s.recent_tokens),
@@ -151,10 +153,14 @@ def oscar_names(bundle: Bundle) -> tuple[str, str]:
     m = bundle.manifest.method
     if m.granularity == "kv_head":
         return "k_rotation_perhead.pt", "v_rotation_perhead.pt"
-    if m.k_objective == "hadamard" and m.v_objective == "hadamard":
-        return "k_rotation_hadamard.pt", "v_rotation_hadamard.pt"
-    comp = m.composition if m.composition != "none" else "r_h_pbr"
-    return f"k_rotation_{m.k_objective}_{comp}.pt", f"v_rotation_{m.v_objective}_{comp}.pt"
+    return _file_name("k", m.k_objective, m.composition_of("k")), \
+        _file_name("v", m.v_objective, m.composition_of("v"))
+
+
+def _file_name(side: str, objective: str, composition: str) -> str:
+    if objective == "hadamard" and composition == "none":
+        return f"{side}_rotation_hadamard.pt"
+    return f"{side}_rotation_{objective}_{composition if composition != 'none' else 'r_h_pbr'}.pt"
 
 
 def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
@@ -163,7 +169,7 @@ def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
     centered = m.method.key_centering
     fv = 3 if centered else (2 if per_head else 1)
     grouping = ("head" if per_head else "layer") if fv == 3 else ("per_kv_head" if per_head else "layer")
-    k_objective = _objective(m.method.k_objective, m.method.composition)
+    k_objective = _objective(m.method.k_objective, m.method.composition_of("k"))
     k = OscarFile(fv, f"oscar2_{k_objective}" if centered else k_objective, grouping)
     if centered:
         calib = {"model_path": m.model.hub_id, "model_revision": m.model.revision,
@@ -171,7 +177,7 @@ def oscar_files(bundle: Bundle) -> tuple[OscarFile, OscarFile]:
                  "global_kv_heads": m.geometry.num_kv_heads, "fitter": f"oscar-zoo {__version__}"}
         k.calibration = {key: val for key, val in calib.items() if val is not None}
         k.transform = {"key": k_objective, "centered": True, "orthogonal": True}
-    v = OscarFile(2 if per_head else 1, _objective(m.method.v_objective, m.method.composition),
+    v = OscarFile(2 if per_head else 1, _objective(m.method.v_objective, m.method.composition_of("v")),
                   "per_kv_head" if per_head else "layer")
     for lid in bundle.layers:
         kt, vt = bundle.k[lid], bundle.v[lid]

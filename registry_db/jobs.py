@@ -36,7 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
-from ..zoo.errors import Conflict, InvalidInput, JobNotFound, LeaseLost
+from ..zoo.errors import Conflict, InvalidInput, JobCancelled, JobNotFound, LeaseLost
 from . import audit
 from .aliases import move_alias
 from .models import BundleVersion, Job
@@ -179,6 +179,12 @@ def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
     job = get(session, job_id, lock=True)
     if job.status in ("succeeded", "failed"):
         raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")
+    if job.status == "running" and job.result_version_id is not None:
+        # past the point of no return: the version is recorded, its aliases moved
+        version = session.get(BundleVersion, job.result_version_id)
+        raise Conflict(f"job {job.id} already recorded its result as {job.model}@{version.number} "
+                       f"and is finishing; to withdraw that version: oscar-zoo yank "
+                       f"{job.model}@{version.number} --reason ...")
     if job.status == "queued":
         _finish(job, "cancelled", None, now_utc())
     elif job.status == "running":
@@ -321,6 +327,7 @@ def record_result(session: Session, job_id: str, token: str, prepared: Prepared,
     if existing is not None:
         job.result_version_id = existing.id
         return existing, False
+    refuse_if_cancelled(job)
     model = model_for(session, prepared.manifest, job.model)
     pub = record_version(session, model, prepared, actor, job.id, status)
     job.result_version_id = pub.version.id
@@ -328,6 +335,14 @@ def record_result(session: Session, job_id: str, token: str, prepared: Prepared,
         for alias in job.spec.get("aliases") or ():
             move_alias(session, model, alias, pub.version, actor, f"calibration job {job.id}")
     return pub.version, pub.created
+
+
+def refuse_if_cancelled(job: Job) -> None:
+    """A result that arrives after a cancel was asked is not recorded: nothing published, no
+    alias moved. (request_cancel refuses once a result is recorded, so one of the two wins.)"""
+    if job.cancel_requested:
+        raise JobCancelled(f"job {job.id} was cancelled before its result was recorded; "
+                           "nothing was published")
 
 
 def complete(session: Session, job_id: str, token: str, timings: dict | None = None,

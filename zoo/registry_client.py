@@ -19,8 +19,9 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from . import settings
-from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, ModelNotFound, NotFound,
-                     OfflineError, PayloadTooLarge, RemoteError, Unauthorized, VersionNotFound)
+from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelled, ModelNotFound,
+                     NotFound, OfflineError, PayloadTooLarge, RemoteError, Unauthorized,
+                     VersionNotFound)
 
 TOKEN_FILE = "token"
 
@@ -170,7 +171,8 @@ class RegistryClient:
         if code == 403:
             return Forbidden(f"{where}: {detail}")
         if code == 409:
-            return Conflict(f"{where}: {detail}")
+            cls = JobCancelled if title == JobCancelled.title else Conflict
+            return cls(f"{where}: {detail}")
         if code == 413:
             return PayloadTooLarge(f"{where}: {detail}")
         if 400 <= code < 500:

@@ -211,6 +211,8 @@ def _record(registry, job_id: str, token: str, staging: Path, status: str, actor
     prepared = prepare_bundle(staging)
     with registry.db.read() as session:
         job = jobs_db.leased(session, job_id, token)
+        if job.result_version_id is None:
+            jobs_db.refuse_if_cancelled(job)        # before storing its blobs
         model_for(session, prepared.manifest, job.model, create=False)
     store_blobs(registry.blobs, prepared)
     with registry.db.write() as session:

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Callable
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, Conflict, LeaseLost, OfflineError, OscarZooError, RemoteError
+from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost, OfflineError,
+                                  OscarZooError, RemoteError)
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -366,7 +367,11 @@ class Attempt:
         version = None
         if work is not None:
             status = self._status(done)
-            version = self._upload(done["bundle_dir"], status)
+            try:
+                version = self._upload(done["bundle_dir"], status)
+            except JobCancelled:     # asked while we calibrated or uploaded: nothing published
+                self._call(lambda: self.client.fail(self.id, self.token, "cancelled", cancelled=True))
+                return "cancelled"
             if version is None:
                 return "lost"
         else:

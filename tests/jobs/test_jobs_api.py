@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import func, select
 
 from oscar_zoo.registry_db.models import BundleVersion, Job
-from oscar_zoo.zoo.errors import Conflict, Forbidden, InvalidInput, LeaseLost, ModelNotFound
+from oscar_zoo.zoo.errors import (Conflict, Forbidden, InvalidInput, JobCancelled, LeaseLost,
+                                  ModelNotFound)
 from oscar_zoo.zoo.jobs_client import JobsClient
 from tests.utils.bundles import make_bundle
 
@@ -322,6 +323,29 @@ def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp
     aliases = api.submitter.registry.aliases("smollm2-135m")
     assert {a["alias"]: a["version"] for a in aliases["items"]} == {"latest": 1, "recommended": 1}
     assert any("calibration job" in (h["reason"] or "") for h in aliases["history"])
+
+
+def test_a_result_after_a_cancel_is_refused_and_a_cancel_after_a_result_is_refused(jobs_api,
+                                                                                     tmp_path):
+    """One of the two wins. A cancel asked while the worker uploaded used to end the job
+    `succeeded` (the version published, `recommended` moved) or, on Ray, `cancelled` beside
+    that published version."""
+    api = jobs_api
+    make_bundle(tmp_path / "a", seed=1)
+    cancelled = api.submit(lease_seconds=30, aliases=["recommended"])
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    api.submitter.cancel(cancelled["id"])
+    with pytest.raises(JobCancelled, match="nothing was published"):
+        api.worker.upload_result(cancelled["id"], lease, tmp_path / "a", "published")
+    assert _count(api.server, BundleVersion) == 0
+    assert api.worker.fail(cancelled["id"], lease, "cancelled", cancelled=True)["status"] == "cancelled"
+
+    finishing = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    version, _ = api.worker.upload_result(finishing["id"], lease, tmp_path / "a", "published")
+    with pytest.raises(Conflict, match=f"oscar-zoo yank smollm2-135m@{version['version']}"):
+        api.submitter.cancel(finishing["id"])
+    assert api.worker.complete(finishing["id"], lease)["status"] == "succeeded"
 
 
 @pytest.mark.parametrize("status, ends", [("published", "succeeded"), ("draft", "failed")])

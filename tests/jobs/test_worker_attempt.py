@@ -155,6 +155,20 @@ def test_a_cancel_asked_through_the_registry_still_ends_the_job_cancelled(jobs_a
     assert outcome["result"] == "cancelled" and after["status"] == "cancelled"
 
 
+def test_a_cancel_asked_while_the_result_uploads_publishes_nothing(jobs_api, monkeypatch):
+    def runner_done_then_cancel_arrives(self, work):
+        make_bundle(work / "bundle")
+        jobs_api.submitter.cancel(self.id)        # between the runner's end and the upload
+        return self._finish(work, {"bundle_dir": str(work / "bundle"), "timings": {}})
+
+    monkeypatch.setattr(W.Attempt, "_run_child", runner_done_then_cancel_arrives)
+    job = jobs_api.submit(max_attempts=3)
+    outcome = _attempt(jobs_api).run()
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome == "cancelled" and after["status"] == "cancelled"
+    assert after["result"] is None and after["attempts"] == 1
+
+
 def test_a_registry_that_stops_answering_loses_the_lease_on_time(jobs_api):
     """The registry accepts the heartbeat's connection and never answers (hung, or packets
     dropped): the beat waits out the HTTP timeout (30 s) while the registry requeues the job

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote
 
+from . import settings
 from .errors import Conflict, LeaseLost, OfflineError, OscarZooError
 from .registry_client import RegistryClient
 
@@ -88,9 +89,10 @@ class JobsClient:
 
     # --- the worker protocol -------------------------------------------------------------------
 
-    def _work(self, path: str, **body) -> Any:
+    def _work(self, path: str, timeout: float | None = None, **body) -> Any:
+        extra = {} if timeout is None else {"timeout": timeout}
         try:
-            r = self.registry.request("POST", path, json=body, retry=False)
+            r = self.registry.request("POST", path, json=body, retry=False, **extra)
         except Conflict as e:
             raise LeaseLost(str(e)) from None
         return r.json() if r.status_code != 204 else None
@@ -99,7 +101,11 @@ class JobsClient:
               wait: float = 0) -> dict | None:
         """{job, lease: {token, seconds, expires_at}}, or None when no job came within `wait`
         seconds (a long poll)."""
-        return self._work("/v1/workers/claim", worker=worker, gpus=gpus, ray=ray, wait=wait)
+        # The registry answers only after up to `wait` s: a read timeout shorter than that would
+        # drop an answer that leased a job, which then waits out its lease unrun.
+        timeout = float(settings.get("http_timeout")) + wait
+        return self._work("/v1/workers/claim", timeout=timeout, worker=worker, gpus=gpus,
+                          ray=ray, wait=wait)
 
     def attach(self, job_id: str, lease: str, worker: str) -> dict:
         """A Ray task takes over its dispatcher's lease: the job, whose `lease` (token, seconds)

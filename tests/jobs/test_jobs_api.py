@@ -190,6 +190,17 @@ def test_claim_heartbeat_progress_complete(jobs_api):
         api.worker.heartbeat(job["id"], lease)
 
 
+def test_a_long_poll_claim_outlasts_a_short_http_timeout(jobs_api, monkeypatch):
+    """With OSCAR_ZOO_HTTP_TIMEOUT below the long poll, the client gave up on a claim whose
+    answer leased a job that arrived meanwhile: the job sat `running` for a whole lease."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_TIMEOUT", "1")
+    submitted = []
+    threading.Timer(1.5, lambda: submitted.append(jobs_api.submit(lease_seconds=30))).start()
+    with JobsClient(jobs_api.server.url, jobs_api.server.token("jobs:work")) as worker:
+        claimed = worker.claim("w1", 0, wait=4)
+    assert claimed is not None and claimed["job"]["id"] == submitted[0]["id"]
+
+
 def _lease(api, job_id: str) -> str:
     """The lease token, read from the database (the claim's answer is the only other place)."""
     with api.server.registry.db.read() as session:

@@ -6,6 +6,7 @@ the command passes them, what it writes and when."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -97,6 +98,22 @@ def test_validate_of_a_bundle_from_a_local_model_asks_for_model(tmp_path):
         calibrate_cmds._bundle_model(local.model, None)
     assert "pass --model" in str(e.value)
     assert calibrate_cmds._bundle_model(manifest.model, None).path == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize("passed, code", [(True, 0), (False, 1)])
+def test_validate_exits_1_when_the_bundle_fails(monkeypatch, tmp_path, passed, code):
+    """It exited 0 either way, so `oscar-zoo validate B && oscar-zoo publish B` published a
+    bundle that had just failed."""
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
+    monkeypatch.setattr(calibrate_cmds, "_quantizer", lambda bundle, model: None)
+    report = SimpleNamespace(passed=passed, criterion="extra loss <= Hadamard's + 0.05 nats",
+                             model_dump=lambda mode: {"passed": passed})
+    monkeypatch.setattr(validate_mod, "validate", lambda *a, **k: report)
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--no-write", "--json"])
+    assert r.exit_code == code, r.output
+    assert json.loads(r.stdout) == {"passed": passed}           # the report is printed either way
+    assert ("validation failed" in r.stderr) == (not passed)
 
 
 def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import click
 
 from .. import settings
-from .output import emit, info, json_option
+from .output import emit, info, json_option, warn
 
 
 class PhaseBars:
@@ -61,11 +62,11 @@ class PhaseBars:
 @click.option("--clip-search/--no-clip-search", default=True, show_default=True,
               help="Search clip ratios per layer; off = OSCAR's shipped K 0.96 / V 0.92.")
 @click.option("--clip-per-head", is_flag=True, help="Search clip ratios per KV head too.")
-@click.option("--group-size", type=int, help="INT2 quantization group [default: the model's, <= 128].")
+@click.option("--group-size", type=int, help="INT2 quantization group [default: the model's, at most head_dim].")
 @click.option("--scale-dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
               show_default=True, help="Scale/zero dtype of the INT2 cache (SGLang's default is float32).")
 @click.option("--validate/--no-validate", "run_validation", default=False,
-              help="Validate the bundle on held-out text right after calibrating.")
+              help="Validate the bundle on held-out text right after calibrating (exit 1 if it fails).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @json_option
 def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size, seed, revision,
@@ -116,6 +117,8 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     data_out = {**bundle_mod.summary(written.manifest), "path": str(out),
                 "timings_s": {k: round(v, 3) for k, v in result.timings.items()}}
     emit(data_out, as_json, _human)
+    if run_validation:
+        _exit_unless_passed(written.manifest.validation, out)
 
 
 def _load(src, bars):
@@ -170,7 +173,9 @@ def _human(d: dict) -> str:
 @json_option
 def validate_command(bundle_dir, model, data, text_field, context_len, windows, tolerance,
                      write_back, as_json):
-    """Measure a bundle's INT2 quality on held-out text beside Hadamard and naive INT2."""
+    """Measure a bundle's INT2 quality on held-out text beside Hadamard and naive INT2.
+
+    Exits 1 when the bundle does not pass (the report is still printed and stored)."""
     from oscar_zoo.calibrate.loading import load_model
     from oscar_zoo.calibrate.validate import ValidationConfig, validate
 
@@ -190,6 +195,14 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
         bundle_mod.write(bundle, bundle_dir, overwrite=True)
         info(f"report stored in {bundle_dir}/bundle.json")
     emit(report.model_dump(mode="json"), as_json, _human_report)
+    _exit_unless_passed(report, bundle_dir)
+
+
+def _exit_unless_passed(report, where) -> None:
+    """Exit 1 on a failed validation, so that `validate B && publish B` stops there."""
+    if not report.passed:
+        warn(f"{where}: validation failed ({report.criterion}); exit status 1")
+        sys.exit(1)
 
 
 def _bundle_model(ref, model: str | None):

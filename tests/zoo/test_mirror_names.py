@@ -32,6 +32,22 @@ def test_no_target_names_the_model_and_the_fix(registry, hub, tmp_path):
     assert hub.repo("hf", REPO) is None
 
 
+def test_mirror_from_a_client_refuses_instead_of_making_an_empty_registry(tmp_path, monkeypatch):
+    """With OSCAR_ZOO_ENDPOINT set (the README's client setup) mirror opened a local database
+    anyway: it made an empty registry.sqlite in the data dir and said the version did not
+    exist."""
+    data = tmp_path / "client-data"
+    monkeypatch.setenv("OSCAR_ZOO_DATA_DIR", str(data))
+    monkeypatch.delenv("OSCAR_ZOO_DATABASE_URL", raising=False)
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
+    out = CliRunner().invoke(cli, ["mirror", "smollm2-135m@1", "--to", "hf:org/rotations"])
+    assert out.exit_code == 1 and "registry's host" in out.output and "--status" in out.output
+    monkeypatch.delenv("OSCAR_ZOO_ENDPOINT")
+    out = CliRunner().invoke(cli, ["mirror", "smollm2-135m@1", "--to", "hf:org/rotations"])
+    assert out.exit_code == 1 and "no registry on this host" in out.output
+    assert not (data / "registry.sqlite").exists()
+
+
 def _bundle(out, seed: int, **model):
     """A bundle whose manifest's model fields are replaced by `model` (same calibration tag)."""
     from oscar_zoo.zoo.bundle import Bundle, write

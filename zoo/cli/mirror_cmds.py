@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -39,10 +40,9 @@ def mirror_command(spec, targets, show_status, as_json):
     if show_status:
         emit(_records(name, version), as_json, _records_text)
         return
-    from ...registry_db.registry import open_registry
     from ...registry_db.mirrors import NotPublished, mirror_version, mirror_yank
 
-    registry = open_registry()
+    registry = _registry_here()
     try:
         try:
             results = mirror_version(registry, name, version, list(targets) or None)
@@ -57,6 +57,32 @@ def mirror_command(spec, targets, show_status, as_json):
     emit([r.to_dict() for r in results], as_json, _results_text)
     if any(r.status != "done" for r in results):
         sys.exit(1)
+
+
+def _registry_here():
+    """The registry this host serves. Mirroring reads its database and blob store, so it does
+    not go through OSCAR_ZOO_ENDPOINT; and on a host without one it must not create one."""
+    from ...registry_db.registry import open_registry
+    from ...registry_db.session import default_url
+    from .. import settings
+    from ..errors import ConfigError
+    from ..registry_client import RegistryClient
+
+    endpoint = RegistryClient().where
+    if endpoint:
+        raise ConfigError(
+            f"`oscar-zoo mirror` pushes from the registry's own database and blobs, so it runs "
+            f"on the registry's host, and OSCAR_ZOO_ENDPOINT here points at {endpoint}. Run it "
+            "there (without OSCAR_ZOO_ENDPOINT), or set OSCAR_ZOO_MIRROR_TARGETS on the server "
+            "so that every publish mirrors by itself; `--status` works from here")
+    if not settings.raw("database_url"):
+        url = default_url(settings.get("data_dir"))
+        if not Path(url.removeprefix("sqlite:///")).is_file():
+            raise ConfigError(
+                f"no registry on this host ({url.removeprefix('sqlite:///')} does not exist): "
+                "run mirror where `oscar-zoo serve` keeps its data (OSCAR_ZOO_DATA_DIR or "
+                "OSCAR_ZOO_DATABASE_URL)")
+    return open_registry()
 
 
 def _results_text(rows: list[dict]) -> str:

@@ -8,6 +8,7 @@ servers see changes.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ class Setting:
     help: str
     kind: str = "str"  # str | int | float | bool | path | list
     secret: bool = False  # never printed or logged
+    bound: str | None = None  # a number's range: ">0" or ">=N"
 
 
 def _user_dir(xdg_env: str, fallback: str) -> str:
@@ -60,23 +62,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("modelscope_mirror_repo", "OSCAR_ZOO_MODELSCOPE_MIRROR_REPO", None,
             "Our own mirror repo on ModelScope (pull source and mirror target).", "str"),
     Setting("lock_timeout", "OSCAR_ZOO_LOCK_TIMEOUT", "120",
-            "Seconds to wait for a cache lock before giving up.", "float"),
+            "Seconds to wait for a cache lock before giving up.", "float", bound=">=0"),
     Setting("http_timeout", "OSCAR_ZOO_HTTP_TIMEOUT", "30",
-            "Seconds without progress before a download is considered stalled.", "float"),
+            "Seconds without progress before a download is considered stalled.", "float", bound=">0"),
     Setting("http_retries", "OSCAR_ZOO_HTTP_RETRIES", "5",
-            "Retries (with exponential backoff) for a failing download or upload.", "int"),
+            "Retries (with exponential backoff) for a failing download or upload; calls to the "
+            "registry's and the hubs' APIs retry at most 3 times.", "int", bound=">=0"),
     # calibration
     Setting("calib_tokens", "OSCAR_ZOO_CALIB_TOKENS", "30000",
-            "Default calibration token budget (OSCAR's default).", "int"),
+            "Default calibration token budget (OSCAR's default).", "int", bound=">0"),
     Setting("calib_seq_len", "OSCAR_ZOO_CALIB_SEQ_LEN", "2048",
-            "Default calibration window length in tokens.", "int"),
+            "Default calibration window length in tokens.", "int", bound=">0"),
     Setting("int2_backend", "OSCAR_ZOO_INT2_BACKEND", "auto",
             "INT2 round trip used by clip search and validation: triton (the kernels; on a CPU "
             "through Triton's interpreter, slow), vectorized (their torch twin), or auto "
             "(triton on CUDA, vectorized on CPU).", "str"),
     # registry service
     Setting("max_upload_bytes", "OSCAR_ZOO_MAX_UPLOAD_BYTES", str(512 * 1024 * 1024),
-            "Largest request body the registry accepts.", "int"),
+            "Largest request body the registry accepts.", "int", bound=">0"),
     Setting("executor", "OSCAR_ZOO_EXECUTOR", "local",
             "Where calibration jobs run: local (worker processes beside the server) or ray.", "str"),
     Setting("ray_address", "OSCAR_ZOO_RAY_ADDRESS", None,
@@ -85,21 +88,23 @@ SETTINGS: tuple[Setting, ...] = (
             "How long the ray executor lets a job's task wait when no alive node of the "
             "cluster has the resources it asks for (its gpus and ray_resources; Ray calls it "
             "infeasible) before it cancels the task and fails the job: an autoscaler's time to "
-            "add such a node.", "float"),
+            "add such a node.", "float", bound=">0"),
     Setting("public_url", "OSCAR_ZOO_PUBLIC_URL", None,
             "Registry URL that workers on other hosts reach this server at (e.g. "
             "http://10.0.0.1:8000); the ray executor hands it to its tasks. Default: the "
             "server's own (loopback) address, which only a single-host Ray cluster can reach.",
             "str"),
     Setting("workers", "OSCAR_ZOO_WORKERS", None,
-            "Local worker processes started by `serve` (default: one per GPU, else one).", "int"),
+            "Local worker processes started by `serve` (default: one per GPU, else one); with "
+            "the ray executor, the most jobs its dispatcher keeps in flight (default: no cap).",
+            "int", bound=">=0"),
     Setting("job_lease_seconds", "OSCAR_ZOO_JOB_LEASE_SECONDS", "60",
-            "A job lease expires this long after the last heartbeat.", "float"),
+            "A job lease expires this long after the last heartbeat.", "float", bound=">0"),
     Setting("job_max_attempts", "OSCAR_ZOO_JOB_MAX_ATTEMPTS", "3",
-            "Attempts before a job is marked failed.", "int"),
+            "Attempts before a job is marked failed.", "int", bound=">=1"),
     Setting("job_cancel_grace_seconds", "OSCAR_ZOO_JOB_CANCEL_GRACE_SECONDS", "30",
             "After a cancel, seconds a job's process may take to stop by itself before its "
-            "process group is killed.", "float"),
+            "process group is killed.", "float", bound=">=0"),
     Setting("mirror_targets", "OSCAR_ZOO_MIRROR_TARGETS", None,
             "Mirror every published bundle to these (e.g. hf:org/repo,modelscope:org/repo).", "list"),
 )
@@ -151,9 +156,20 @@ def get(name: str):
     if value is None:
         return _computed_default(name)
     try:
-        return _convert(s, value)
+        converted = _convert(s, value)
     except ValueError:
         raise ConfigError(f"{s.env}={value!r} is not a valid {s.kind}: {s.help}") from None
+    if s.bound is not None and not _within(converted, s.bound):
+        raise ConfigError(f"{s.env}={value!r} is out of range: it must be a finite number "
+                          f"{s.bound} ({s.help})")
+    return converted
+
+
+def _within(value: float, bound: str) -> bool:
+    op, limit = (">=", float(bound[2:])) if bound.startswith(">=") else (">", float(bound[1:]))
+    if not math.isfinite(value):
+        return False
+    return value >= limit if op == ">=" else value > limit
 
 
 def _convert(s: Setting, value: str):
@@ -197,6 +213,8 @@ def markdown_table() -> str:
     """The docs table of every setting (docs/settings.md is this, checked by a test)."""
     rows = ["| setting | env var | default | what it does |", "|---|---|---|---|"]
     for s in SETTINGS:
-        default = "(computed)" if s.default is None else f"`{s.default}`"
-        rows.append(f"| `{s.name}` | `{s.env}` | {default} | {s.help} |")
+        default = (f"`{s.default}`" if s.default is not None
+                   else "(computed)" if _computed_default(s.name) is not None else "unset")
+        bound = f" Range: {s.bound}." if s.bound else ""
+        rows.append(f"| `{s.name}` | `{s.env}` | {default} | {s.help}{bound} |")
     return "\n".join(rows) + "\n"

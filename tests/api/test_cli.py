@@ -33,6 +33,18 @@ def test_tokens_bootstrap_and_revoke(registry_db_url, monkeypatch):
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
 
 
+def test_serve_on_a_port_in_use_says_so_in_one_line():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = CliRunner().invoke(cli, ["serve", "--port", str(port), "--no-workers"])
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr and "--port 0" in out.stderr
+
+
 def test_serve_end_to_end(registry_db_url, tmp_path):
     env = {**os.environ, "OSCAR_ZOO_DATABASE_URL": registry_db_url,
            "OSCAR_ZOO_DATA_DIR": str(tmp_path / "data")}

@@ -36,6 +36,41 @@ def test_bad_values_say_which_variable(monkeypatch):
         settings.get("http_retries")
 
 
+@pytest.mark.parametrize("env, value", [
+    ("OSCAR_ZOO_HTTP_RETRIES", "-1"),        # zero attempts: an AssertionError traceback
+    ("OSCAR_ZOO_HTTP_TIMEOUT", "nan"),       # socket.settimeout's ValueError traceback
+    ("OSCAR_ZOO_HTTP_TIMEOUT", "0"),         # every request "cannot reach the registry"
+    ("OSCAR_ZOO_JOB_MAX_ATTEMPTS", "0"),
+    ("OSCAR_ZOO_JOB_LEASE_SECONDS", "inf"),
+])
+def test_numbers_out_of_range_are_refused_with_the_range(monkeypatch, env, value):
+    name = next(s.name for s in settings.SETTINGS if s.env == env)
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError, match=f"{env}=.*out of range.*{settings.setting(name).bound}"):
+        settings.get(name)
+    out = CliRunner().invoke(cli, ["pull", "smollm2-135m"])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+
+
+def test_settings_command_shows_every_row_beside_an_invalid_one(monkeypatch):
+    """The command a user runs to find a bad variable printed only that error."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "abc")
+    out = CliRunner().invoke(cli, ["settings", "--json"])
+    rows = {r["env"]: r for r in __import__("json").loads(out.stdout)}
+    assert out.exit_code == 1 and len(rows) == len(settings.SETTINGS)
+    assert "not a valid int" in rows["OSCAR_ZOO_HTTP_RETRIES"]["invalid"]
+    assert rows["OSCAR_ZOO_CALIB_TOKENS"]["value"] == 30000
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line_not_a_traceback(monkeypatch, tmp_path):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("OSCAR_ZOO_CACHE", str(tmp_path / "afile"))
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    out = CliRunner().invoke(cli, ["pull", "smollm2-135m"])
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
+    assert "Not a directory" in out.stderr and "oscar-zoo settings" in out.stderr
+
+
 def test_settings_command_masks_secrets(monkeypatch):
     monkeypatch.setenv("OSCAR_ZOO_TOKEN", "ozk_secret_value")
     out = CliRunner().invoke(cli, ["settings", "--json"]).output

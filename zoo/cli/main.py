@@ -25,6 +25,10 @@ class ZooGroup(click.Group):
         except FileExistsError as e:
             click.echo(click.style("Error: ", fg="red") + str(e), err=True)
             sys.exit(1)
+        except OSError as e:    # a cache or data dir that is a file, read-only or full
+            click.echo(click.style("Error: ", fg="red") + f"{e} (`oscar-zoo settings` shows "
+                       "the directories oscar-zoo uses and their variables)", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=ZooGroup, context_settings={"help_option_names": ["-h", "--help"]})

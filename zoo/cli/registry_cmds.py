@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import settings
+from ..errors import ConfigError
 from .output import emit, info, json_option
 
 
@@ -43,7 +44,12 @@ def serve_command(host: str, port: int, no_workers: bool, executor: str | None,
     # Bind first, so the workers know the real port (also with --port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); pick another port "
+                          "with --port (--port 0 takes a free one)") from None
     port = sock.getsockname()[1]
     local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     app.state.self_url = f"http://{f'[{local}]' if ':' in local else local}:{port}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .. import settings
+from ..errors import ConfigError
 from .output import emit, json_option
 
 
@@ -12,13 +15,26 @@ from .output import emit, json_option
 @json_option
 def settings_command(as_json: bool):
     """Show every setting with its env var and current value."""
-    rows = [{"name": s.name, "env": s.env, "help": s.help, "value": _show(settings.shown(s.name))}
-            for s in settings.SETTINGS]
-    emit(rows, as_json, lambda rs: "\n".join(f"{r['env']:36} {r['value']!s:40} {r['help']}" for r in rs))
+    rows = [{"name": s.name, "env": s.env, "help": s.help, **_value(s)} for s in settings.SETTINGS]
+    emit(rows, as_json, lambda rs: "\n".join(
+        f"{r['env']:36} {_cell(r)!s:40} {r['help']}" for r in rs))
+    if any("invalid" in r for r in rows):
+        sys.exit(1)
 
 
-def _show(value):
-    return value if value is None or isinstance(value, (bool, int, float, str, list)) else str(value)
+def _value(s: settings.Setting) -> dict:
+    """The value, or why it is invalid: this is the command that finds a bad one, so one bad
+    variable must not hide the others."""
+    try:
+        value = settings.shown(s.name)
+    except ConfigError as e:
+        return {"value": None, "invalid": str(e)}
+    return {"value": value if value is None or isinstance(value, (bool, int, float, str, list))
+            else str(value)}
+
+
+def _cell(row: dict) -> str:
+    return f"INVALID: {row['invalid']}" if "invalid" in row else str(row["value"])
 
 
 def register(cli: click.Group) -> None:

@@ -120,6 +120,7 @@ def test_export_list_and_show_without_a_registry(seed_zoo, tmp_path):
                                  "--out", str(tmp_path / "x")])
     assert result.exit_code == 0, result.output
     assert "VLLM_OSCAR_K_ROTATION_PATH=" + str(tmp_path / "x") in result.stdout
+    assert "# note: vLLM's OSCAR backend is an open, work-in-progress PR" in result.stdout  # as pull
     torch = pytest.importorskip("torch")
     k = torch.load(tmp_path / "x" / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
     assert sorted(k["layers"]) == list(range(46, 92))

@@ -104,8 +104,14 @@ def _stdout(r) -> str:
     title = {"sglang": "SGLang", "vllm": "vLLM"}[exp.format]
     head = [f"# {title} launch recipe for {r.model}"
             + (f" v{r.version}" if r.version is not None else "") + f" (sha256:{r.digest[:12]})"]
-    notes = [f"# note: {n}" for n in exp.recipe.notes]
-    return "\n".join(head + notes + [exp.recipe.shell()])
+    return "\n".join(head + [_recipe_text(exp)])
+
+
+def _recipe_text(exp) -> str:
+    """The launch lines after the recipe's notes: what an engine will refuse or needs extra."""
+    if exp.recipe is None:
+        return str(exp.dir)
+    return "\n".join([f"# note: {n}" for n in exp.recipe.notes] + [exp.recipe.shell()])
 
 
 # --- list, show ----------------------------------------------------------------------------------
@@ -446,8 +452,7 @@ def export_command(target, fmt, out, layers, as_json):
         bdir, digest = result.path, result.digest
     chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
     result = export(cache, digest, bdir, fmt, chosen, out)
-    emit(result.to_dict(), as_json,
-         lambda d: (result.recipe.shell() if result.recipe else str(result.dir)))
+    emit(result.to_dict(), as_json, lambda d: _recipe_text(result))
 
 
 @click.command("publish")

@@ -187,7 +187,7 @@ def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> 
             from .interop.convert import oscar_files, oscar_names
             from .interop.oscar_pt import write_file
 
-            k_name, v_name = oscar_names(bundle)
+            k_name, v_name = oscar_names(bundle.manifest)
             k, v = oscar_files(bundle)
             # rebuildable from the snapshot at any time: no fsync (it dominated a cold pull)
             write_file(tmp / k_name, k, durable=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import yaml
 
+from .interop.convert import oscar_names
 from .manifest import Manifest
 from .recipes import sglang_recipe
 
@@ -53,9 +54,11 @@ def render_card(m: Manifest) -> str:
     ]
     if m.validation is not None:
         lines += _validation_section(m)
-    recipe = sglang_recipe(m, "<dir>/k_rotation.pt", "<dir>/v_rotation.pt")
+    k_name, v_name = oscar_names(m)     # what `pull --format sglang` writes into <dir>
+    recipe = sglang_recipe(m, f"<dir>/{k_name}", f"<dir>/{v_name}")
     lines += ["", "## Serve with SGLang", "", "```bash", recipe.shell(), "```"]
-    lines += [f"> {n}" for n in recipe.notes]
+    for note in recipe.notes:           # a blank line between: one paragraph each
+        lines += ["", f"> {note}"]
     return "\n".join(lines) + "\n"
 
 

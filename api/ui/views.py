@@ -3,7 +3,6 @@ registry_db/queries.py), so a page and `GET /v1/...` always agree."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 from ...registry_db.models import BundleVersion
 from ...zoo.interop.convert import oscar_names
@@ -48,7 +47,7 @@ def usage(detail: dict, endpoint: str) -> dict:
     """Copy-paste lines: point the client here, pull, and launch SGLang (zoo/recipes.py)."""
     name, number = detail["model"], detail["version"]
     manifest = Manifest.model_validate(detail["manifest"])
-    k_name, v_name = oscar_names(SimpleNamespace(manifest=manifest))
+    k_name, v_name = oscar_names(manifest)
     recipe = sglang_recipe(manifest, f"{OUT}/{k_name}", f"{OUT}/{v_name}")
     return {"endpoint": f"export OSCAR_ZOO_ENDPOINT={endpoint}",
             "pull": f"oscar-zoo pull {name}@{number} --format sglang --out {OUT}/",

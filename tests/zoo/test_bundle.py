@@ -157,3 +157,6 @@ def test_model_card_has_front_matter_and_recipe(tmp_path):
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert meta["library_name"] == "oscar-zoo"
     assert "--kv-cache-dtype int2" in card and "SGLANG_OSCAR_K_CLIP_RATIO=0.96" in card
+    # the files `pull --format sglang` writes, not k_rotation.pt (OSCAR's loader then fails)
+    assert "SGLANG_OSCAR_K_ROTATION_PATH='<dir>/k_rotation_qqt_r_h_pbr.pt'" in card
+    assert "SGLANG_OSCAR_V_ROTATION_PATH='<dir>/v_rotation_sst_r_h_pbr.pt'" in card

@@ -184,7 +184,7 @@ def test_identity_v1_variant_imports(tmp_path):
     b = import_files(tmp_path / "k.pt", tmp_path / "v.pt", entry, ServingDefaults.of(entry))
     assert b.manifest.method.k_objective == "identity" and b.k[0].eigenvalues is None
     B.write(b, tmp_path / "b")
-    assert oscar_names(b)[0].startswith("k_rotation_identity")
+    assert oscar_names(b.manifest)[0].startswith("k_rotation_identity")
 
 
 def test_non_orthogonal_companion_transform_is_refused(tmp_path):

@@ -148,9 +148,9 @@ def import_files(k_path: str | Path, v_path: str | Path, model: CatalogEntry,
 
 # --- export ----------------------------------------------------------------------------------
 
-def oscar_names(bundle: Bundle) -> tuple[str, str]:
+def oscar_names(manifest: Manifest) -> tuple[str, str]:
     """OSCAR's file names (oscar-spec 1.6), so engine scripts find them unchanged."""
-    m = bundle.manifest.method
+    m = manifest.method
     if m.granularity == "kv_head":
         return "k_rotation_perhead.pt", "v_rotation_perhead.pt"
     return _file_name("k", m.k_objective, m.composition_of("k")), \
@@ -197,7 +197,7 @@ def _objective(name: str, composition: str) -> str:
 def export_files(bundle: Bundle, out_dir: str | Path) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    k_name, v_name = oscar_names(bundle)
+    k_name, v_name = oscar_names(bundle.manifest)
     k, v = oscar_files(bundle)
     write_file(out_dir / k_name, k)
     write_file(out_dir / v_name, v)

@@ -85,7 +85,7 @@ def version_files(bundle_dir: Path, manifest: dict, folder: str) -> list[RepoFil
     out = [RepoFile.of(f"{folder}/{n}", safe_join(bundle_dir, n).read_bytes()) for n in names]
     bundle = read(bundle_dir, verify=False)  # verified when it was published
     k, v = oscar_files(bundle)
-    for name, f in zip(oscar_names(bundle), (k, v)):
+    for name, f in zip(oscar_names(bundle.manifest), (k, v)):
         out.append(RepoFile.of(f"{folder}/{name}", dumps(oscar_dict(f), name[:-3])))
     return out
 

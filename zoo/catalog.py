@@ -48,6 +48,7 @@ class CatalogEntry:
     group_size: int = 128
     sink_tokens: int = 64
     recent_tokens: int = 256
+    lloyd_max: bool = False         # OSCAR serves it with SGLANG_LLOYD_MAX=1 (oscar-spec 5)
     gpus: int = 1                   # GPUs a calibration job asks for (bf16/fp8 weights must fit)
     geometry_verified: bool = True  # False: taken from secondary sources, checked against config.json on use
     notes: str = ""
@@ -88,7 +89,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         notes="Needs per-KV-head rotations: a shared rotation costs +16.6% PPL (OSCAR #16)."),
     CatalogEntry(
         "minimax-m2.7", "MiniMaxAI/MiniMax-M2.7", "MiniMaxM2ForCausalLM", _geo(62, 48, 8, 128),
-        zoo=ZooEntry("MiniMax-M2.7"), gpus=4, recent_tokens=1024, sink_tokens=128),
+        zoo=ZooEntry("MiniMax-M2.7"), gpus=4, recent_tokens=1024, sink_tokens=128, lloyd_max=True),
     CatalogEntry(
         "qwen3.5-4b", "Qwen/Qwen3.5-4B", "Qwen3_5ForConditionalGeneration",
         _geo(32, 16, 4, 256, attention=range(3, 32, 4)), group_size=256,
@@ -96,7 +97,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         notes="Hybrid: Gated DeltaNet on 3 of 4 layers; rotations for full-attention layers only."),
     CatalogEntry(
         "qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", "Qwen3_5MoeForConditionalGeneration",
-        _geo(40, 16, 2, 256, attention=range(3, 40, 4)), group_size=256, gpus=2,
+        _geo(40, 16, 2, 256, attention=range(3, 40, 4)), group_size=256, gpus=2, lloyd_max=True,
         zoo=ZooEntry("Qwen3.5-35B-A3B", k_file="k_rotation.pt", v_file="v_rotation.pt"),
         notes="Hybrid: 10 full-attention layers (3, 7, ..., 39) keyed by global id."),
     CatalogEntry(

@@ -81,8 +81,12 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     }
     # Folding R_v into W_v is invalid for per-head rotations (oscar-spec 1.3).
     env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "0" if per_head else "1"
+    lloyd = []
     if q.get("lloyd_max"):
         env["SGLANG_LLOYD_MAX"] = "1"
+        lloyd = ["SGLANG_LLOYD_MAX=1 is how OSCAR serves this model: Lloyd-Max buckets when a "
+                 "prefill is quantized, uniform INT2 for decoded tokens (oscar-spec 5). oscar-zoo's "
+                 "validation measures uniform INT2; drop the variable to serve what it measured."]
     command = ["python", "-m", "sglang.launch_server", "--model-path", m["model"]["hub_id"],
                "--kv-cache-dtype", "int2", "--kv-cache-quant-group-size", str(q["group_size"]),
                "--prefill-attention-backend", "fa3", "--decode-attention-backend", "triton"]
@@ -101,7 +105,7 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     if per_head:
         notes.append("Per-KV-head rotations (OSCAR format 2): needs an SGLang build whose loader "
                      "dispatches on rotation.dim() (FutureMLS-Lab/OSCAR#20).")
-    return Recipe("sglang", env, command, notes + _layer_note(layers))
+    return Recipe("sglang", env, command, notes + lloyd + _layer_note(layers))
 
 
 def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:

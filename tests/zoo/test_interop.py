@@ -67,6 +67,22 @@ def test_hybrid_file_keeps_global_layer_ids_and_round_trips_exactly(tmp_path):
 
 
 @needs_fixtures
+def test_a_model_oscar_serves_with_lloyd_max_gets_the_flag_and_why(tmp_path):
+    """The catalog knew no model served with SGLANG_LLOYD_MAX=1, so pulling Qwen3.5-35B-A3B or
+    MiniMax-M2.7 from the RotationZoo printed a recipe without OSCAR's setting for them."""
+    from oscar_zoo.zoo.recipes import sglang_recipe
+
+    b = _import(QWEN35, "k_rotation.pt", "v_rotation.pt", "qwen3.5-35b-a3b")
+    assert b.manifest.quantization.lloyd_max
+    recipe = sglang_recipe(b.manifest, "k.pt", "v.pt")
+    assert recipe.env["SGLANG_LLOYD_MAX"] == "1"
+    assert any("uniform INT2" in n for n in recipe.notes)
+    plain = _import(QWEN3_4B, "k_rotation_qqt_r_h_pbr.pt", "v_rotation_sst_r_h_pbr.pt",
+                    "qwen3-4b-thinking-2507")
+    assert "SGLANG_LLOYD_MAX" not in sglang_recipe(plain.manifest, "k.pt", "v.pt").env
+
+
+@needs_fixtures
 def test_files_for_another_model_are_refused(tmp_path):
     with pytest.raises(BundleFormatError, match="attention layers"):
         _import(QWEN35, "k_rotation.pt", "v_rotation.pt", "qwen3-8b")

@@ -34,11 +34,13 @@ class ServingDefaults:
     group_size: int = 128
     sink_tokens: int = 64
     recent_tokens: int = 256
+    lloyd_max: bool = False
 
     @classmethod
     def of(cls, entry: CatalogEntry, **overrides) -> "ServingDefaults":
         base = dict(k_clip=entry.k_clip, v_clip=entry.v_clip, group_size=entry.group_size,
-                    sink_tokens=entry.sink_tokens, recent_tokens=entry.recent_tokens)
+                    sink_tokens=entry.sink_tokens, recent_tokens=entry.recent_tokens,
+                    lloyd_max=entry.lloyd_max)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -126,7 +128,7 @@ def _manifest(model: CatalogEntry, s: ServingDefaults, k: OscarFile, v: OscarFil
                       v_composition=None if v_comp == k_comp else v_comp,
                       granularity="kv_head" if k.per_head else "layer", key_centering=centered),
         quantization=Quantization(group_size=s.group_size, sink_tokens=s.sink_tokens,
-                                  recent_tokens=s.recent_tokens),
+                                  recent_tokens=s.recent_tokens, lloyd_max=s.lloyd_max),
         clip=Clip(granularity="global", searched=False, k_global=s.k_clip, v_global=s.v_clip,
                   k_min=s.k_clip, k_median=s.k_clip, k_max=s.k_clip,
                   v_min=s.v_clip, v_median=s.v_clip, v_max=s.v_clip),

@@ -179,8 +179,9 @@ def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
     job = get(session, job_id, lock=True)
     if job.status in ("succeeded", "failed"):
         raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")
-    if job.status == "running" and job.result_version_id is not None:
-        # past the point of no return: the version is recorded, its aliases moved
+    if job.result_version_id is not None:
+        # past the point of no return: the version is recorded, its aliases moved (a job
+        # requeued after that only completes)
         version = session.get(BundleVersion, job.result_version_id)
         raise Conflict(f"job {job.id} already recorded its result as {job.model}@{version.number} "
                        f"and is finishing; to withdraw that version: oscar-zoo yank "
@@ -360,19 +361,21 @@ def complete(session: Session, job_id: str, token: str, timings: dict | None = N
 
 def fail(session: Session, job_id: str, token: str, error: str, retryable: bool = True,
          cancelled: bool = False) -> Job:
-    """The attempt ended without a result. Cancelled, or a cancel pending -> cancelled (even when
-    the attempt failed for another reason: the user asked for it); retryable and attempts left
-    -> queued again; else failed."""
+    """The attempt ended without completing. Its result recorded -> the job ends with that
+    result; cancelled, or a cancel pending -> cancelled (even when the attempt failed for
+    another reason: the user asked for it); retryable and attempts left -> queued again; else
+    failed."""
     job = leased(session, job_id, token)
     now = now_utc()
-    if cancelled:
+    if job.result_version_id is not None and _ended_with_result(
+            session, job, now, f"attempt {job.attempts} ended: {error}"):
+        pass        # recorded before anything else: never cancelled or failed beside its version
+    elif cancelled:
         _finish(job, "cancelled", None, now)
     elif _cancel_if_requested(job, now):
         pass
     elif retryable and job.attempts < job.max_attempts:
         _requeue(job, f"attempt {job.attempts} failed and will be retried: {error}")
-    elif _ended_with_result(session, job, now, f"attempt {job.attempts} failed: {error}"):
-        pass
     else:
         tried = f" (after {job.attempts} attempts)" if job.attempts > 1 else ""
         _finish(job, "failed", f"{error}{tried}", now)

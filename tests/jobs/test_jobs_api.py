@@ -359,6 +359,27 @@ def test_a_result_after_a_cancel_is_refused_and_a_cancel_after_a_result_is_refus
     assert api.worker.complete(finishing["id"], lease)["status"] == "succeeded"
 
 
+def test_a_job_with_its_result_recorded_is_never_cancelled_beside_it(jobs_api, tmp_path):
+    """Requeued after its result was recorded (the worker died before completing), the job
+    still took a cancel and ended `cancelled` beside its published version; and a worker's
+    fail(cancelled=True) after recording did the same."""
+    api = jobs_api
+    make_bundle(tmp_path / "b", seed=2)
+    racing = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w2", 0)["lease"]["token"]
+    api.worker.upload_result(racing["id"], lease, tmp_path / "b", "published")
+    ended = api.worker.fail(racing["id"], lease, "cancelled", cancelled=True)
+    assert ended["status"] == "succeeded" and ended["result"]["version"] is not None
+
+    make_bundle(tmp_path / "a", seed=1)
+    requeued = api.submit(lease_seconds=1)
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    api.worker.upload_result(requeued["id"], lease, tmp_path / "a", "published")
+    _wait(lambda: api.submitter.get(requeued["id"])["status"] == "queued")
+    with pytest.raises(Conflict, match="already recorded its result"):
+        api.submitter.cancel(requeued["id"])
+
+
 @pytest.mark.parametrize("status, ends", [("published", "succeeded"), ("draft", "failed")])
 def test_a_last_attempt_lost_after_its_result_ends_with_that_result(jobs_api, tmp_path, status,
                                                                     ends):

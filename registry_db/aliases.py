@@ -23,7 +23,7 @@ LATEST = "latest"
 
 def check_alias_name(name: str) -> str:
     """Raises InvalidInput unless the name is a lower-case word that cannot be a version number."""
-    if not ALIAS_NAME.match(name or ""):
+    if not ALIAS_NAME.fullmatch(name or ""):
         raise InvalidInput(f"alias {name!r} is not valid: use 1-64 lower-case letters, digits, "
                            "'.', '_' or '-', starting with a letter (e.g. recommended, prod)")
     return name

@@ -48,7 +48,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 # What a running job reports, in order (clip_search sits between fitting and validating).
 RUN_PHASES = ("loading", "pass1", "pass2", "fitting", "clip_search", "validating", "publishing")
 CLAIM_BATCH = 32
-_JOB_ID = re.compile(r"^[0-9a-fA-F-]{1,36}$")
+_JOB_ID = re.compile(r"[0-9a-fA-F-]{1,36}")
 
 
 def now_utc() -> datetime:
@@ -138,7 +138,7 @@ def _differences(old: dict, new: dict, given: dict | None) -> list[str]:
 def get(session: Session, job_id: str, lock: bool = False) -> Job:
     """Raises JobNotFound."""
     job = None
-    if _JOB_ID.match(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
+    if _JOB_ID.fullmatch(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
         job = session.get(Job, job_id, with_for_update=lock or None)
     if job is None:
         raise JobNotFound(f"no job {job_id!r}; list jobs with GET /v1/jobs")

@@ -37,7 +37,7 @@ from .tensors import head_span, read_spans
 
 RETRIES = 64
 ARCHITECTURE_MAX = 200
-_MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -143,9 +143,12 @@ def _resolve_or_none(session: Session, name: str) -> Model | None:
 
 def _check_new_model(manifest: Manifest) -> None:
     ref = manifest.model
-    if not _MODEL_NAME.match(ref.name.lower()) or not is_hub_id(ref.hub_id):
+    if not _MODEL_NAME.fullmatch(ref.name.lower()) or not is_hub_id(ref.hub_id):
         raise InvalidInput(f"a new model needs a plain name (letters, digits, '.', '_', '-') and a "
                            f"hub id like org/repo; got {ref.name!r} and {ref.hub_id!r}")
+    if "--" in ref.name:    # `org--repo` is how URLs spell the hub id org/repo
+        raise InvalidInput(f"model name {ref.name!r}: '--' is reserved (a URL's `org--repo` names "
+                           "the hub id org/repo); pick a name without it")
     # stored in the model's row (models.architecture, String(200)); PostgreSQL refuses longer
     # text and NUL, so the upload failed only at the insert, after its blobs were written
     arch = ref.architecture or ""

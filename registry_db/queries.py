@@ -18,7 +18,7 @@ from ..zoo.errors import (AliasNotFound, InvalidInput, LayerNotFound, ModelNotFo
 from .models import Alias, AliasEvent, BundleVersion, LayerIndex, MirrorRecord, Model
 
 MAX_LIMIT = 200
-ALIAS_NAME = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
+ALIAS_NAME = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 
 
 # --- pagination ------------------------------------------------------------------------------
@@ -71,13 +71,16 @@ def resolve_model(session: Session, name: str) -> Model:
     key = name.strip().lower()
     if "\x00" in key:
         raise ModelNotFound(f"unknown model {name!r}.")
-    candidates = {key, key.replace("--", "/")} if key else set()
+    # In a fixed order, so that every process and replica agrees: a name before a hub id,
+    # the key as typed before its `org--repo` reading.
+    candidates = list(dict.fromkeys([key, key.replace("--", "/")])) if key else []
     for k in candidates:
-        row = session.scalar(select(Model).where((Model.name == k) | (Model.hub_id_lower == k)))
-        if row is not None:
-            return row
+        for column in (Model.name, Model.hub_id_lower):
+            row = session.scalar(select(Model).where(column == k))
+            if row is not None:
+                return row
     for row in session.scalars(select(Model).order_by(Model.id)):
-        if candidates & set(row.aliases or ()) or key == row.hub_id_lower.split("/")[-1]:
+        if set(candidates) & set(row.aliases or ()) or key == row.hub_id_lower.split("/")[-1]:
             return row
     raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest_models(session, name))
 
@@ -157,7 +160,7 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
         row = None if len(ref) > 10 or int(ref) >= 2**31 else session.scalar(
             select(BundleVersion).where(BundleVersion.model_id == model.id,
                                         BundleVersion.number == int(ref)))
-    elif not ALIAS_NAME.match(ref.lower()):
+    elif not ALIAS_NAME.fullmatch(ref.lower()):
         row = None  # no alias can have this name
     else:
         alias = session.scalar(select(Alias).where(Alias.model_id == model.id,

@@ -20,7 +20,7 @@ from . import audit
 from .models import SCOPES, ApiToken
 
 PREFIX = "ozk_"
-_SHAPE = re.compile(r"^ozk_[A-Za-z0-9_-]{43}$")
+_SHAPE = re.compile(r"ozk_[A-Za-z0-9_-]{43}")
 ACTOR = "token:"
 ACTOR_MAX = 200                          # created_by, updated_by and the audit log's actor
 NAME_MAX = ACTOR_MAX - len(ACTOR)        # so that token:<name> fits
@@ -72,7 +72,7 @@ def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
     if not token:
         raise Unauthorized("this endpoint needs a token: send 'Authorization: Bearer ozk_...' "
                            "(create one with `oscar-zoo tokens create --scope ...`)")
-    if not _SHAPE.match(token):
+    if not _SHAPE.fullmatch(token):
         raise Unauthorized("malformed token: registry tokens look like ozk_ followed by 43 characters")
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     if row is None or row.revoked_at is not None:

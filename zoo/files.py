@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 from .errors import IntegrityError, UnsafePathError
 
 CHUNK = 1 << 20
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -38,7 +38,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def is_sha256(value: str) -> bool:
-    return bool(_SHA256.match(value or ""))
+    return bool(_SHA256.fullmatch(value or ""))
 
 
 def safe_join(root: str | Path, name: str) -> Path:

@@ -93,3 +93,14 @@ def test_two_moves_creating_the_same_alias_both_land(registry, tmp_path):
     with registry.db.read() as s:
         model = resolve_model(s, MODEL)
         assert alias_map(s, model)["recommended"] == 2
+
+
+@pytest.mark.parametrize("name", ["prod\n", "prod\r", "recommended\n"])
+def test_an_alias_name_ending_in_a_newline_is_refused(name):
+    """`$` matches before a final newline: `prod\\n` was created, and no ref could resolve it."""
+    from oscar_zoo.registry_db.aliases import check_alias_name
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="is not valid"):
+        check_alias_name(name)
+    assert check_alias_name(name.strip()) == name.strip()

@@ -256,3 +256,41 @@ def test_a_new_models_architecture_is_checked_before_anything_is_stored(
         update={"architecture": "X" * 200})})
     write(Bundle(ok, *make_tensors(ok)), tmp_path / "ok")
     assert registry.publish(tmp_path / "ok", "token:pub").version.model.architecture == "X" * 200
+
+
+def test_a_name_resolves_to_the_same_model_in_every_process(registry_db_url, tmp_path):
+    """`acme--llm` is both a (legacy) model's name and another model's hub id acme/llm: the
+    lookup tried the two readings in a set's order, which string hashing changes per process,
+    so replicas answered with different models (and immutable downloads got cached wrong)."""
+    import os
+    import subprocess
+    import sys
+
+    reg = open_registry(registry_db_url, tmp_path / "d")
+    with reg.db.write() as s:
+        geo = ModelGeometry(4, 4, 2, 32).to_dict()
+        s.add(Model(name="acme--llm", hub_id="other/thing", hub_id_lower="other/thing",
+                    architecture="Llama", geometry=geo, source="upload"))
+        s.add(Model(name="llm2", hub_id="acme/llm", hub_id_lower="acme/llm",
+                    architecture="Llama", geometry=geo, source="upload"))
+    reg.close()
+    script = ("import sys; from oscar_zoo.registry_db.registry import open_registry; "
+              "from oscar_zoo.registry_db.queries import resolve_model; "
+              "r = open_registry(sys.argv[1], sys.argv[2]); "
+              "s = r.db.read().__enter__(); print(resolve_model(s, 'acme--llm').name)")
+    seen = {subprocess.run([sys.executable, "-P", "-c", script, registry_db_url, str(tmp_path / "d")],
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True,
+                           text=True, check=True).stdout.strip() for seed in range(4)}
+    assert seen == {"acme--llm"}                     # the name as typed, before its hub id reading
+
+
+@pytest.mark.parametrize("name, says", [("newm\n", "plain name"), ("acme--llm", "'--' is reserved")])
+def test_a_new_model_name_with_a_newline_or_a_double_dash_is_refused(registry, tmp_path, name, says):
+    manifest = make_manifest("smollm2-135m").model_copy(update={
+        "model": ModelRef(name=name, hub_id="someone/Tiny-Llama", architecture="Llama"),
+        "geometry": Geometry.of(ModelGeometry(4, 4, 2, 32))})
+    write(Bundle(manifest, *make_tensors(manifest)), tmp_path / "a")
+    with pytest.raises(InvalidInput, match=says):
+        registry.publish(tmp_path / "a")
+    with registry.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(Model).where(Model.source == "upload")) == 0

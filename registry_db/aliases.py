@@ -44,6 +44,7 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
         raise InvalidInput(f"version {version.number} belongs to another model")
     if version is not None and not _system:
         _lock_status(session, version)
+    lock_model(session, model)
     if version is not None and version.status != "published":
         raise Conflict(f"version {version.number} is {version.status}; aliases point at published "
                        "versions only")
@@ -67,6 +68,14 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
                  version=version.number if version else None, reason=reason)
     session.flush()
     return True
+
+
+def lock_model(session: Session, model: Model) -> None:
+    """The model row, FOR UPDATE: every writer takes it before any alias row. Publishing holds
+    it while it moves aliases, so an alias move that took the alias row first (its event then
+    waiting on the model) deadlocked with a job's result (PostgreSQL); and a yank reading which
+    aliases to remove is ordered after a move in flight instead of removing what it re-pointed."""
+    session.execute(select(Model.id).where(Model.id == model.id).with_for_update())
 
 
 def _alias_row(session: Session, model: Model, name: str) -> Alias | None:
@@ -101,7 +110,7 @@ def refresh_latest(session: Session, model: Model, by: str | None, reason: str) 
     """Point `latest` at the highest published version (or remove it when there is none)."""
     # The model row lock (publish takes it too) orders this after a concurrent publish's
     # commit; otherwise a yank could compute `newest` without it and move `latest` back.
-    session.execute(select(Model.id).where(Model.id == model.id).with_for_update())
+    lock_model(session, model)
     newest = session.scalar(select(BundleVersion)
                             .where(BundleVersion.model_id == model.id,
                                    BundleVersion.status == "published")

@@ -29,7 +29,7 @@ from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
 from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
 from . import audit
-from .aliases import LATEST, move_alias, refresh_latest
+from .aliases import LATEST, lock_model, move_alias, refresh_latest
 from .blobs import BlobStore
 from .models import BundleVersion, LayerIndex, Model, VersionFile
 from .queries import aliases_of, resolve_model
@@ -211,7 +211,7 @@ def record_version(session: Session, model: Model, prepared: Prepared, created_b
     """
     if status not in ("draft", "published"):
         raise InvalidInput(f"status must be draft or published, not {status!r}")
-    session.execute(select(Model.id).where(Model.id == model.id).with_for_update())
+    lock_model(session, model)
     for _ in range(RETRIES):
         existing = _by_digest(session, model, prepared.digest)
         if existing is not None:
@@ -291,6 +291,7 @@ def yank_version(session: Session, version: BundleVersion, reason: str, by: str 
     # aliases name published versions only: `recommended` left on a yanked version would be
     # what a bare pull and the model page still offer. The history keeps where each pointed.
     why = f"version {version.number} yanked: {reason}"
+    lock_model(session, version.model)      # before reading which aliases point here
     for name in aliases_of(session, [version.id])[version.id]:
         if name != LATEST:
             move_alias(session, version.model, name, None, by, why)

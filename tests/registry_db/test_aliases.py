@@ -104,3 +104,68 @@ def test_an_alias_name_ending_in_a_newline_is_refused(name):
     with pytest.raises(InvalidInput, match="is not valid"):
         check_alias_name(name)
     assert check_alias_name(name.strip()) == name.strip()
+
+
+def _in_thread(fn) -> tuple:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, errors
+
+
+def test_a_yank_keeps_an_alias_a_concurrent_move_pointed_elsewhere(registry, tmp_path):
+    """The yank of v1 read `recommended -> 1` before a move to v2 committed, waited for the
+    row, then deleted it anyway: the alias was gone though v2 is published."""
+    import time
+
+    make_bundle(tmp_path / "b2", seed=2)
+    registry.publish(tmp_path / "b2", "token:pub")
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        move_alias(s, model, "recommended", resolve_version(s, model, "1"), "token:a")
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        move_alias(s, model, "recommended", resolve_version(s, model, "2"), "token:a", "v2 is better")
+        t, errors = _in_thread(lambda: _yank(registry, "bad clip"))
+        time.sleep(0.5)     # the yank is now waiting on this move
+    t.join(30)
+    assert not errors, errors
+    with registry.db.read() as s:
+        assert alias_map(s, resolve_model(s, MODEL))["recommended"] == 2
+
+
+def test_an_alias_move_beside_a_publish_moving_aliases_does_not_deadlock(registry, tmp_path):
+    """A job's result holds the model row (to number its version) and then moves the spec's
+    aliases; a PUT of the same alias took the alias row first and then waited on the model row
+    for its history event: PostgreSQL aborted one of the two (DeadlockDetected, a 500)."""
+    import time
+
+    from oscar_zoo.registry_db.models import Model
+
+    make_bundle(tmp_path / "b2", seed=2)
+    registry.publish(tmp_path / "b2", "token:pub")
+
+    def user_moves():
+        with registry.db.write() as s:
+            model = resolve_model(s, MODEL)
+            move_alias(s, model, "recommended", resolve_version(s, model, "1"), "token:user")
+
+    with registry.db.write() as s:
+        model = resolve_model(s, MODEL)
+        s.execute(select(Model.id).where(Model.id == model.id).with_for_update())  # as publishing
+        t, errors = _in_thread(user_moves)
+        time.sleep(0.5)
+        move_alias(s, model, "recommended", resolve_version(s, model, "2"), "token:job")
+    t.join(30)
+    assert not errors, errors
+    with registry.db.read() as s:
+        assert alias_map(s, resolve_model(s, MODEL))["recommended"] == 1   # the user's, after

@@ -104,3 +104,119 @@ def test_a_store_between_a_collections_age_check_and_unlink_keeps_the_blob(tmp_p
     racer[0].join()
     assert store.path(sha).read_bytes() == b"rotation bytes"
     assert store.collect_garbage(set()) == []       # and it is young: the next collection spares it
+
+
+def _crash_mid_write(store: BlobStore, sha: str) -> Path:
+    """Kill -9 a process while it streams blob `sha` into `store`; returns the temp file it left."""
+    import signal
+    import subprocess
+    import sys
+
+    child = (
+        "import sys, time\n"
+        "from oscar_zoo.registry_db.blobs import BlobStore\n"
+        "class Stalls:\n"
+        "    n = 0\n"
+        "    def read(self, k):\n"
+        "        self.n += 1\n"
+        "        if self.n > 2:\n"
+        "            time.sleep(600)\n"
+        "        return b'x' * (1 << 20)\n"
+        f"BlobStore(sys.argv[1]).put_stream(Stalls(), {sha!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", child, str(store.root.parent.parent)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            temps = [p for p in store.root.iterdir() if p.name != sha]
+            if temps and temps[0].stat().st_size >= 1 << 20:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"the writer never got half-way (exit code {proc.poll()})")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return temps[0]
+
+
+def test_garbage_collection_removes_temp_files_of_a_crashed_write(tmp_path):
+    store = BlobStore(tmp_path)
+    left = _crash_mid_write(store, "0" * 64)
+    assert store.collect_garbage(set()) == [] and left.exists()     # young: maybe a live write
+    past = time.time() - 7200
+    os.utime(left, (past, past))
+    assert store.collect_garbage(set()) == []                       # it was never a blob
+    assert list(store.root.iterdir()) == []
+
+
+def test_garbage_collection_spares_the_temp_file_of_a_live_write(tmp_path):
+    """A write stalled longer than min_age_s (a slow upload) is still alive: its temp file stays,
+    and the blob lands when the bytes come."""
+    store = BlobStore(tmp_path)
+    data = b"rotation bytes" * 1000
+    sha = hashlib.sha256(data).hexdigest()
+    started, go_on = threading.Event(), threading.Event()
+
+    class Stalls(io.BytesIO):
+        def read(self, n=-1):
+            if self.tell() > 0 and not go_on.is_set():
+                started.set()
+                go_on.wait(30)
+            return super().read(min(n, 4096))
+
+    writer = threading.Thread(target=store.put_stream, args=(Stalls(data), sha, len(data)))
+    writer.start()
+    try:
+        assert started.wait(30)
+        (temp,) = store.root.iterdir()
+        past = time.time() - 7200
+        os.utime(temp, (past, past))
+        assert store.collect_garbage(set(), min_age_s=0) == [] and temp.exists()
+    finally:
+        go_on.set()
+        writer.join()
+    assert store.verified_path(sha).read_bytes() == data
+    assert [p.name for p in store.root.iterdir()] == [sha]
+
+
+def _rot(path: Path) -> None:
+    """Flip one bit in place, as a failing disk does: same size, same inode, same mtime."""
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    with open(path, "r+b") as f:
+        f.write(raw)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("how", ["put_file", "put_stream", "put_bytes"])
+def test_storing_good_bytes_again_repairs_a_rotted_blob(tmp_path, how):
+    """StorageCorrupt tells the operator to restore the blob: storing (publishing, uploading) the
+    good bytes again must then replace the rotted copy, not trust it for its size."""
+    data = os.urandom(1 << 16)
+    sha = BlobStore(tmp_path).put_bytes(data)
+    _rot(BlobStore(tmp_path).path(sha))
+    store = BlobStore(tmp_path)         # a process that has not read the blob before
+    with pytest.raises(StorageCorrupt):
+        store.verified_path(sha)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    {"put_file": lambda: store.put_file(src, sha, len(data)),
+     "put_stream": lambda: store.put_stream(io.BytesIO(data), sha, len(data)),
+     "put_bytes": lambda: store.put_bytes(data)}[how]()
+    assert store.verified_path(sha).read_bytes() == data
+    assert BlobStore(tmp_path).verified_path(sha).read_bytes() == data   # and for others too
+    assert [p.name for p in store.root.iterdir()] == [sha]
+
+
+def test_storing_a_sound_blob_again_does_not_rewrite_it(tmp_path):
+    """The common case stays cheap: a blob this process verified is touched, not copied again."""
+    data = os.urandom(1 << 16)
+    store = BlobStore(tmp_path)
+    sha = store.put_bytes(data)
+    inode = store.path(sha).stat().st_ino
+    store.verified_path(sha)
+    store.put_stream(io.BytesIO(b"never read"), sha)
+    assert store.path(sha).stat().st_ino == inode
+    assert BlobStore(tmp_path).put_bytes(data) == sha     # a fresh process hashes it once: sound
+    assert store.path(sha).stat().st_ino == inode

@@ -294,3 +294,53 @@ def test_a_new_model_name_with_a_newline_or_a_double_dash_is_refused(registry, t
         registry.publish(tmp_path / "a")
     with registry.db.read() as s:
         assert s.scalar(select(func.count()).select_from(Model).where(Model.source == "upload")) == 0
+
+
+def test_a_new_catalog_entry_meets_uploaded_models_without_breaking_start(registry_db_url,
+                                                                          tmp_path, monkeypatch):
+    """A release whose catalog adds a model users had uploaded under another name made every
+    start fail (unique hub id); one whose entry shares an uploaded model's name rewrote that
+    row's hub id and geometry under its published versions."""
+    from oscar_zoo.registry_db import seed
+    from oscar_zoo.registry_db.queries import resolve_model
+    from oscar_zoo.zoo.catalog import CatalogEntry
+
+    reg = open_registry(registry_db_url, tmp_path / "data")
+    manifest = make_manifest("smollm2-135m").model_copy(update={
+        "model": ModelRef(name="tiny-llama", hub_id="someone/Tiny-Llama", architecture="Llama"),
+        "geometry": Geometry.of(ModelGeometry(4, 4, 2, 32))})
+    write(Bundle(manifest, *make_tensors(manifest)), tmp_path / "a")
+    reg.publish(tmp_path / "a")
+    reg.close()
+    geo = ModelGeometry(22, 32, 4, 64)
+    monkeypatch.setattr(seed, "CATALOG", seed.CATALOG + (
+        CatalogEntry("tinyllama-1.1b", "someone/Tiny-Llama", "LlamaForCausalLM", geo),
+        CatalogEntry("tiny-llama", "other/TinyLlama", "LlamaForCausalLM", geo)))
+    reg = open_registry(registry_db_url, tmp_path / "data")        # starts
+    try:
+        with reg.db.read() as s:
+            uploaded = resolve_model(s, "tiny-llama")
+            assert (uploaded.hub_id, uploaded.source) == ("someone/Tiny-Llama", "upload")
+            assert uploaded.geometry == ModelGeometry(4, 4, 2, 32).to_dict()
+            assert resolve_model(s, "tinyllama-1.1b").id == uploaded.id   # the catalog's name
+    finally:
+        reg.close()
+
+
+def test_a_renamed_catalog_entry_keeps_its_row_and_old_name(registry_db_url, tmp_path, monkeypatch):
+    import dataclasses
+
+    from oscar_zoo.registry_db import seed
+    from oscar_zoo.registry_db.queries import resolve_model
+
+    open_registry(registry_db_url, tmp_path / "data").close()
+    renamed = tuple(dataclasses.replace(e, name="smollm2-135m-it") if e.name == "smollm2-135m"
+                    else e for e in seed.CATALOG)
+    monkeypatch.setattr(seed, "CATALOG", renamed)
+    reg = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        with reg.db.read() as s:
+            row = resolve_model(s, "smollm2-135m")
+            assert row.name == "smollm2-135m-it" and "smollm2-135m" in row.aliases
+    finally:
+        reg.close()

@@ -214,6 +214,9 @@ def record_version(session: Session, model: Model, prepared: Prepared, created_b
     lock_model(session, model)
     for _ in range(RETRIES):
         existing = _by_digest(session, model, prepared.digest)
+        if existing is not None and existing.status == "draft" and status == "published":
+            raise Conflict(f"this bundle is {model.name} version {existing.number}, a draft; "
+                           f"publish that version: oscar-zoo promote {model.name}@{existing.number}")
         if existing is not None:
             return Publication(existing, False)
         number = (session.scalar(select(func.max(BundleVersion.number))

@@ -344,3 +344,12 @@ def test_a_renamed_catalog_entry_keeps_its_row_and_old_name(registry_db_url, tmp
             assert row.name == "smollm2-135m-it" and "smollm2-135m" in row.aliases
     finally:
         reg.close()
+
+
+def test_publishing_the_bytes_of_a_draft_names_the_promote_command(registry, tmp_path):
+    """It answered 'already this version' with the draft: nothing published, `latest` unset."""
+    make_bundle(tmp_path / "b")
+    assert registry.publish(tmp_path / "b", status="draft").version.status == "draft"
+    with pytest.raises(Conflict, match="oscar-zoo promote smollm2-135m@1"):
+        registry.publish(tmp_path / "b")
+    assert not registry.publish(tmp_path / "b", status="draft").created     # same draft: fine

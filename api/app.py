@@ -2,7 +2,7 @@
 /openapi.json, interactive docs at /docs). `oscar-zoo serve` runs it under uvicorn.
 
 Other areas add their routers with `app.include_router(...)` (the web UI, api/ui, serves pages
-at `/`; the jobs API adds /v1/jobs).
+at `/`; the jobs API adds /v1/jobs). Every GET route and page answers HEAD too (HeadAsGet).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import text
+from starlette.routing import Match, Router
 
 from ..registry_db.registry import Registry, open_registry
 from ..zoo import __version__
@@ -38,6 +39,7 @@ def create_app(database_url: str | None = None, data_dir: str | Path | None = No
     app.state.registry = registry
     errors.install(app)
     app.add_middleware(BodyLimit)
+    app.add_middleware(HeadAsGet, router=app.router)
     # Order matters: names may hold a slash, so longer paths go before shorter ones and the
     # bare /v1/models/{name} detail comes last.
     for router in (files.router, layers.router, versions.router, publish.router,
@@ -53,3 +55,41 @@ def create_app(database_url: str | None = None, data_dir: str | Path | None = No
     jobs_runtime.install(app)  # /v1/jobs, /v1/workers; the lease sweeper and the executor
     ui.install(app)  # last: the web UI's pages, / among them
     return app
+
+
+class _HeadDone(Exception):
+    """Raised into a streaming GET once a HEAD's headers are out: its body is never sent."""
+
+
+class HeadAsGet:
+    """HEAD on any GET route (RFC 9110 9.3.2): FastAPI's routes answer GET only, so a HEAD
+    that no route takes itself runs as GET and goes out with the GET's headers (Content-Length,
+    ETag) and no body. Routes with their own HEAD (file downloads: no file read) and /static
+    are left alone; the OpenAPI schema is untouched, as no route is added."""
+
+    def __init__(self, app, router: Router):
+        self.app, self.router = app, router
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD" or self._has_head(scope):
+            return await self.app(scope, receive, send)
+        done = False
+
+        async def headers_only(message):
+            nonlocal done
+            if message["type"] != "http.response.body":
+                return await send(message)
+            if not done:
+                done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if message.get("more_body"):
+                raise _HeadDone  # stop a stream (a file, job events) instead of reading it all
+
+        try:
+            # a copy: the server keeps seeing HEAD, and sends no body itself
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
+        except _HeadDone:
+            pass
+
+    def _has_head(self, scope) -> bool:
+        return any(route.matches(scope)[0] == Match.FULL for route in self.router.routes)

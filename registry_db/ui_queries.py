@@ -1,5 +1,5 @@
 """Read queries the web UI needs beyond queries.py: filter choices, each model's headline
-version, and the validated filter.
+version, the validated filter, and whether a version's source_job is a job here.
 
 Everything here composes queries.py (same resolution, same pagination cursors), so a page and
 the JSON API never disagree about what exists.
@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, defer, raiseload
 
 from . import queries
-from .models import Alias, BundleVersion, Model
+from .models import Alias, BundleVersion, Job, Model
 
 HEADLINE = ("recommended", "latest")   # the version a page summarises: recommended, else latest
 
@@ -39,13 +39,23 @@ def headline_versions(session: Session, model_ids: list[int]) -> dict[int, Bundl
     return out
 
 
+def job_exists(session: Session, job_id: str | None) -> bool:
+    """Whether `job_id` names a job: a version's source_job is free text when uploaded."""
+    return bool(job_id) and session.scalar(select(Job.id).where(Job.id == job_id)) is not None
+
+
 def validated_ids(session: Session, model_ids: list[int]) -> set[int]:
-    """Models with a published version whose validation passed."""
+    """Models whose headline version passed validation: the version the row shows (and the
+    one `oscar-zoo list --validated` checks), not any older one that passed."""
     if not model_ids:
         return set()
-    return set(session.scalars(select(BundleVersion.model_id).distinct().where(
-        BundleVersion.model_id.in_(model_ids), BundleVersion.status == "published",
-        BundleVersion.validation_passed.is_(True))))
+    rows = session.execute(select(Alias.model_id, Alias.name, BundleVersion.validation_passed)
+                           .join(BundleVersion, Alias.version_id == BundleVersion.id)
+                           .where(Alias.model_id.in_(model_ids), Alias.name.in_(HEADLINE)))
+    passed: dict[int, bool | None] = {}
+    for model_id, alias, ok in sorted(rows, key=lambda r: HEADLINE.index(r[1])):
+        passed.setdefault(model_id, ok)
+    return {model_id for model_id, ok in passed.items() if ok}
 
 
 def search_models(session: Session, q: str | None, architecture: str | None, validated: bool,

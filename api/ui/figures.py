@@ -23,8 +23,10 @@ def _cell_h(rows: int) -> float:
     return float(min(14, max(3, 240 // max(rows, 1))))
 
 
-def padded(rows: list[np.ndarray]) -> np.ndarray:
-    """Ragged 1-D rows -> [len(rows), longest] with NaN gaps (layers may differ in head_dim)."""
+def padded(rows: list[np.ndarray | None]) -> np.ndarray:
+    """Ragged 1-D rows -> [len(rows), longest] with NaN gaps (layers may differ in head_dim; a
+    missing row, None, is all gap)."""
+    rows = [np.empty(0) if r is None else r for r in rows]
     out = np.full((len(rows), max((len(r) for r in rows), default=0)), np.nan)
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
@@ -39,13 +41,14 @@ def log_spectrum(eig: np.ndarray) -> np.ndarray:
 
 
 def side_tensors(request: Request, version, layers: list[int], kind: str) -> dict[str, list]:
-    """side -> one `{side}.{layer}.{kind}` array per layer (sides that lack any are left out)."""
+    """side -> one `{side}.{layer}.{kind}` array per layer, None where a layer lacks it (one
+    missing tensor must not hide the others); sides that lack them all are left out."""
     path, spans = _tensor_file(request, version)
     out = {}
     for side in SIDES:
         keys = [f"{side}.{layer}.{kind}" for layer in layers]
-        if keys and all(k in spans for k in keys):
-            out[side] = [_read(path, spans[k]) for k in keys]
+        if any(k in spans for k in keys):
+            out[side] = [_read(path, spans[k]) if k in spans else None for k in keys]
     return out
 
 
@@ -53,7 +56,7 @@ def spectra(request: Request, version, layers: list[int]) -> dict[str, Markup]:
     """side -> heatmap of log eigenvalues, layers x rank (absent when the bundle has none)."""
     out = {}
     for side, eigs in side_tensors(request, version, layers, "eigenvalues").items():
-        grid = padded([log_spectrum(e) for e in eigs])
+        grid = padded([None if e is None else log_spectrum(e) for e in eigs])
         out[side] = charts.heatmap(
             grid, [str(i) for i in layers], f"{SIDES[side]}: eigenvalue spectrum per layer",
             "eigenvalue rank (largest first)", log=True,

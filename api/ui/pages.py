@@ -33,7 +33,7 @@ def home(request: Request, q: str | None = Query(None, max_length=200),
         ids = [m.id for m in found.items]
         stats = queries.model_stats(session, ids)
         heads = ui_queries.headline_versions(session, ids)
-        rows = [{**serialize.model_item(m, stats[m.id]),
+        rows = [{**serialize.model_item(m, stats[m.id]), "kv": views.kv_geometry(m.geometry, 3),
                  "headline": views.headline(heads.get(m.id))} for m in found.items]
         architectures = ui_queries.architectures(session)
     return page(request, "home.html", {
@@ -64,6 +64,7 @@ def version_context(request: Request, session: Session, model, version) -> dict:
     return {
         "model": serialize.model_item(model, queries.model_stats(session, [model.id])[model.id]),
         "v": views.version_view(version, aliases, endpoint(request)),
+        "job_page": ui_queries.job_exists(session, version.source_job),
         "mirrors": [serialize.mirror(r) for r in queries.mirrors(session, version)],
         "attention": figures.attention_error(version.validation, layers),
         "spectra": figures.spectra(request, version, layers),
@@ -89,7 +90,7 @@ def model_context(request: Request, session: Session, model, cursor: str | None)
     head = queries.resolve_version(session, model, number) if number else None
     head_aliases = queries.aliases_of(session, [head.id])[head.id] if head else []
     return {
-        "model": serialize.model_item(model, stats),
+        "model": serialize.model_item(model, stats), "kv": views.kv_geometry(model.geometry),
         "versions": [serialize.version_summary(v, aliases[v.id]) for v in versions.items],
         "more": next_page(request, versions.next_cursor),
         "head": views.version_view(head, head_aliases, endpoint(request)) if head else None,

@@ -30,6 +30,26 @@ def headline(v: BundleVersion | None) -> dict | None:
             "naive_delta_nll": by.get("naive", {}).get("delta_nll")}
 
 
+def kv_geometry(geometry: dict, shown: int | None = None) -> dict[str, str]:
+    """KV heads and head dim as text, naming the layers that differ from the model-wide value
+    (Gemma-4: head dim 512 on its full-attention layers), at most `shown` of them by id."""
+    return {"kv_heads": per_layer(geometry["num_kv_heads"], geometry.get("kv_heads_by_layer"), shown),
+            "head_dim": per_layer(geometry["head_dim"], geometry.get("head_dim_by_layer"), shown)}
+
+
+def per_layer(default: int, by_layer: dict | None, shown: int | None = None) -> str:
+    """256, or "256 (512 on 8 layers: 5, 11, 17, ...)" where some layers differ."""
+    groups: dict[int, list[int]] = {}
+    for layer, value in sorted((int(k), int(v)) for k, v in (by_layer or {}).items()):
+        if value != default:
+            groups.setdefault(value, []).append(layer)
+    notes = []
+    for value, layers in sorted(groups.items()):
+        ids = ", ".join(map(str, layers[:shown])) + (", ..." if shown and len(layers) > shown else "")
+        notes.append(f"{value} on {len(layers)} layer{'' if len(layers) == 1 else 's'}: {ids}")
+    return f"{default} ({'; '.join(notes)})" if notes else str(default)
+
+
 def validation_rows(validation: dict | None) -> list[dict]:
     """BF16 as the reference row, then the bundle and each baseline in a fixed order."""
     if not validation:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo import settings
@@ -58,12 +59,16 @@ def record_mirror(session: Session, version_id: int, target: str, repo: str, sta
                   path: str | None = None, revision: str | None = None, url: str | None = None,
                   error: str | None = None) -> MirrorRecord:
     """Insert or update the record of one version on one hub repo."""
-    row = session.scalar(select(MirrorRecord).where(
-        MirrorRecord.version_id == version_id, MirrorRecord.target == target,
-        MirrorRecord.repo == repo))
+    row = _record(session, version_id, target, repo)
     if row is None:
-        row = MirrorRecord(version_id=version_id, target=target, repo=repo)
-        session.add(row)
+        try:
+            with session.begin_nested():
+                row = MirrorRecord(version_id=version_id, target=target, repo=repo)
+                session.add(row)
+        except DBIntegrityError:
+            # two runs for one version and repo (a publish's background mirror beside
+            # `oscar-zoo mirror`, two replicas) both found none: update the one that landed
+            row = _record(session, version_id, target, repo)
     row.status = status
     row.error = error[:4000] if error else None
     if path is not None:
@@ -74,6 +79,12 @@ def record_mirror(session: Session, version_id: int, target: str, repo: str, sta
         row.url = url
     session.flush()
     return row
+
+
+def _record(session: Session, version_id: int, target: str, repo: str) -> MirrorRecord | None:
+    return session.scalar(select(MirrorRecord).where(
+        MirrorRecord.version_id == version_id, MirrorRecord.target == target,
+        MirrorRecord.repo == repo).with_for_update())
 
 
 # --- a registry version to every target --------------------------------------------------------

@@ -86,7 +86,12 @@ def main() -> int:
     env = {**os.environ, "OSCAR_ZOO_DATA_DIR": str(work / "registry"),
            "OSCAR_ZOO_CACHE": str(work / "cache"), "OSCAR_ZOO_ENDPOINT": url,
            "OSCAR_ZOO_SOURCES": "registry", "TOKENIZERS_PARALLELISM": "false"}
-    for var in ("OSCAR_ZOO_DATABASE_URL", "OSCAR_ZOO_TOKEN", "OSCAR_ZOO_EXECUTOR"):
+    # the demo runs against its own registry: nothing of the user's setup may send its
+    # bundle to their hub repos (mirror targets), a cluster, or keep its pull offline
+    for var in ("OSCAR_ZOO_DATABASE_URL", "OSCAR_ZOO_TOKEN", "OSCAR_ZOO_EXECUTOR",
+                "OSCAR_ZOO_MIRROR_TARGETS", "OSCAR_ZOO_HF_MIRROR_REPO",
+                "OSCAR_ZOO_MODELSCOPE_MIRROR_REPO", "OSCAR_ZOO_RAY_ADDRESS", "OSCAR_ZOO_PUBLIC_URL",
+                "OSCAR_ZOO_OFFLINE"):
         env.pop(var, None)
     started = time.monotonic()
     show(f"oscar-zoo serve --port {url.rsplit(':', 1)[1]} &")

@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oscar_zoo.registry_db import jobs
-from oscar_zoo.registry_db.registry import open_registry
 from oscar_zoo.zoo.errors import Conflict, LeaseLost
-
-
-@pytest.fixture
-def registry(registry_db_url, tmp_path):
-    reg = open_registry(registry_db_url, tmp_path / "data")
-    yield reg
-    reg.close()
 
 
 def submit(registry, gpus: int = 1, **spec) -> str:

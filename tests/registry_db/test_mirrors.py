@@ -10,15 +10,7 @@ from sqlalchemy import func, select
 
 from oscar_zoo.registry_db.mirrors import record_mirror
 from oscar_zoo.registry_db.models import MirrorRecord
-from oscar_zoo.registry_db.registry import open_registry
 from tests.utils.bundles import make_bundle
-
-
-@pytest.fixture
-def registry(registry_db_url, tmp_path):
-    reg = open_registry(registry_db_url, tmp_path / "data")
-    yield reg
-    reg.close()
 
 
 def test_two_runs_recording_one_mirror_at_once_both_land(registry, tmp_path):

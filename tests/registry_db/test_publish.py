@@ -16,13 +16,6 @@ from oscar_zoo.zoo.manifest import Geometry, ModelRef
 from tests.utils.bundles import make_bundle, make_manifest, make_tensors
 
 
-@pytest.fixture
-def registry(registry_db_url, tmp_path):
-    reg = open_registry(registry_db_url, tmp_path / "data")
-    yield reg
-    reg.close()
-
-
 def test_index_rows_point_at_the_right_bytes(registry, tmp_path):
     make_bundle(tmp_path / "b", model="qwen3.5-4b", per_head=True, centered=True)
     bundle = read(tmp_path / "b")

@@ -22,6 +22,14 @@ from typing import Any
 
 VLLM_PR = "vllm-project/vllm#46774"
 
+# Architectures whose SGLang model code folds R_v into the V slice of qkv_proj when
+# SGLANG_OSCAR_ABSORB_V_ROTATION=1 (oscar-spec 4.4: qwen3.py, glm4_moe.py with dense or
+# per-channel FP8 weights; the hybrid branch's qwen3_5.py, dense weights). Elsewhere the flag is
+# at best a no-op and at worst a refusal to start: block-FP8 weights (MiniMax-M2.7) are
+# rejected, and OSCAR serves that model with 0. 0 is always correct, only slower.
+_ABSORBS_V = frozenset({"Qwen3ForCausalLM", "Glm4MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+                        "Qwen3_5MoeForConditionalGeneration"})
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -50,11 +58,15 @@ def _as_dict(m: Any) -> dict:
     return m.model_dump(mode="json") if hasattr(m, "model_dump") else m
 
 
-def _gpus(m: dict) -> int:
-    """GPUs OSCAR's own recipe uses for this model (tensor parallel), from the catalog."""
+def _entry(m: dict):
     from .catalog import find
 
-    entry = find(m["model"]["name"]) or find(m["model"]["hub_id"])
+    return find(m["model"]["name"]) or find(m["model"]["hub_id"])
+
+
+def _gpus(m: dict) -> int:
+    """GPUs OSCAR's own recipe uses for this model (tensor parallel), from the catalog."""
+    entry = _entry(m)
     return entry.gpus if entry is not None else 1
 
 
@@ -66,11 +78,23 @@ def _layer_note(layers: list[int] | None) -> list[str]:
             "give each stage the files with its own layers."]
 
 
+def _absorbs_v(m: dict) -> bool:
+    """Whether SGLang may fold R_v into the weights: one rotation per layer (folding is invalid
+    per KV head, oscar-spec 1.3) and model code that supports these weights."""
+    if m["method"]["granularity"] == "kv_head":
+        return False
+    entry = None if m["model"].get("architecture") else _entry(m)
+    return (m["model"].get("architecture") or getattr(entry, "architecture", None)) in _ABSORBS_V
+
+
 def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:
     m = _as_dict(m)
     q, clip, method = m["quantization"], m["clip"], m["method"]
     per_head = method["granularity"] == "kv_head"
     env = {
+        # Without it SGLang builds no BF16 sink/recent tiers and reads neither window below:
+        # the whole cache goes INT2 (EnvBool(False) in environ.py; OSCAR's README sets it).
+        "SGLANG_ENABLE_MIXED_KV_WINDOWS": "1",
         "SGLANG_OSCAR_K_ROTATION_PATH": k_path,
         "SGLANG_OSCAR_V_ROTATION_PATH": v_path,
         "SGLANG_OSCAR_K_CLIP_RATIO": f"{clip['k_global']:g}",
@@ -79,8 +103,7 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
         "SGLANG_MIXED_KV_RECENT_TOKENS": str(q["recent_tokens"]),
         "SGLANG_MIXED_KV_SCALE_DTYPE": q["scale_dtype"],
     }
-    # Folding R_v into W_v is invalid for per-head rotations (oscar-spec 1.3).
-    env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "0" if per_head else "1"
+    env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "1" if _absorbs_v(m) else "0"
     lloyd = []
     if q.get("lloyd_max"):
         env["SGLANG_LLOYD_MAX"] = "1"
@@ -94,6 +117,13 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     if gpus > 1:
         command += ["--tp-size", str(gpus)]
     notes = []
+    if m["geometry"].get("attention_layers"):
+        # INT2 forces --page-size 8; a hybrid model's MambaRadixCache asserts page size 1 and
+        # it surfaces as an illegal memory access (oscar-spec 7.5).
+        command.append("--disable-radix-cache")
+        notes.append("Hybrid model: --disable-radix-cache, because INT2 pages hold 8 tokens and "
+                     "SGLang's MambaRadixCache wants 1. An SGLang with --mamba-scheduler-strategy "
+                     "extra_buffer can keep the prefix cache instead.")
     if clip["granularity"] != "global":
         notes.append(
             f"This bundle's clip ratios were searched per {clip['granularity']}; SGLang takes one "

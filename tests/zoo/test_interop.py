@@ -279,3 +279,25 @@ def test_an_objective_from_a_newer_oscar_imports_as_imported(objective):
     b = bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
     assert (b.manifest.method.k_objective, b.manifest.method.composition) == ("imported", "none")
     np.testing.assert_array_equal(b.k[3].rotation, k.layers[3].rotation)
+
+
+@needs_fixtures
+def test_k_and_v_files_given_the_wrong_way_round_are_refused():
+    """The pair used to import as objectives 'imported'/'imported', so SGLang would rotate keys
+    with V's sst rotation (and values with K's): no error anywhere, only a collapsed model."""
+    entry = lookup("qwen3-4b-thinking-2507")
+    with pytest.raises(BundleFormatError, match=r"K file .*'sst_r_h_pbr'.* swapped"):
+        import_files(QWEN3_4B / "v_rotation_sst_r_h_pbr.pt", QWEN3_4B / "k_rotation_qqt_r_h_pbr.pt",
+                     entry, ServingDefaults.of(entry))
+
+
+@pytest.mark.parametrize("k_objective, v_objective", [
+    ("oscar2_v_post_wo", "sst_r_h_pbr"),     # format 3: a V file's objective in the K slot
+    ("qqt_r_h_pbr", "ktk_r_h_pbr"),          # a K objective in the V slot
+])
+def test_a_side_whose_objective_names_the_other_side_is_refused(k_objective, v_objective):
+    entry = lookup("smollm2-135m")
+    k = _random_oscar(range(30), 64, seed=1, objective=k_objective)
+    v = _random_oscar(range(30), 64, seed=2, objective=v_objective)
+    with pytest.raises(BundleFormatError, match="swapped"):
+        bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")

@@ -61,9 +61,34 @@ def _method(objective: str) -> tuple[str, str]:
     return "imported", "none"  # a newer OSCAR's recipe: the rotations load, the label is ours
 
 
+_SIDE_OF_OBJECTIVE = {"qqt": "k", "ktk": "k", "sst": "v", "vtv": "v"}
+
+
+def _side_of(objective: str) -> str | None:
+    """The side ("k" or "v") an OSCAR objective string is fitted for, where it says one;
+    None for those either side carries (hadamard, per-head, identity, uresidual, unknown)."""
+    if objective.startswith("oscar2_v_") or objective == "identity-v":
+        return "v"                      # format 3 V files: oscar2_v_<pre_wo|post_wo|...>
+    if objective.startswith("oscar2_") or objective == "identity-k":
+        return "k"                      # format 3 K files: oscar2_<key-variant>
+    return _SIDE_OF_OBJECTIVE.get(objective.split("_", 1)[0])
+
+
+def _check_sides(k: OscarFile, v: OscarFile) -> None:
+    # Both files are [d,d] per layer, so shapes cannot tell K from V: a swapped pair would load
+    # and serve keys rotated for values (and back), a collapsed model with no error anywhere.
+    for side, f in (("k", k), ("v", v)):
+        other = _side_of(f.objective)
+        if other not in (None, side):
+            raise BundleFormatError(
+                f"the {side.upper()} file has objective {f.objective!r}, which OSCAR fits for "
+                f"{other.upper()}: were the K and V files swapped? Pass the K file first.")
+
+
 def bundle_from_oscar(k: OscarFile, v: OscarFile, model: CatalogEntry, serving: ServingDefaults,
                       imported_from: str, tag: str = "") -> Bundle:
     geo = model.geometry
+    _check_sides(k, v)
     _check_layers("k", k, geo)
     _check_layers("v", v, geo)
     if k.per_head != v.per_head:

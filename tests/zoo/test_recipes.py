@@ -1,0 +1,68 @@
+"""Serving recipes against what OSCAR's SGLang actually reads (oscar-spec 1.8, 3.5, 4.4, 7.5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oscar_zoo.zoo.catalog import lookup
+from oscar_zoo.zoo.interop import oscar_pt
+from oscar_zoo.zoo.interop.convert import ServingDefaults, bundle_from_oscar
+from oscar_zoo.zoo.recipes import sglang_recipe
+
+
+def _manifest(model: str, per_head: bool = False):
+    """An imported bundle's manifest for a catalog model (identity rotations: only the
+    manifest matters here)."""
+    entry = lookup(model)
+    geo = entry.geometry
+    files = []
+    for objective in ("qqt_r_h_pbr", "sst_r_h_pbr"):
+        f = oscar_pt.OscarFile(2 if per_head else 1, objective, "layer")
+        for lid in geo.layers():
+            d, h = geo.head_dim_of(lid), geo.kv_heads_of(lid)
+            rot = np.eye(d, dtype=np.float32)
+            f.layers[lid] = oscar_pt.OscarLayer(np.broadcast_to(rot, (h, d, d)).copy() if per_head else rot)
+        files.append(f)
+    return bundle_from_oscar(*files, entry, ServingDefaults.of(entry), "test").manifest
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3.5-35b-a3b", "glm-4.7-fp8"])
+def test_the_sink_and_recent_windows_are_switched_on(model):
+    """SGLang builds the BF16 sink/recent tiers only with SGLANG_ENABLE_MIXED_KV_WINDOWS=1
+    (EnvBool(False) in environ.py; OSCAR's README and every eval script set it). Without it
+    the PREFIX/RECENT variables are read by nothing and the whole cache is INT2."""
+    env = sglang_recipe(_manifest(model), "k.pt", "v.pt").env
+    assert env["SGLANG_ENABLE_MIXED_KV_WINDOWS"] == "1"
+
+
+@pytest.mark.parametrize("model, absorb", [
+    ("qwen3-8b", "1"),          # qwen3.py folds R_v into qkv_proj (oscar-spec 4.4)
+    ("glm-4.7-fp8", "1"),       # glm4_moe.py, per-channel FP8: OSCAR's paper configuration
+    ("minimax-m2.7", "0"),      # block-FP8 weights: absorption refuses them; OSCAR serves it with 0
+    ("smollm2-135m", "0"),      # no absorption hook for this architecture
+])
+def test_v_absorption_only_where_the_model_code_supports_it(model, absorb):
+    env = sglang_recipe(_manifest(model), "k.pt", "v.pt").env
+    assert env["SGLANG_OSCAR_ABSORB_V_ROTATION"] == absorb
+
+
+def test_absorption_stays_off_for_per_head_rotations_of_a_model_that_absorbs():
+    m = _manifest("qwen3-8b", per_head=True)
+    assert sglang_recipe(m, "k.pt", "v.pt").env["SGLANG_OSCAR_ABSORB_V_ROTATION"] == "0"
+
+
+def test_a_hybrid_model_is_launched_without_the_radix_cache():
+    """INT2 forces --page-size 8 and Qwen3.5's MambaRadixCache asserts page size 1, which
+    surfaces as an illegal memory access (oscar-spec 7.5; OSCAR rotation/run/_common.sh)."""
+    hybrid = sglang_recipe(_manifest("qwen3.5-35b-a3b"), "k.pt", "v.pt")
+    assert "--disable-radix-cache" in hybrid.command
+    assert any("radix" in n for n in hybrid.notes)
+    dense = sglang_recipe(_manifest("qwen3-8b"), "k.pt", "v.pt")
+    assert "--disable-radix-cache" not in dense.command
+
+
+def test_a_manifest_without_an_architecture_falls_back_to_the_catalogs():
+    m = _manifest("qwen3-8b").model_dump(mode="json")
+    m["model"]["architecture"] = None
+    assert sglang_recipe(m, "k.pt", "v.pt").env["SGLANG_OSCAR_ABSORB_V_ROTATION"] == "1"

@@ -41,10 +41,12 @@ def create_token(session: Session, scopes: list[str], name: str = "",
         raise InvalidInput(f"unknown scope(s) {bad or '(none)'}; choose from {', '.join(SCOPES)}")
     _check_name(name)
     token = PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(name=name or f"token-{token[4:10]}", prefix=token[:12], token_hash=hash_token(token),
+    row = ApiToken(name=name, prefix=token[:12], token_hash=hash_token(token),
                    scopes=sorted(set(scopes)), created_by=created_by)
     session.add(row)
     session.flush()
+    # not from the token's characters: the name is the public actor of its writes (created_by)
+    row.name = name or f"token-{row.id}"
     audit.record(session, created_by, "token.create", f"token:{row.id}", name=row.name,
                  scopes=row.scopes)
     return row, token
@@ -61,7 +63,15 @@ def _check_name(name: str) -> None:
 def actor_of(row: ApiToken) -> str:
     """`token:<name>`: who a write was made by, in created_by and the audit log."""
     # cut, for a name longer than NAME_MAX made before names were checked
-    return f"{ACTOR}{row.name}"[:ACTOR_MAX]
+    return f"{ACTOR}{_public_name(row)}"[:ACTOR_MAX]
+
+
+def _public_name(row: ApiToken) -> str:
+    """The token's name, except the default name once made from the token's own characters 4..10
+    (`token-` + prefix[4:10]), which was a piece of the secret: that one is shown by id."""
+    if row.prefix and row.name == f"token-{row.prefix[len(PREFIX):len(PREFIX) + 6]}":
+        return f"token-{row.id}"
+    return row.name
 
 
 def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
@@ -87,14 +97,21 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 
 def revoke_token(session: Session, ident: str, by: str | None = None) -> ApiToken:
-    """Revoke by id, name or prefix. Raises NotFound, or InvalidInput when a name is ambiguous."""
+    """Revoke by id, name, prefix or the token itself. Raises NotFound, or InvalidInput when a
+    name is ambiguous. A token given is never repeated in an error."""
     live = [t for t in list_tokens(session) if t.revoked_at is None]
-    # an id names one token: it wins over a token whose name or prefix happens to read the same
-    rows = [t for t in live if str(t.id) == ident] or [t for t in live if ident in (t.name, t.prefix)]
+    if _SHAPE.fullmatch(ident):     # a leaked token, as its holder has it
+        rows = [t for t in live if t.token_hash == hash_token(ident)]
+        shown = "(the token given)"
+    else:
+        # an id names one token: it wins over a token whose name or prefix happens to read the same
+        rows = [t for t in live if str(t.id) == ident] or [t for t in live if ident in (t.name, t.prefix)]
+        shown = repr(ident)
     if not rows:
-        raise NotFound(f"no live token with id, name or prefix {ident!r}; see `oscar-zoo tokens list`")
+        raise NotFound(f"no live token with id, name, prefix or token {shown}; "
+                       "see `oscar-zoo tokens list`")
     if len(rows) > 1:
         raise InvalidInput(f"{len(rows)} tokens match {ident!r}; revoke by id")
     rows[0].revoked_at = datetime.now(timezone.utc)
-    audit.record(session, by, "token.revoke", f"token:{rows[0].id}", name=rows[0].name)
+    audit.record(session, by, "token.revoke", f"token:{rows[0].id}", name=_public_name(rows[0]))
     return rows[0]

@@ -129,7 +129,7 @@ def _stage(form, staging: Path) -> dict[str, str]:
 
 
 def _check_name(name: str) -> None:
-    if not _FILE.match(name):
+    if not _FILE.fullmatch(name):   # not match: `$` also matches before a final newline
         raise UnsafePathError(f"file name {name!r} is not a plain file name (letters, digits, "
                               "'.', '_', '-'; no paths); send bundle.json, rotations.safetensors "
                               "and README.md")

@@ -82,3 +82,38 @@ def test_revoking_by_id_wins_over_a_name_that_reads_the_same(db):
         assert revoke_token(s, str(first_id)).id == named_id
     with db.read() as s:
         assert all(t.revoked_at is not None for t in list_tokens(s))
+
+
+def test_a_token_is_revoked_by_itself_and_never_echoed(db):
+    """A leaked token is what its owner holds: `tokens revoke ozk_...` said "no live token with
+    id, name or prefix 'ozk_<the whole secret>'" (on stderr, into CI logs) and revoked nothing."""
+    with db.write() as s:
+        row, token = create_token(s, ["admin"], "ci")
+        _, other = create_token(s, ["admin"], "other")
+        row_id = row.id
+    with db.write() as s:
+        assert revoke_token(s, token, by="cli").id == row_id
+    with db.read() as s:
+        with pytest.raises(Unauthorized, match="revoked"):
+            authenticate(s, token, "admin")
+        authenticate(s, other, "admin")
+    with db.write() as s:
+        with pytest.raises(NotFound) as gone:
+            revoke_token(s, token)       # already revoked
+    assert token not in str(gone.value) and token[4:12] not in str(gone.value)
+
+
+def test_an_unnamed_token_is_named_by_its_id(db):
+    """The default name was `token-` + characters 4..10 of the secret, and the name is shown in
+    `tokens list`, the audit log and (as `token:<name>`) every version's public created_by."""
+    from oscar_zoo.registry_db.tokens import actor_of
+
+    with db.write() as s:
+        row, token = create_token(s, ["bundles:publish"])
+        assert row.name == f"token-{row.id}" and actor_of(row) == f"token:token-{row.id}"
+        audit = s.scalar(select(AuditEvent))
+        assert audit.detail["name"] == row.name
+    with db.read() as s:
+        assert list_tokens(s)[0].name == f"token-{row.id}"
+    secret = token[4:]
+    assert not any(secret[i:i + 6] in row.name for i in range(len(secret) - 5))

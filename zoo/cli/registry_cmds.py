@@ -142,7 +142,8 @@ def _human_tokens(rows: list[dict]) -> str:
 @tokens_group.command("revoke")
 @click.argument("ident")
 def tokens_revoke(ident: str):
-    """Revoke a token by id, name or prefix (shown by `tokens list`)."""
+    """Revoke a token by id, name or prefix (shown by `tokens list`), or by the token itself
+    (a leaked one: it is matched by its hash and never printed)."""
     from ...registry_db.registry import open_registry
     from ...registry_db.tokens import revoke_token
 

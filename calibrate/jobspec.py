@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from oscar_zoo.zoo import catalog, settings
-from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound
+from oscar_zoo.zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from oscar_zoo.zoo.geometry import ModelGeometry
 
 BUILTIN_DATA = "builtin:pydoc"
@@ -195,8 +195,26 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
         if not _MIRROR.match(target):
             raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
     _check_ray_resources(spec.ray_resources)
+    check_paths(spec)
     if geometry is not None:
         _check_geometry(spec, geometry)
+
+
+def check_paths(spec: JobSpec) -> None:
+    """Raises Forbidden for a model or data path outside OSCAR_ZOO_JOB_PATHS: a jobs:submit
+    token must not make the workers read any file of the host (symlinks resolved, `..` too)."""
+    paths = [spec.model] if is_path(spec.model) else []
+    paths += [d for d in (*spec.data, *spec.validation.data)
+              if not d.startswith(("builtin:", "hf:"))]
+    if not paths:
+        return
+    roots = [Path(r).expanduser().resolve() for r in settings.get("job_paths") or ()]
+    for p in paths:
+        if not any(Path(p).expanduser().resolve().is_relative_to(r) for r in roots):
+            raise Forbidden(f"{p!r} is outside the directories this registry lets jobs read "
+                            f"({', '.join(map(str, roots)) or 'none: OSCAR_ZOO_JOB_PATHS is unset'}); "
+                            "put it there, name a catalog model or hub id, or ask the operator "
+                            "to add its directory to OSCAR_ZOO_JOB_PATHS")
 
 
 # Ray asks for these through num_cpus/num_gpus/memory, never `resources`: in ray_resources its

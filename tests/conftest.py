@@ -5,8 +5,11 @@ another test's state."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Set before any test module imports huggingface_hub or modelscope_hub: both read these at import.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -41,6 +44,8 @@ def sandbox(tmp_path_factory, monkeypatch):
     }
     for var, path in paths.items():
         monkeypatch.setenv(var, str(path))
+    # jobs may name files in the repo's .cache (the trimmed test models) and in test temp dirs
+    monkeypatch.setenv("OSCAR_ZOO_JOB_PATHS", f"{REPO / '.cache'},{root.parent}")
     return root
 
 

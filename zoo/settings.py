@@ -98,6 +98,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Local worker processes started by `serve` (default: one per GPU, else one); with "
             "the ray executor, the most jobs its dispatcher keeps in flight (default: no cap).",
             "int", bound=">=0"),
+    Setting("job_paths", "OSCAR_ZOO_JOB_PATHS", None,
+            "Directories whose files a submitted job may name by path (a model directory or "
+            ".gguf, .txt / .jsonl data), comma-separated, as the registry's host sees them. "
+            "Unset: none; jobs name catalog models, hub ids, builtin: and hf: data.", "list"),
     Setting("job_lease_seconds", "OSCAR_ZOO_JOB_LEASE_SECONDS", "60",
             "A job lease expires this long after the last heartbeat.", "float", bound=">0"),
     Setting("job_max_attempts", "OSCAR_ZOO_JOB_MAX_ATTEMPTS", "3",

@@ -41,6 +41,9 @@ class Serve:
                     "OSCAR_ZOO_ENDPOINT": self.url, "OSCAR_ZOO_SOURCES": "registry",
                     "OSCAR_ZOO_JOB_LEASE_SECONDS": "6", "OSCAR_ZOO_JOB_CANCEL_GRACE_SECONDS": "10",
                     "TOKENIZERS_PARALLELISM": "false",
+                    # jobs name the trimmed test models kept there (a module-scoped server
+                    # starts before the per-test sandbox sets this)
+                    "OSCAR_ZOO_JOB_PATHS": str(MODEL_CACHE.parent),
                     # the workers' scratch dirs (left behind by the ones a test kills) stay here
                     "TMPDIR": str(self.root / "tmp"), **env}
         self.env.pop("OSCAR_ZOO_TOKEN", None)

@@ -101,11 +101,25 @@ def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_reques
     ({"model": "smollm2-135m", "tokenz": 5}, InvalidInput, "tokenz"),
     ({"model": "smollm2-135m", "tokens": 0}, InvalidInput, "tokens"),
     ({"model": "smollm2-135m", "seed": 2**64}, InvalidInput, "seed"),   # failed after both passes
+    # a jobs:submit token made the workers read any file of the host
+    ({"model": "/etc/models/x.gguf", "publish_as": "smollm2-135m"}, Forbidden, "OSCAR_ZOO_JOB_PATHS"),
+    ({"model": "smollm2-135m", "data": ["/etc/passwd.txt"]}, Forbidden, "outside the directories"),
+    ({"model": "smollm2-135m", "validation": {"data": ["../../../../etc/x.jsonl"]}}, Forbidden,
+     "outside the directories"),
 ])
 def test_bad_specs_are_refused_up_front_and_store_nothing(jobs_api, spec, error, match):
     with pytest.raises(error, match=match):
         jobs_api.submitter.submit(spec)
     assert _count(jobs_api.server, Job) == 0
+
+
+def test_a_path_inside_the_job_paths_is_taken_and_a_symlink_out_of_them_is_not(jobs_api, tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    (tmp_path / "etc").symlink_to("/etc")
+    job = jobs_api.submit(data=[str(tmp_path / "data.jsonl")])
+    assert job["spec"]["data"] == [str(tmp_path / "data.jsonl")]
+    with pytest.raises(Forbidden, match="outside the directories"):
+        jobs_api.submitter.submit({"model": "smollm2-135m", "data": [str(tmp_path / "etc" / "x.txt")]})
 
 
 def test_unknown_model_is_404_problem_with_suggestions(jobs_api):

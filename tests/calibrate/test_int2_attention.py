@@ -50,3 +50,36 @@ def test_tier_mask():
     m = tier_mask(torch.tensor([0, 5, 9]), 10, sink=2, recent=3)
     assert m[2].tolist() == [True, True] + [False] * 5 + [True] * 3
     assert m[1].tolist() == [True, True, False] + [True] * 7    # keys after the query: masked later
+
+
+@pytest.mark.parametrize("per_head, centered", [(False, False), (True, True)])
+def test_dequantized_matches_a_float64_round_trip(per_head, centered):
+    """The INT2 tier in the original basis: (x - mean) R, per-row |x| clip per KV head (0 = off),
+    per-group min/max codes, dequantized, then R^T and + mean; oscar-spec 2.9 and 3.1 in float64."""
+    from oscar_zoo.calibrate.int2_attention import dequantized, kernel_quantizer
+
+    g = torch.Generator().manual_seed(3 + per_head)
+    b, h, t, d, group = 2, 3, 17, 64, 16
+    x = torch.randn(b, h, t, d, generator=g) * torch.linspace(0.2, 3.0, d)
+    rot = torch.linalg.qr(torch.randn(*((h,) if per_head else ()), d, d, generator=g, dtype=torch.float64))[0]
+    clip = torch.tensor([0.9, 0.0, 0.7])
+    mean = torch.randn(h, d, generator=g) if centered else None
+    got = dequantized(x, rot.float(), clip, group, mean, kernel_quantizer(device="cpu"))
+
+    r = rot.expand(h, d, d)
+    xc = x.double() - (0 if mean is None else mean.double()[None, :, None])
+    xr = torch.einsum("bhtd,hde->bhte", xc, r)
+    for head, c in enumerate(clip.tolist()):
+        if c > 0:
+            thr = xr[:, head].abs().sort(-1).values[..., int(c * d)][..., None]
+            xr[:, head] = torch.minimum(torch.maximum(xr[:, head], -thr), thr)
+    grouped = xr.reshape(b, h, t, d // group, group)
+    lo, hi = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+    scale = (hi - lo).clamp_min(1e-8) / 3
+    code = torch.floor(grouped / scale - lo / scale + 0.5).clamp(0, 3)
+    want = torch.einsum("bhte,hde->bhtd", ((code + lo / scale) * scale).reshape(b, h, t, d), r)
+    want = want + (0 if mean is None else mean.double()[None, :, None])
+    # a code may flip at a rounding tie (float32 vs float64): bound the rows that differ
+    close = torch.isclose(got.double(), want, rtol=1e-4, atol=1e-4).all(-1)
+    assert close.float().mean() > 0.99, close.float().mean()
+    assert got.shape == x.shape and got.dtype == x.dtype

@@ -1,12 +1,22 @@
-"""Held-out windows for validation (calibrate/validate.py), on the test model's tokenizer."""
+"""Validation (calibrate/validate.py): held-out windows, the checks made before any forward, the
+verdict, and the whole measurement against an independent float64 reference on the test model."""
 
 from __future__ import annotations
 
+import hashlib
+from types import SimpleNamespace
+
 import pytest
+import torch
 
-from oscar_zoo.calibrate.validate import BUILTIN, eval_windows
-
-pytestmark = pytest.mark.model
+from oscar_zoo.calibrate import capture
+from oscar_zoo.calibrate.data import load_text
+from oscar_zoo.calibrate.int2_attention import kernel_quantizer
+from oscar_zoo.calibrate.validate import (BUILTIN, ValidationConfig, check_held_out, eval_windows,
+                                          validate)
+from oscar_zoo.zoo.bundle import Bundle
+from oscar_zoo.zoo.errors import InvalidInput
+from tests.utils.bundles import make_manifest, make_tensors
 
 
 class _NoBos:
@@ -22,9 +32,208 @@ class _NoBos:
         return self.tok(*args, **kwargs)
 
 
+@pytest.mark.model
 def test_windows_take_a_bos_only_where_the_tokenizer_has_one(smollm2):
     _, tok = smollm2
     _, plain = eval_windows(tok, [BUILTIN], "text", 64, 3)
     _, no_bos = eval_windows(_NoBos(tok), [BUILTIN], "text", 64, 3)
     assert [len(w) for w in no_bos] == [64] * 3 and all(isinstance(i, int) for w in no_bos for i in w)
     assert no_bos == plain      # the test model's own config adds no BOS either
+
+
+# --- bundles for a cut of the test model ------------------------------------------------------
+
+def _bundle(layers: int = 30, sink: int = 64, recent: int = 256, group: int = 64, per_head=False,
+            centered=False, **calibration) -> Bundle:
+    """A random bundle (random orthogonal rotations) for the test model's first `layers` layers."""
+    m = make_manifest("smollm2-135m", per_head=per_head, centered=centered)
+    m = m.model_copy(update={
+        "geometry": m.geometry.model_copy(update={"num_layers": layers}),
+        "quantization": m.quantization.model_copy(update={"sink_tokens": sink, "recent_tokens": recent,
+                                                          "group_size": group}),
+        "calibration": m.calibration.model_copy(update=calibration)})
+    return Bundle(m, *make_tensors(m))
+
+
+def _stand_in_model():
+    """All that validate's checks read of the test model: its config. Running it fails."""
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "head_dim": 64, "hidden_size": 576}
+    return SimpleNamespace(config=config)
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the model ran for input that should have been refused")
+
+
+# --- held-out text that is the calibration text ----------------------------------------------
+
+def _calibrated_on(path) -> Bundle:
+    text = load_text([str(path)], "calibration")
+    return _bundle(dataset=text.name, dataset_sha256=text.sha256)
+
+
+@pytest.mark.parametrize("validate_on", [["corpus.txt"], ["corpus.txt", BUILTIN]])
+def test_validation_refuses_the_bundles_own_calibration_text(tmp_path, validate_on):
+    """A file (or hf: dataset) has no held-out split: load_text gives its whole text to both
+    calibration and validation, which then scored the bundle on the text it was fitted to."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 500)
+    bundle = _calibrated_on(corpus)
+    data = [str(tmp_path / d) if d == "corpus.txt" else d for d in validate_on]
+    held_out = (load_text(data, "heldout"), [[1, 2, 3]])
+    with pytest.raises(InvalidInput, match="is this bundle's calibration text"):
+        validate(bundle, _stand_in_model(), _never, ValidationConfig(data=data, context_len=512),
+                 quantizer=None, held_out=held_out)
+
+
+def test_the_builtin_corpus_halves_and_other_text_are_held_out(tmp_path):
+    builtin = load_text([BUILTIN], "calibration")
+    check_held_out(_bundle(dataset=builtin.name, dataset_sha256=builtin.sha256), [BUILTIN], "text",
+                   load_text([BUILTIN], "heldout"))
+    other = tmp_path / "other.txt"
+    other.write_text("held out prose " * 100)
+    bundle = _bundle(dataset="corpus.txt", dataset_sha256=hashlib.sha256(b"calibration text").hexdigest())
+    check_held_out(bundle, [str(other), BUILTIN], "text", load_text([str(other), BUILTIN], "heldout"))
+    check_held_out(_bundle(dataset=None, dataset_sha256=None), [str(other)], "text",   # imported
+                   load_text([str(other)], "heldout"))
+
+
+def test_unknown_baselines_are_refused_before_the_model_runs():
+    # they made a variant with no layers, a KeyError at the first forward
+    with pytest.raises(InvalidInput, match=r"unknown baselines \['hadamrd'\]"):
+        validate(_bundle(), _stand_in_model(), _never,
+                 ValidationConfig(context_len=512, baselines=("hadamrd", "naive")), quantizer=None)
+
+
+# --- on the test model -------------------------------------------------------------------------
+
+SINK, RECENT, T = 8, 16, 96
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("baselines, missing", [(("oscar-shipped",), "hadamard and naive"),
+                                                (("naive",), "hadamard")])
+def test_a_bundle_never_passes_on_a_comparison_that_was_not_made(truncated_model, baselines, missing):
+    """Without the Hadamard or naive baseline, its bound was +inf: every bundle passed, under
+    a criterion that named the comparisons."""
+    model, tok = truncated_model(2)
+    report = validate(_bundle(2, SINK, RECENT), model, tok,
+                      ValidationConfig(context_len=T, windows=1, baselines=baselines), kernel_quantizer())
+    assert not report.passed
+    assert f"not judged: the {missing} baseline was not run" in report.criterion
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("where, says", [("q_proj", "layer 1: the model's own queries hold NaN or inf"),
+                                         ("lm_head", "next-token log-probabilities hold NaN or inf")])
+def test_a_model_whose_own_output_overflows_is_named(truncated_model, where, says):
+    """Only K and V were checked: an inf in a query or past the last layer made the reference
+    loss NaN, and the manifest refused the report with a raw ValidationError after the run."""
+    model, tok = truncated_model(2)
+    module = model.model.layers[1].self_attn.q_proj if where == "q_proj" else model.lm_head
+    hook = module.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([5]), float("inf")))
+    try:
+        with pytest.raises(InvalidInput, match=says):
+            validate(_bundle(2, SINK, RECENT), model, tok,
+                     ValidationConfig(context_len=T, windows=1, baselines=("naive",)), kernel_quantizer())
+    finally:
+        hook.remove()
+
+
+def _int2_f64(x, rotation, clip, group: int, mean):
+    """oscar-spec 2.9 and 3.1 in float64: (x - mean) R, per-row |x| clip by sort, per-group
+    asymmetric min/max with round-half-up codes in 0..3, dequantized, back to the original basis.
+    x: [T, H, d]; rotation [d, d] or [H, d, d]; clip [H]."""
+    x = x.double() - (0 if mean is None else mean.double())
+    r = rotation.double().expand(x.shape[1], *rotation.shape[-2:])
+    xr = torch.einsum("thd,hde->the", x, r)
+    t, h, d = xr.shape
+    out = torch.empty_like(xr)
+    for head in range(h):
+        row = xr[:, head]
+        if float(clip[head]) > 0:
+            thr = row.abs().sort(-1).values[:, min(int(float(clip[head]) * d), d - 1)][:, None]
+            row = torch.minimum(torch.maximum(row, -thr), thr)
+        grouped = row.reshape(t, d // group, group)
+        lo, hi = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+        scale = (hi - lo).clamp_min(1e-8) / 3
+        zero = -lo / scale
+        code = torch.floor(grouped / scale + zero + 0.5).clamp(0, 3)
+        out[:, head] = ((code - zero) * scale).reshape(t, d)
+    back = torch.einsum("the,hde->thd", out, r)
+    return back + (0 if mean is None else mean.double())
+
+
+def _attention_f64(q, k, v, k2, v2, scaling):
+    """Per query i, one at a time: key j from BF16 when j < SINK or i - j < RECENT, causal."""
+    _, hq, t, d = q.shape
+    g = hq // k.shape[1]
+    out = torch.zeros(1, t, hq, d, dtype=torch.float64)
+    for i in range(t):
+        j = torch.arange(i + 1)
+        fp = ((j < SINK) | (i - j < RECENT))[:, None]
+        for h in range(hq):
+            kk = torch.where(fp, k[0, h // g, :i + 1].double(), k2[:i + 1, h // g])
+            vv = torch.where(fp, v[0, h // g, :i + 1].double(), v2[:i + 1, h // g])
+            out[0, i, h] = torch.softmax(kk @ q[0, h, i].double() * scaling, 0) @ vv
+    return out
+
+
+@pytest.mark.model
+def test_validation_matches_a_float64_reference(truncated_model):
+    """Per-KV-head rotations, key centering, per-head clips (one head unclipped), 2 groups per
+    row: extra loss, KL and per-layer attention error, against the same INT2 cache done in
+    float64 one query at a time."""
+    model, tok = truncated_model(2)
+    bundle = _bundle(2, SINK, RECENT, group=32, per_head=True, centered=True)
+    g = torch.Generator().manual_seed(7)
+    for lid in bundle.layers:
+        bundle.k[lid].clip[:] = [0.9, 0.75, 0.0]
+        bundle.v[lid].clip[:] = (0.7 + 0.3 * torch.rand(3, generator=g)).numpy()
+    cfg = ValidationConfig(context_len=T, windows=1, baselines=("naive",))
+    report = validate(bundle, model, tok, cfg, kernel_quantizer())
+    _, (window,) = eval_windows(tok, cfg.data, "text", T, 1)
+
+    eye = torch.eye(64)
+    sides = {"bundle": lambda lid: [(torch.from_numpy(s[lid].rotation), torch.from_numpy(s[lid].clip),
+                                     None if s[lid].mean is None else torch.from_numpy(s[lid].mean))
+                                    for s in (bundle.k, bundle.v)],
+             "naive": lambda lid: [(eye, torch.zeros(3), None)] * 2}
+
+    def int2(name, lid, k, v):
+        (rk, ck, mk), (rv, cv, _) = sides[name](lid)
+        return (_int2_f64(k[0].transpose(0, 1), rk, ck, 32, mk),
+                _int2_f64(v[0].transpose(0, 1), rv, cv, 32, None))
+
+    errors = {}
+
+    def measure(module, q, k, v, mask, kw):     # teacher-forced, on positions past the windows
+        exact = _attention_f64(q, k, v, k[0].transpose(0, 1).double(), v[0].transpose(0, 1).double(),
+                               kw["scaling"])[:, SINK + RECENT:]
+        for name in sides:
+            o = _attention_f64(q, k, v, *int2(name, module.layer_idx, k, v), kw["scaling"])[:, SINK + RECENT:]
+            errors[name, module.layer_idx] = float(((o - exact) ** 2).sum() / (exact ** 2).sum()) ** 0.5
+
+    ids = torch.tensor([window])
+    targets = ids[0, 1:, None]
+    with torch.no_grad():
+        with capture.observing(measure):
+            ref = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), -1)
+        by = {v.name: v for v in report.variants}
+        for name in sides:
+            def replace(module, q, k, v, mask, kw, name=name):
+                return _attention_f64(q, k, v, *int2(name, module.layer_idx, k, v), kw["scaling"]).to(q.dtype)
+            with capture.observing(replace):
+                lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), -1)
+            delta = float(ref.gather(1, targets).mean() - lp.gather(1, targets).mean())
+            kl = float((ref.exp() * (ref - lp)).sum(-1).mean())
+            assert by[name].delta_nll == pytest.approx(delta, rel=1e-3, abs=1e-5), name
+            assert by[name].kl == pytest.approx(kl, rel=1e-3, abs=1e-6), name
+            assert by[name].per_layer_attn_rel_error == pytest.approx(
+                [errors[name, 0], errors[name, 1]], rel=1e-4), name
+            assert by[name].attn_rel_error == pytest.approx((errors[name, 0] + errors[name, 1]) / 2, rel=1e-4)
+    assert report.eval_tokens == T - 1
+    # fp32 scale and zero per group of 32: 2 + 64/32 bits; 24 of 96 tokens stay BF16
+    assert report.bits_int2_tier == 4.0
+    assert report.bits_at_context == pytest.approx(4.0 * 72 / 96 + 16 * 24 / 96)

@@ -196,6 +196,11 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
             raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
     _check_ray_resources(spec.ray_resources)
     check_paths(spec)
+    shared = [d for d in spec.validation.data if d in spec.data and d != BUILTIN_DATA]
+    if spec.validation.enabled and shared:   # else refused by validate() only after calibrating
+        raise InvalidInput(f"validation.data {shared} is also calibration data: validation would "
+                           f"score the bundle on the text it was fitted to; use other text (default "
+                           f"{BUILTIN_DATA}, whose held-out half calibration never reads)")
     if geometry is not None:
         _check_geometry(spec, geometry)
 

@@ -311,7 +311,7 @@ def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_s
         allowed = capture.bool_mask(mask, q.shape[2], k.shape[2], q.device)
         out[lid] = clip_search.search_layer(
             module, q, k, v, allowed, kw.get("scaling") or q.shape[-1] ** -0.5,
-            f.rot_k.to(q.device), f.rot_v.to(q.device), f.mean, group_size(cfg, geometry, lid),
+            f.rot_k.to(q.device), f.rot_v.to(q.device), f.mean, group_size(cfg, geometry),
             cfg.sink_tokens, cfg.recent_tokens, rows, quantizer, cfg.clip_per_head)
         progress(phase="clip_search", done=len(out), total=len(layers), layer=lid,
                  k_clip=float(out[lid].k.mean()), v_clip=float(out[lid].v.mean()))
@@ -321,9 +321,11 @@ def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_s
     return out
 
 
-def group_size(cfg, geometry, layer: int) -> int:
-    # calibrate() checked it against every head_dim (jobspec.check_int2_geometry)
-    return cfg.group_size or min(128, geometry.head_dim_of(layer))
+def group_size(cfg, geometry) -> int:
+    """One for the whole bundle, as its manifest records one (and serving takes one flag): by
+    default 128, or the smallest head_dim below that. calibrate() checked it against every
+    head_dim (jobspec.check_int2_geometry, whose default is this one)."""
+    return cfg.group_size or min(128, min(geometry.head_dim_of(i) for i in geometry.layers()))
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -355,7 +357,7 @@ def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
                        architecture=(getattr(model.config, "architectures", None) or [None])[0]),
         geometry=Geometry.of(geometry),
         method=_method(cfg),
-        quantization=Quantization(group_size=group_size(cfg, geometry, geometry.layers()[0]),
+        quantization=Quantization(group_size=group_size(cfg, geometry),
                                   scale_dtype=cfg.scale_dtype, sink_tokens=cfg.sink_tokens,
                                   recent_tokens=cfg.recent_tokens),
         clip=Clip(granularity=gran, searched=cfg.clip_search, k_global=k_global, v_global=v_global,

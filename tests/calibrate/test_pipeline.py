@@ -106,6 +106,18 @@ def test_a_hadamard_key_side_beside_a_fitted_value_side_exports_as_oscar_names_t
     assert torch.load(k_path, weights_only=True)["objective"] == f"{prefix}hadamard"
 
 
+def test_the_default_group_size_is_one_for_every_layer():
+    """With head dims 64 and 256, layers of 256 were clip-searched with groups of 128 while the
+    manifest (what validation and serving use) said 64, the first layer's."""
+    from oscar_zoo.calibrate.pipeline import group_size
+    from oscar_zoo.zoo.geometry import ModelGeometry
+
+    mixed = ModelGeometry(4, 8, 2, 256, (), {0: 64})
+    assert group_size(CalibrationConfig(model="m"), mixed) == 64
+    assert group_size(CalibrationConfig(model="m", group_size=32), mixed) == 32
+    assert group_size(CalibrationConfig(model="m"), ModelGeometry(4, 8, 2, 256)) == 128
+
+
 def test_windows_per_forward_batches_on_a_gpu_only():
     from oscar_zoo.calibrate.pipeline import GPU_TOKENS, windows_per_forward
 

@@ -101,6 +101,8 @@ def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_reques
     ({"model": "smollm2-135m", "tokenz": 5}, InvalidInput, "tokenz"),
     ({"model": "smollm2-135m", "tokens": 0}, InvalidInput, "tokens"),
     ({"model": "smollm2-135m", "seed": 2**64}, InvalidInput, "seed"),   # failed after both passes
+    ({"model": "smollm2-135m", "data": ["hf:org/text"], "validation": {"data": ["hf:org/text"]}},
+     InvalidInput, "also calibration data"),                           # failed after calibrating
     # a jobs:submit token made the workers read any file of the host
     ({"model": "/etc/models/x.gguf", "publish_as": "smollm2-135m"}, Forbidden, "OSCAR_ZOO_JOB_PATHS"),
     ({"model": "smollm2-135m", "data": ["/etc/passwd.txt"]}, Forbidden, "outside the directories"),

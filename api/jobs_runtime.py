@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from sqlalchemy import exists, select
+from sqlalchemy import exists, or_, select
 
 from ..registry_db import jobs as jobs_db
 from ..registry_db.models import Job
@@ -50,6 +50,7 @@ class JobsRuntime:
         if self.executor is not None:
             holders = self.executor.stop()
             with self.registry.db.write() as session:
+                holders = holders + _ray_tasks_of(session, holders)
                 for job_id, status in jobs_db.release_held_by(session, holders):
                     done = "requeued" if status == "queued" else status  # cancelled: one was pending
                     log.warning("job %s: %s (its worker stopped with the server)", job_id, done)
@@ -105,6 +106,19 @@ class JobsRuntime:
         else:
             raise ConfigError(f"OSCAR_ZOO_EXECUTOR={kind!r}: use local or ray")
         self.executor.start()
+
+
+def _ray_tasks_of(session, holders: list[str]) -> list[str]:
+    """The lease holders of running jobs that Ray tasks of these dispatchers attached to: they
+    hold the lease in their own names, which begin with their dispatcher's."""
+    from ..calibrate.executors.ray_executor import task_prefix
+
+    dispatchers = [h for h in holders if h.startswith("dispatch:")]
+    if not dispatchers:
+        return []
+    attached = or_(*(Job.lease_holder.startswith(task_prefix(d), autoescape=True)
+                     for d in dispatchers))
+    return list(session.scalars(select(Job.lease_holder).where(Job.status == "running", attached)))
 
 
 def interval() -> float:

@@ -125,18 +125,28 @@ class LocalExecutor:
     def _watch(self) -> None:
         while not self.stopping.wait(1.0):
             for i, slot in enumerate(self.slots):
-                if slot.proc is None:
-                    if slot.waiting and not self.stopping.is_set():
-                        self._spawn(i, slot)
-                    continue
-                if slot.proc.poll() is None:
-                    continue
-                if time.monotonic() - slot.started < RESTART_BACKOFF_S:
-                    continue   # dying at once, again and again: do not spin
-                log.warning("local executor: worker %s exited (%s); starting another",
-                            slot.worker_id, slot.proc.returncode)
-                if not self.stopping.is_set():
-                    self._spawn(i, slot)
+                try:
+                    self._check(i, slot)
+                except Exception:  # noqa: BLE001 - this thread is every slot's only restarter
+                    # fork refused (ENOMEM, EAGAIN: often the memory pressure that killed the
+                    # worker), the lock file unopenable: try again after the back-off
+                    slot.started = time.monotonic()
+                    log.exception("local executor: cannot start a worker on %s; retrying",
+                                  ",".join(slot.gpus) or "cpu")
+
+    def _check(self, i: int, slot: Slot) -> None:
+        if slot.proc is None:
+            if slot.waiting and not self.stopping.is_set():
+                self._spawn(i, slot)
+            return
+        if slot.proc.poll() is None:
+            return
+        if time.monotonic() - slot.started < RESTART_BACKOFF_S:
+            return   # dying at once, again and again: do not spin
+        log.warning("local executor: worker %s exited (%s); starting another",
+                    slot.worker_id, slot.proc.returncode)
+        if not self.stopping.is_set():
+            self._spawn(i, slot)
 
     @property
     def pids(self) -> list[int]:

@@ -43,7 +43,7 @@ from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
-from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id
+from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, sweep_workdirs
 
 log = logging.getLogger("oscar_zoo.ray")
 
@@ -54,22 +54,24 @@ GIVE_BACK_S = 20.0          # a stopping dispatcher waits this long for its task
                             # kills it 10 s later, time enough to release their leases
 
 
-def run_task(url: str, token: str, job_id: str, lease: str) -> str:
+def run_task(url: str, token: str, job_id: str, lease: str, dispatcher: str | None = None) -> str:
     """The Ray task: attach to the lease (`lease`: the dispatcher's claim token) and run the
-    attempt with the task's own token. Returns its outcome."""
+    attempt with the task's own token. Returns its outcome. dispatcher: the name of the
+    dispatcher that submitted it, the prefix of the task's own (see task_prefix)."""
     import ray
 
     ctx = ray.get_runtime_context()
     # One name per run of the task: attach is idempotent for it (a retried attach is the same
     # attempt), so Ray's retry, even in a process that reuses a pid, must have another.
-    worker = (f"ray-task:{socket.gethostname()}:{os.getpid()}:{ctx.get_node_id()[:12]}:"
-              f"{secrets.token_hex(3)}")
+    worker = (f"{task_prefix(dispatcher)}{socket.gethostname()}:{os.getpid()}:"
+              f"{ctx.get_node_id()[:12]}:{secrets.token_hex(3)}")
     # Ray sets OMP_NUM_THREADS=1 in its workers (the task asks for num_cpus=1); the runner
     # (which inherits this process's environment) would run its CPU parts on one thread.
     task_gpus = float(ctx.get_assigned_resources().get("GPU", 0))
     node_gpus = _node_gpus(ctx.get_node_id()) if task_gpus else 0.0
     threads = _runner_threads(_host_cpus(), task_gpus, node_gpus)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    sweep_workdirs()     # those of earlier tasks whose process Ray or the OOM killer killed
     with JobsClient(url, token) as client:
         try:
             job = _attach(client, job_id, lease, worker)
@@ -78,6 +80,14 @@ def run_task(url: str, token: str, job_id: str, lease: str) -> str:
         info = {"ray_node_id": ctx.get_node_id(), "ray_resources": ctx.get_assigned_resources(),
                 "cpu_threads": threads}
         return Attempt(client, job, job["lease"], worker, threading.Event(), info).run()
+
+
+def task_prefix(dispatcher: str | None) -> str:
+    """How the names of a dispatcher's tasks begin (first, so that the lease holder's 200
+    characters keep it). A task that attached holds the job's lease in its own name; `serve`,
+    whose HTTP server is closed by the time it stops its dispatcher (whose releases then find
+    no server), finds the jobs to give back by it (api/jobs_runtime.py)."""
+    return f"ray-task[{dispatcher}]:" if dispatcher else "ray-task:"
 
 
 def _runner_threads(host_cpus: int, task_gpus: float, node_gpus: float) -> int:
@@ -269,7 +279,7 @@ def _claim_one(client, worker, task, flights, cluster_gpus: int, wait: float) ->
         ref = task.options(num_cpus=1, num_gpus=gpus, resources=spec.get("ray_resources") or None,
                            max_retries=job["max_attempts"], retry_exceptions=False,
                            name=f"oscar-zoo-job-{job['id'][:8]}").remote(
-            client.endpoint, client.registry.token, job["id"], lease["token"])
+            client.endpoint, client.registry.token, job["id"], lease["token"], worker)
     except Exception as e:  # noqa: BLE001 - one job Ray refuses must not end the dispatcher
         # (and with it every task it drives), then come back to do it again after a requeue
         log.error("ray dispatcher: Ray refused job %s: %s", job["id"], e)
@@ -456,13 +466,19 @@ class RayExecutor:
         # reaches (serve's own is loopback; dispatch() warns when it hands out one).
         self.url = (settings.get("public_url") or url).rstrip("/")
         self.token, self.address = token, address
+        self.worker_id = ""     # the dispatcher's name in leases, its tasks' prefix
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.monitor: threading.Thread | None = None
 
     def _spawn(self) -> None:
+        # Named here, so that stop() can say whose jobs to give back: the server's sockets are
+        # closed by then, and the dispatcher's own releases find no server.
+        self.worker_id = (f"dispatch:{socket.gethostname()}:serve{os.getpid()}:"
+                          f"{secrets.token_hex(3)}")
         cmd = [sys.executable, "-P", "-m", "oscar_zoo.zoo.cli.main", "worker", "--registry",
                self.url, "--executor", "ray", "--ray-address", self.address,
+               "--worker-id", self.worker_id,
                "--exit-with-parent"]    # a SIGKILLed serve must not leave it running
         self.proc = subprocess.Popen(cmd, env={**os.environ, "OSCAR_ZOO_TOKEN": self.token},
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -479,10 +495,10 @@ class RayExecutor:
                 self._spawn()
 
     def stop(self) -> list[str]:
-        """SIGTERM: the dispatcher ends its tasks and releases their leases (the jobs are
-        requeued without spending an attempt). Past GIVE_BACK_S + 10 s it is killed; Ray then
-        ends its tasks and the sweeper requeues their jobs when the leases run out (those
-        attempts count)."""
+        """SIGTERM: the dispatcher ends its tasks (past GIVE_BACK_S + 10 s it is killed, and Ray
+        ends them with it). Returns its name: the server releases the jobs it or its tasks
+        still hold (requeued without spending an attempt), as the dispatcher's own release
+        calls find the server's sockets closed when `serve` stops."""
         self.stopping.set()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -491,4 +507,4 @@ class RayExecutor:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        return []
+        return [self.worker_id] if self.worker_id else []

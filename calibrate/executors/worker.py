@@ -21,6 +21,7 @@ One Attempt per claimed job:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ PROGRESS_EVERY_S = 0.5
 SHUTDOWN_GRACE_S = 5.0
 UPLOAD_TRIES = 3         # a result refused by a version-number race: tried this often in all
 EXIT_CANCELLED = 3
+WORKDIR_PREFIX = "oscar-zoo-job-"
+WORKDIR_LOCK = ".held"   # flocked by the attempt's process while it lives (see sweep_workdirs)
 
 
 def new_worker_id(kind: str = "worker") -> str:
@@ -61,6 +64,7 @@ def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event
     devices: CUDA_VISIBLE_DEVICES for each job's runner (None: inherit this process's)."""
     parent = os.getppid()
     failures = 0
+    sweep_workdirs()
     while not stop.is_set():
         if exit_with_parent and os.getppid() != parent:
             log.warning("worker %s: parent process exited; stopping", worker)
@@ -131,7 +135,7 @@ class Attempt:
         beat = threading.Thread(target=self._heartbeats, daemon=True, name=f"heartbeat-{self.id[:8]}")
         beat.start()
         threading.Thread(target=self._watchdog, daemon=True, name=f"lease-{self.id[:8]}").start()
-        work = Path(tempfile.mkdtemp(prefix=f"oscar-zoo-job-{self.id[:8]}-"))
+        work, held = new_workdir(self.id)
         try:
             if self.job.get("result_version") is not None:   # an earlier attempt published
                 return self._finish(None, done={"timings": {}})
@@ -147,6 +151,7 @@ class Attempt:
                 self._kill_group(signal.SIGKILL)
                 self.child.wait()
             shutil.rmtree(work, ignore_errors=True)
+            os.close(held)
 
     def _run_child(self, work: Path) -> str:
         (work / "job.json").write_text(json.dumps({"id": self.id, "spec": self.spec}))
@@ -293,37 +298,60 @@ class Attempt:
         not keep the runner going after the registry has handed the job to another worker."""
         while not self.ended.wait(0.2):
             if time.monotonic() > self.expires:
-                log.error("job %s: no heartbeat got through before the lease ran out", self.id)
-                self.lost.set()
+                self._lose("no heartbeat got through before the lease ran out")
                 return
+
+    def _lose(self, why: str) -> None:
+        """The lease is gone: kill the runner now, from whichever thread learnt it. _supervise
+        would too, but it may be stuck in a progress request (up to the HTTP timeout) while the
+        registry hands the job, and its GPU, to another worker."""
+        log.error("job %s: %s; stopping the runner", self.id, why)
+        self.lost.set()
+        self._kill_group(signal.SIGKILL)
 
     def _heartbeats(self) -> None:
         interval = max(self.lease_s / 3, 0.2)
         wait = interval
         while not self.ended.wait(wait):
+            # The registry extends the lease from when the beat arrives, at the latest when the
+            # reply leaves: counted from the reply's arrival, a slow answer would make our view
+            # of the lease outlast the registry's by its delay, and the runner with it.
+            sent = time.monotonic()
             try:
                 state = self.client.heartbeat(self.id, self.token)
-            except LeaseLost:
-                self.lost.set()
+            except LeaseLost as e:
+                self._lose(f"lease lost ({e})")
                 return
-            except (OfflineError, RemoteError) as e:
-                if time.monotonic() > self.expires:
-                    log.error("job %s: no heartbeat got through before the lease ran out (%s)", self.id, e)
-                    self.lost.set()
+            except OscarZooError as e:
+                if not isinstance(e, (OfflineError, RemoteError)):
+                    # A revoked token (401), a job that is gone (404): no later beat gets
+                    # through, so the runner is stopped now rather than the lease running out.
+                    self._lose(f"the registry refused the heartbeat ({e})")
+                    return
+                if self._beat_failed(e):
                     return
                 wait = 1.0
                 continue
-            except OscarZooError as e:
-                # A revoked token (401), a job that is gone (404): no later beat gets through,
-                # so the runner is stopped now rather than the lease running out silently.
-                log.error("job %s: the registry refused the heartbeat (%s); stopping the attempt",
-                          self.id, e)
-                self.lost.set()
-                return
-            self.expires = time.monotonic() + float(state.get("lease_seconds") or self.lease_s)
+            except Exception as e:  # noqa: BLE001 - a reply we cannot read: a blip, not the end
+                # Uncaught, it would end this thread for good: no more beats, the attempt given
+                # up when the lease runs out however well the registry answers afterwards.
+                log.warning("job %s: unreadable heartbeat reply (%s: %s); retrying", self.id,
+                            type(e).__name__, e)
+                if self._beat_failed(e):
+                    return
+                wait = 1.0
+                continue
+            self.expires = sent + float(state.get("lease_seconds") or self.lease_s)
             if state.get("cancel_requested"):
                 self.cancel.set()
             wait = interval
+
+    def _beat_failed(self, e: Exception) -> bool:
+        """A beat that did not get through: True (the attempt given up) once the lease is out."""
+        if time.monotonic() > self.expires:
+            self._lose(f"no heartbeat got through before the lease ran out ({e})")
+            return True
+        return False
 
     def _progress_body(self) -> tuple[str, dict]:
         ev = dict(self.latest or {"phase": self.phase, "done": 0, "total": 0})
@@ -341,11 +369,15 @@ class Attempt:
         timings = {**self.timings, phase: round(self.timings.get(phase, 0.0) + now - self.phase_t0, 3)}
         try:
             state = self.client.progress(self.id, self.token, phase, body, timings)
-        except LeaseLost:
-            self.lost.set()
+        except LeaseLost as e:
+            self._lose(f"lease lost ({e})")
             return
         except (OfflineError, RemoteError):
-            return  # the heartbeat thread decides when the lease is lost
+            # The heartbeat thread decides when the lease is lost. Tried again after the usual
+            # interval, not at once: _supervise comes back every 0.1 s, and a registry that
+            # answers 503 under load must not get ten reports a second from every worker.
+            self.sent_at = now
+            return
         except OscarZooError as e:
             # A refused report (422, 413) is no reason to stop the calibration: the heartbeat
             # thread keeps the lease; try again after the usual interval.
@@ -427,6 +459,37 @@ class Attempt:
             retryable = True
         job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
+
+
+def new_workdir(job_id: str) -> tuple[Path, int]:
+    """A fresh work dir for one attempt, and the descriptor of the flock that marks it in use
+    for as long as this process lives (a SIGKILL releases it; the runner does not inherit it).
+    The lock file is locked before it gets the name sweep_workdirs looks for."""
+    work = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{job_id[:8]}-"))
+    fd = os.open(work / f"{WORKDIR_LOCK}.new", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(work / f"{WORKDIR_LOCK}.new", work / WORKDIR_LOCK)
+    return work, fd
+
+
+def sweep_workdirs(root: str | Path | None = None) -> None:
+    """Remove the work dirs of attempts whose process died without cleaning up (SIGKILL, the
+    OOM killer, a power cut): nobody holds their lock. One would be left per crash, each with
+    a bundle and a log; a worker starting on the host clears them."""
+    for work in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            fd = os.open(work / WORKDIR_LOCK, os.O_RDWR)
+        except OSError:
+            continue          # not ours, being made, or removed meanwhile by another sweeper
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue          # its attempt is alive
+        else:
+            log.info("removing %s, left by a worker that died", work)
+            shutil.rmtree(work, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -154,7 +154,7 @@ def test_job_runs_on_the_worker_node_and_survives_its_worker_process_being_kille
             job, _ = c.submit(fault_spec(four_layers, seed=11, ray_resources={"worker_node": 1}))
         running = in_phase(srv, job["id"], ("pass1",), timeout=300)
         first = running["progress"]["worker"]
-        assert running["lease"]["holder"].startswith("ray-task:")
+        assert running["lease"]["holder"].startswith("ray-task[dispatch:")
         assert first["ray_resources"].get("worker_node") == 1.0        # it runs on the 2nd node
         os.kill(first["pid"], signal.SIGKILL)                          # the task's worker process
         wait_for(lambda: not alive(first["runner_pid"]), 10, what="the runner dying with it")

@@ -41,6 +41,9 @@ class ModelItem(BaseModel):
     latest_version: int | None
     recommended_version: int | None
     versions_count: int
+    validation_passed: bool | None = Field(
+        None, description="the validation verdict of the version a bare pull gets (recommended, "
+                          "else latest); null without a report")
 
 
 class ModelList(BaseModel):

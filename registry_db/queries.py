@@ -128,9 +128,10 @@ def list_models(session: Session, q: str | None = None, architecture: str | None
 
 
 def model_stats(session: Session, model_ids: list[int]) -> dict[int, dict]:
-    """versions_count, latest_version and recommended_version per model id."""
-    stats = {i: {"versions_count": 0, "latest_version": None, "recommended_version": None}
-             for i in model_ids}
+    """versions_count, latest_version, recommended_version and validation_passed (of the version
+    a bare pull gets: recommended, else latest; None when it has no report) per model id."""
+    stats = {i: {"versions_count": 0, "latest_version": None, "recommended_version": None,
+                 "validation_passed": None} for i in model_ids}
     if not model_ids:
         return stats
     counts = session.execute(select(BundleVersion.model_id, func.count())
@@ -138,12 +139,18 @@ def model_stats(session: Session, model_ids: list[int]) -> dict[int, dict]:
                              .group_by(BundleVersion.model_id))
     for model_id, count in counts:
         stats[model_id]["versions_count"] = count
-    pointed = session.execute(select(Alias.model_id, Alias.name, BundleVersion.number)
+    pointed = session.execute(select(Alias.model_id, Alias.name, BundleVersion.number,
+                                     BundleVersion.validation_passed)
                               .join(BundleVersion, Alias.version_id == BundleVersion.id)
                               .where(Alias.model_id.in_(model_ids),
                                      Alias.name.in_(("latest", "recommended"))))
-    for model_id, alias, number in pointed:
+    passed = {}
+    for model_id, alias, number, ok in pointed:
         stats[model_id][f"{alias}_version"] = number
+        passed[model_id, alias] = ok
+    for model_id in model_ids:
+        stats[model_id]["validation_passed"] = passed.get((model_id, "recommended"),
+                                                          passed.get((model_id, "latest")))
     return stats
 
 

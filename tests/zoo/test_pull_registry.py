@@ -329,3 +329,16 @@ def test_two_layer_lists_never_share_a_part_or_an_export(registry, glm_bundles, 
         assert sorted(part.k) == want
         for layer in (want[0], want[-1]):
             np.testing.assert_array_equal(part.k[layer].rotation, glm_bundles[0].k[layer].rotation)
+
+
+def test_list_shows_validation_and_the_registry_only_where_it_holds_a_version(registry, tmp_path):
+    """`list` said VALIDATED "-" for a version that passed unless --validated was given, and
+    named the registry a source of every catalog model, versions or not."""
+    from tests.api.ui.seeding import make_validated_bundle
+
+    registry.publish_dir(make_validated_bundle(tmp_path / "b").path)
+    rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["list", "--json"]).stdout)}
+    assert rows["smollm2-135m"]["validated"] is True and rows["smollm2-135m"]["latest"] == 1
+    assert "registry" not in rows["qwen3-8b"]["sources"] and rows["qwen3-8b"]["validated"] is None
+    only = json.loads(CliRunner().invoke(cli, ["list", "--validated", "--json"]).stdout)
+    assert [r["name"] for r in only] == ["smollm2-135m"]

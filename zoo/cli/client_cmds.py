@@ -157,14 +157,12 @@ def list_command(pattern, validated, as_json):
 def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, dict]:
     rows = {}
     for m in client.models(q=pattern, published=validated):
-        row = {"name": m["name"], "hub_id": m["hub_id"], "latest": m.get("latest_version"),
-               "recommended": m.get("recommended_version"), "validated": None,
-               "sources": ["registry"]}
-        if validated:
-            ver = row["recommended"] or row["latest"]
-            detail = client.version(m["name"], ver) if ver else {}
-            row["validated"] = bool((detail.get("validation") or {}).get("passed"))
-        rows[m["name"]] = row
+        latest = m.get("latest_version")
+        rows[m["name"]] = {"name": m["name"], "hub_id": m["hub_id"], "latest": latest,
+                           "recommended": m.get("recommended_version"),
+                           "validated": m.get("validation_passed"),
+                           # a catalog model the registry holds no version of is not a source
+                           "sources": ["registry"] if latest is not None else []}
     return rows
 
 

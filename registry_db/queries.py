@@ -156,6 +156,20 @@ def model_stats(session: Session, model_ids: list[int]) -> dict[int, dict]:
 
 # --- versions --------------------------------------------------------------------------------
 
+def _removed(session: Session, model: Model, ref: str) -> str:
+    """Why an alias that once existed is gone (a deploy pinned to it asks exactly that)."""
+    if not ALIAS_NAME.fullmatch(ref.lower()):
+        return ""
+    last = session.scalar(select(AliasEvent).where(AliasEvent.model_id == model.id,
+                                                   AliasEvent.alias == ref.lower())
+                          .order_by(AliasEvent.id.desc()).limit(1))
+    if last is None or last.to_version_id is not None:
+        return ""
+    by = f" by {last.by}" if last.by else ""
+    why = f": {last.reason}" if last.reason else ""
+    return f" Alias {ref.lower()!r} was removed {last.at:%Y-%m-%d %H:%M} UTC{by}{why}."
+
+
 def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVersion:
     """A version by number or by alias (`latest`, `recommended`, user-defined).
 
@@ -179,7 +193,8 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
         known = sorted(alias_map(session, model))
         hint = f" Its versions: 1 to {newest}." if newest else " It has no versions yet."
         hint += f" Aliases: {', '.join(known)}." if known else ""
-        raise VersionNotFound(f"{model.name} has no version {ref!r}.{hint}")
+        raise VersionNotFound(f"{model.name} has no version {ref!r}.{_removed(session, model, ref)}"
+                              f"{hint}")
     return row
 
 

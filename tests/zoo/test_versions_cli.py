@@ -38,6 +38,10 @@ def test_promote_alias_and_yank_drive_what_pull_gets(registry, glm_bundles, monk
     r = zoo("yank", f"{MODEL}@2", "--reason", "clip search bug", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["status"] == "yanked"
+    assert "removed aliases: stable" in r.stderr         # a deploy pinned to it learns it now
+    r = zoo("pull", f"{MODEL}@stable")                   # and later, why it is gone
+    assert r.exit_code == 1 and "Alias 'stable' was removed" in r.stderr
+    assert "version 2 yanked: clip search bug" in r.stderr
     with RegistryClient() as client:
         history = client.aliases(MODEL)["history"]
         assert client.version(MODEL, "latest")["version"] == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InvalidInput
-from .output import emit, json_option
+from .output import emit, json_option, warn
 
 
 def _version_spec(spec: str) -> tuple[str, str | int]:
@@ -52,7 +52,12 @@ def yank_command(spec, reason, as_json):
 
     name, ref = _version_spec(spec)
     with RegistryClient() as client:
+        before = client.version(name, ref).get("aliases") or []
         emit(client.yank(name, ref, reason), as_json, _line)
+    removed = [a for a in before if a != "latest"]
+    if removed:     # a deploy pinned to one of them stops resolving: say so now
+        warn(f"removed aliases: {', '.join(removed)} (they pointed at this version); point "
+             f"them elsewhere with `oscar-zoo alias {name}@VERSION ALIAS`")
 
 
 @click.command("alias")

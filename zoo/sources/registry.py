@@ -57,9 +57,8 @@ class RegistrySource:
         if ref.version is not None:
             number = ref.version
         elif ref.alias is not None:
-            if ref.alias not in aliases:
-                raise VersionNotFound(f"{where} has no alias {ref.alias!r}; its aliases: "
-                                      f"{', '.join(sorted(aliases)) or 'none'}")
+            if ref.alias not in aliases:    # the registry's 404 says why (removed when, by whom)
+                return self.client.version(model, ref.alias), model
             number = aliases[ref.alias]
         else:
             number = next((aliases[a] for a in DEFAULT_ALIASES if a in aliases), None)

@@ -22,7 +22,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from .errors import BundleFormatError, IntegrityError
-from .files import (atomic_write_bytes, publish_dir, sha256_bytes, sha256_file,
+from .files import (PARTIAL, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file,
                     staging_dir)
 from .manifest import CARD, MANIFEST, TENSORS, FileEntry, Manifest, parse_manifest
 
@@ -161,13 +161,37 @@ def verify_bundle(path: str | Path) -> Manifest:
     for required in (TENSORS, CARD):
         if required not in listed:
             raise BundleFormatError(f"manifest does not list {required}")
+    part = _partial(path)
     for f in manifest.files:
-        _check_file(path, f)
-    extra = {p.name for p in path.iterdir() if not p.name.startswith(".")} - listed - {MANIFEST}
+        if part is None:
+            _check_file(path, f)
+        elif f.name == TENSORS:     # the chosen layers only: partial.json has their hash
+            have = path / f.name
+            _check_file(path, FileEntry(name=f.name, sha256=part["sha256"],
+                                        size=have.stat().st_size if have.is_file() else 0))
+        elif (path / f.name).exists() or f.name != CARD:  # a registry part comes without a card
+            _check_file(path, f)
+    extra = ({p.name for p in path.iterdir() if not p.name.startswith(".")} - listed
+             - {MANIFEST} - ({PARTIAL} if part is not None else set()))
     if extra:
         raise BundleFormatError(f"unlisted files in bundle: {sorted(extra)}")
-    check_tensors(manifest, _load_tensors(path / TENSORS))
+    check_tensors(manifest, _load_tensors(path / TENSORS), None if part is None else part["layers"])
     return manifest
+
+
+def _partial(path: Path) -> dict | None:
+    """What a `--layers` output holds (partial.json, written by zoo/export.py): its layers and
+    the sha256 of its rotations.safetensors; None for a whole bundle."""
+    p = path / PARTIAL
+    if not p.is_file():
+        return None
+    try:
+        raw = json.loads(p.read_text())
+        layers, sha = [int(i) for i in raw["layers"]], str(raw[TENSORS])
+    except (ValueError, KeyError, TypeError):
+        raise BundleFormatError(f"{p}: not a partial.json of oscar-zoo (layers and the sha256 of "
+                                f"{TENSORS}); remove it, or pull the layers again") from None
+    return {"layers": layers, "sha256": sha}
 
 
 def _check_file(root: Path, entry: FileEntry) -> None:
@@ -200,8 +224,12 @@ def expected_shapes(manifest: Manifest) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_tensors(manifest: Manifest, tensors: dict[str, np.ndarray]) -> None:
+def check_tensors(manifest: Manifest, tensors: dict[str, np.ndarray],
+                  layers: list[int] | None = None) -> None:
+    """layers: only these are expected (a --layers part); None: every layer of the geometry."""
     want = expected_shapes(manifest)
+    if layers is not None:
+        want = {name: shape for name, shape in want.items() if _split(name)[1] in set(layers)}
     missing = sorted(set(want) - set(tensors))
     if missing:
         raise BundleFormatError(f"missing tensors: {missing[:6]}{' ...' if len(missing) > 6 else ''}")

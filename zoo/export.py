@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .cache import Cache
 from .errors import InvalidInput
-from .files import atomic_write_bytes, atomic_writers, publish_dir, sha256_file, staging_dir
+from .files import (PARTIAL, atomic_write_bytes, atomic_writers, publish_dir, sha256_file,
+                    staging_dir)
 from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
@@ -216,8 +217,8 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
         shutil.copyfile(bundle_dir / "README.md", tmp / "README.md")
         files["README.md"] = "README.md"
     partial = {"layers": bundle.layers, "rotations.safetensors": sha256_file(tmp / "rotations.safetensors")}
-    atomic_write_bytes(tmp / "partial.json", json.dumps(partial, indent=2).encode() + b"\n")
-    return {**files, "partial.json": "partial.json"}
+    atomic_write_bytes(tmp / PARTIAL, json.dumps(partial, indent=2).encode() + b"\n")
+    return {**files, PARTIAL: PARTIAL}
 
 
 def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:

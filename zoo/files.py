@@ -22,6 +22,7 @@ from typing import BinaryIO, Iterator
 from .errors import IntegrityError, UnsafePathError
 
 CHUNK = 1 << 20
+PARTIAL = "partial.json"   # beside a --layers output's files: its layers and their tensors' sha256
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -160,3 +160,30 @@ def test_model_card_has_front_matter_and_recipe(tmp_path):
     # the files `pull --format sglang` writes, not k_rotation.pt (OSCAR's loader then fails)
     assert "SGLANG_OSCAR_K_ROTATION_PATH='<dir>/k_rotation_qqt_r_h_pbr.pt'" in card
     assert "SGLANG_OSCAR_V_ROTATION_PATH='<dir>/v_rotation_sst_r_h_pbr.pt'" in card
+
+
+def test_a_layers_output_is_verified_against_its_partial_json(tmp_path):
+    """`pull --layers ... --format safetensors --out D` wrote partial.json beside the chosen
+    layers' tensors, but inspect, verify and export checked D against the whole manifest and
+    called oscar-zoo's own output corrupt."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b")
+    out = tmp_path / "part"
+    run = CliRunner().invoke
+    r = run(cli, ["export", str(bundle.path), "--format", "safetensors", "--layers", "0,2,4",
+                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert run(cli, ["inspect", str(out)]).exit_code == 0
+    r = run(cli, ["export", str(out), "--format", "sglang", "--out", str(tmp_path / "sg")])
+    assert r.exit_code == 0, r.output
+    torch = pytest.importorskip("torch")
+    k = torch.load(next((tmp_path / "sg").glob("k_rotation*.pt")), weights_only=True)
+    assert sorted(k["layers"]) == [0, 2, 4]
+    tensors = out / "rotations.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:-8] + b"\0" * 8)        # a flipped tail
+    r = run(cli, ["inspect", str(out)])
+    assert r.exit_code == 1 and "sha256" in r.stderr

@@ -42,6 +42,9 @@ def test_promote_alias_and_yank_drive_what_pull_gets(registry, glm_bundles, monk
     r = zoo("pull", f"{MODEL}@stable")                   # and later, why it is gone
     assert r.exit_code == 1 and "Alias 'stable' was removed" in r.stderr
     assert "version 2 yanked: clip search bug" in r.stderr
+    r = zoo("pull", f"{MODEL}@2", "-q")                  # `> serve.sh` keeps the warning; -q too
+    assert r.exit_code == 0, r.output
+    assert f"# WARNING: version 2 of {MODEL} was yanked" in r.stdout and "yanked" in r.stderr
     with RegistryClient() as client:
         history = client.aliases(MODEL)["history"]
         assert client.version(MODEL, "latest")["version"] == 1

@@ -74,12 +74,20 @@ def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
     if as_json:
         emit(result.to_dict(), True)
         return
+    for note in result.notes:       # warnings even under -q: they are what -q must not hide
+        if _is_warning(note):
+            warn(note)
+        elif not quiet:
+            info(f"note: {note}")
     if not quiet:
         for line in _summary(result):
             info(line)
-        for note in result.notes:
-            warn(note) if "yanked" in note or "reached" in note else info(f"note: {note}")
     click.echo(_stdout(result))
+
+
+def _is_warning(note: str) -> bool:
+    """A yanked or draft version, or a source that could not be reached: the recipe says so too."""
+    return any(w in note for w in ("yanked", "reached", "is a draft"))
 
 
 def _summary(r) -> list[str]:
@@ -104,6 +112,8 @@ def _stdout(r) -> str:
     title = {"sglang": "SGLang", "vllm": "vLLM"}[exp.format]
     head = [f"# {title} launch recipe for {r.model}"
             + (f" v{r.version}" if r.version is not None else "") + f" (sha256:{r.digest[:12]})"]
+    # `pull ... > serve.sh` must carry it: stderr is gone by the time someone runs the script
+    head += [f"# WARNING: {n}" for n in r.notes if _is_warning(n) and "reached" not in n]
     return "\n".join(head + [_recipe_text(exp)])
 
 

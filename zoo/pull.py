@@ -524,8 +524,23 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
                             f"({why}).", suggestions=catalog.suggest(name))
     cached = f"cached refs of {model}: {', '.join(have)}" if have else f"{model} is not cached at all"
     what = model if ref.is_default else f"{model}@{ref.label}"
-    raise OfflineError(f"{why}, and {what} is not in the cache ({cache.root}); "
-                       f"{cached}. Pull it once while online, or unset OSCAR_ZOO_OFFLINE/HF_HUB_OFFLINE.")
+    parts = _cached_parts(cache, model, ref)
+    fix = (f"only layers {', '.join(parts)} of it are cached: pass --layers with one of them, "
+           f"or pull it whole" if parts else f"pull it once (oscar-zoo pull {what})")
+    if settings.is_offline():
+        fix += " with OSCAR_ZOO_OFFLINE and HF_HUB_OFFLINE unset"
+    raise OfflineError(f"{why}, and {what} is not in the cache ({cache.root}); {cached}. "
+                       f"To fix: {fix}.")
+
+
+def _cached_parts(cache: Cache, model: str, ref: Ref) -> list[str]:
+    """The --layers parts cached for the bundle `ref` names, as layer specs (0-4, 0-9)."""
+    for r in ref.cache_refs():
+        digest = cache.read_ref(model, r)
+        if digest:
+            return sorted(p.name.removeprefix("layers-") for p in
+                          (cache.model_dir(model) / "partial" / digest).glob("layers-*"))
+    return []
 
 
 def _cached_result(cache: Cache, model: str, digest: str, path: Path) -> PullResult:

@@ -74,6 +74,10 @@ def test_layers_come_as_a_range_from_the_registry(registry, glm_bundles):
         assert not (r.path / f).stat().st_mode & 0o222
     again = pull("glm-4.7-fp8", layers="0-45", fmt="sglang")
     assert again.cached and again.export.files == r.export.files
+    # the whole bundle is not here: say which layers are, not "unset OSCAR_ZOO_OFFLINE" (unset)
+    out = CliRunner().invoke(cli, ["export", "glm-4.7-fp8", "--out", str(r.path.parents[5] / "x")])
+    assert out.exit_code == 1 and "only layers 0-45 of it are cached" in out.stderr, out.output
+    assert "OFFLINE" not in out.stderr
 
 
 def test_registry_down_falls_back_to_the_hubs(registry, seed_zoo, monkeypatch):

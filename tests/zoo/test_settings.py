@@ -60,6 +60,8 @@ def test_settings_command_shows_every_row_beside_an_invalid_one(monkeypatch):
     assert out.exit_code == 1 and len(rows) == len(settings.SETTINGS)
     assert "not a valid int" in rows["OSCAR_ZOO_HTTP_RETRIES"]["invalid"]
     assert rows["OSCAR_ZOO_CALIB_TOKENS"]["value"] == 30000
+    human = CliRunner().invoke(cli, ["settings"]).stdout
+    assert "INVALID: 'abc'" in human and "None" not in human and "['" not in human
 
 
 def test_a_cache_dir_that_is_a_file_is_one_line_not_a_traceback(monkeypatch, tmp_path):

@@ -34,7 +34,12 @@ def _value(s: settings.Setting) -> dict:
 
 
 def _cell(row: dict) -> str:
-    return f"INVALID: {row['invalid']}" if "invalid" in row else str(row["value"])
+    if "invalid" in row:    # the help column beside it says what is wanted
+        return f"INVALID: {settings.raw(row['name'])!r}"
+    value = row["value"]
+    if value is None:
+        return "unset"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def register(cli: click.Group) -> None:

@@ -73,3 +73,18 @@ def test_serve_end_to_end(registry_db_url, tmp_path):
         proc.terminate()
         out, err = proc.communicate(timeout=10)
     assert token not in out + err  # tokens never reach the logs
+
+
+def test_the_access_log_leaves_out_idle_workers_polls():
+    """Each local worker's 204 long poll filled the server log with ~12 lines a minute."""
+    import logging
+
+    from oscar_zoo.zoo.cli.registry_cmds import quiet_polls
+
+    def line(path, status):
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+                                 ("127.0.0.1:1", "POST", path, "1.1", status), None)
+
+    assert not quiet_polls(line("/v1/workers/claim", 204))
+    assert quiet_polls(line("/v1/workers/claim", 200))            # a job handed out stays
+    assert quiet_polls(line("/v1/models", 200))

@@ -7,6 +7,8 @@ is printed once on stdout and only its hash is stored.
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from .. import settings
@@ -56,7 +58,15 @@ def serve_command(host: str, port: int, no_workers: bool, executor: str | None,
     app.state.start_workers = not no_workers
     info(f"oscar-zoo registry on {app.state.self_url} (database: {_shown(app)})")
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    logging.getLogger("uvicorn.access").addFilter(quiet_polls)  # after Config set logging up
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def quiet_polls(record: logging.LogRecord) -> bool:
+    """False for an idle worker's long poll answered 204 (each worker asks every few seconds:
+    the access log would be mostly these)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (len(args) >= 5 and str(args[2]).startswith("/v1/workers/claim") and args[4] == 204)
 
 
 def _shown(app) -> str:

@@ -177,14 +177,15 @@ def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
     Raises Conflict for a job that already succeeded or failed.
     """
     job = get(session, job_id, lock=True)
-    if job.status in ("succeeded", "failed"):
+    if job.status in ("succeeded", "failed") and job.result_version_id is None:
         raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")
     if job.result_version_id is not None:
         # past the point of no return: the version is recorded, its aliases moved (a job
         # requeued after that only completes)
         version = session.get(BundleVersion, job.result_version_id)
+        state = "is finishing" if job.status in ("running", "queued") else job.status
         raise Conflict(f"job {job.id} already recorded its result as {job.model}@{version.number} "
-                       f"and is finishing; to withdraw that version: oscar-zoo yank "
+                       f"and {state}; to withdraw that version: oscar-zoo yank "
                        f"{job.model}@{version.number} --reason ...")
     if job.status == "queued":
         _finish(job, "cancelled", None, now_utc())

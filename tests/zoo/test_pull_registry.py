@@ -102,9 +102,9 @@ def test_publish_command(registry, glm_bundles, sandbox):
     body = json.loads(result.stdout)
     assert body["created"] and body["version"] == 1 and body["digest"] == glm_bundles[0].digest
     result = CliRunner().invoke(cli, ["publish", str(bundle)])
-    assert "already published as glm-4.7-fp8 v1" in result.stdout
+    assert "already there as glm-4.7-fp8 v1" in result.stdout
     result = CliRunner().invoke(cli, ["publish", str(glm_bundles[1].path), "--status", "draft"])
-    assert "v2 (draft" in result.stdout
+    assert "stored as a draft: glm-4.7-fp8 v2 (draft" in result.stdout
     assert pull("glm-4.7-fp8").version == 1  # a draft is not latest
 
 

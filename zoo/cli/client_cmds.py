@@ -478,9 +478,10 @@ def publish_command(bundle_dir, status, name, as_json):
     verify_bundle(bundle_dir)  # fail here, with the local path, before any upload
     with RegistryClient() as client:
         body, created = client.publish(bundle_dir, name=name, status=status)
+    verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \
+        else "already there as"
     emit({**body, "created": created}, as_json, lambda d: (
-        f"{'published' if created else 'already published as'} {d['model']} v{d['version']} "
-        f"({d['status']}, sha256:{d['digest'][:12]})"))
+        f"{verb} {d['model']} v{d['version']} ({d['status']}, sha256:{d['digest'][:12]})"))
 
 
 def register(cli: click.Group) -> None:

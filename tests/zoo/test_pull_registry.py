@@ -346,3 +346,24 @@ def test_list_shows_validation_and_the_registry_only_where_it_holds_a_version(re
     assert "registry" not in rows["qwen3-8b"]["sources"] and rows["qwen3-8b"]["validated"] is None
     only = json.loads(CliRunner().invoke(cli, ["list", "--validated", "--json"]).stdout)
     assert [r["name"] for r in only] == ["smollm2-135m"]
+
+
+def test_show_of_a_version_gives_its_clips_validation_and_yank_reason(registry, tmp_path):
+    """`show NAME@V` printed the catalog's clip pair as "serving" and no validation numbers
+    or yank reason: the version's own were only on the web UI."""
+    from tests.api.ui.seeding import make_validated_bundle
+
+    registry.publish_dir(make_validated_bundle(tmp_path / "b").path)
+    with registry.registry.db.write() as s:
+        from oscar_zoo.registry_db import queries
+        from oscar_zoo.registry_db.publish import yank_version
+
+        yank_version(s, queries.resolve_version(s, queries.resolve_model(s, "smollm2-135m"), 1),
+                     "clip search bug", "ops")
+    detail = RegistryClient().version("smollm2-135m", 1)
+    text = CliRunner().invoke(cli, ["show", "smollm2-135m@1"]).stdout
+    clip = detail["manifest"]["clip"]
+    assert f"clip         K {clip['k_global']:g} / V {clip['v_global']:g} (searched per" in text
+    bundle = next(r for r in detail["validation"]["variants"] if r["name"] == "bundle")
+    assert f"validation   passed: extra loss {bundle['delta_nll']:+.4f} nats/token (hadamard" in text
+    assert "yanked       clip search bug" in text

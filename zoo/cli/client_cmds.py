@@ -265,7 +265,7 @@ def _show_text(d: dict) -> str:
         lines += [f"  hub id       {c['hub_id']} ({c['architecture']})",
                   f"  geometry     {layers} of {g['num_layers']} layers with a KV cache, "
                   f"{g['num_q_heads']} q / {g['num_kv_heads']} KV heads, head_dim {g['head_dim']}",
-                  f"  serving      clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
+                  f"  OSCAR ships  clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
                   f"group {c['serving']['group_size']}, sink {c['serving']['sink_tokens']} + "
                   f"recent {c['serving']['recent_tokens']}, {c['serving']['gpus']} GPU(s)"]
         if c["rotationzoo"]:
@@ -285,12 +285,31 @@ def _show_text(d: dict) -> str:
     v = d.get("version")
     if v:
         lines.append(f"  version {v['version']}: {v['status']}, digest {v['digest']}")
+        lines += _version_lines(v)
         for f in v.get("files", []):
             lines.append(f"    {f['name']:<24} {_size(f['size']):>9}  {f['sha256'][:16]}")
     for s in d["cache"]:
         part = f" layers {s['layers']}" if s["layers"] else ""
         lines.append(f"  cached       {s['digest'][:12]}{part} refs {','.join(s['refs']) or '-'}  {s['path']}")
     return "\n".join(lines)
+
+
+def _version_lines(v: dict) -> list[str]:
+    """What the web UI's version page leads with: why it was yanked, the clip pair engines get,
+    the validation against the baselines."""
+    out = [f"    yanked       {v['yank_reason']}"] if v.get("yank_reason") else []
+    clip = (v.get("manifest") or {}).get("clip") or {}
+    if "k_global" in clip:
+        how = f"searched per {clip.get('granularity')}" if clip.get("searched") else "fixed"
+        out.append(f"    clip         K {clip['k_global']:g} / V {clip['v_global']:g} ({how}; "
+                   "the pair an engine is given)")
+    val = v.get("validation") or {}
+    by = {r["name"]: r["delta_nll"] for r in val.get("variants", [])}
+    if "bundle" in by:
+        rest = ", ".join(f"{n} {by[n]:+.4f}" for n in ("hadamard", "naive") if n in by)
+        out.append(f"    validation   {'passed' if val.get('passed') else 'FAILED'}: extra loss "
+                   f"{by['bundle']:+.4f} nats/token ({rest}) at context {val.get('context_len')}")
+    return out
 
 
 # --- verify, prune, cache ls -------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .pipeline import hardware
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 BASELINES = ("oscar-shipped", "hadamard", "naive")
+SERVED = "bundle-served"     # the bundle with the one clip pair an engine takes
 
 
 @dataclass
@@ -119,6 +120,11 @@ def variant_specs(bundle: Bundle, names: tuple[str, ...]) -> dict[str, dict[int,
     entry = find(m.model.name) or find(m.model.hub_id)
     shipped = (entry.k_clip, entry.v_clip) if entry else (0.96, 0.92)
     out: dict[str, dict[int, CacheSpec]] = {"bundle": {}}
+    # Engines take one K and one V clip ratio (SGLang, vLLM): per-layer searched clips are
+    # measured as engines will serve them too, beside the per-layer number
+    served = m.clip.granularity != "global"
+    if served:
+        out[SERVED] = {}
     for name in names:
         out[name] = {}
     for lid in bundle.layers:
@@ -129,6 +135,9 @@ def variant_specs(bundle: Bundle, names: tuple[str, ...]) -> dict[str, dict[int,
         out["bundle"][lid] = CacheSpec(rk, rv, t(k.clip), t(v.clip),
                                        None if k.mean is None else t(k.mean), g)
         full = lambda x: torch.full((heads,), x)  # noqa: E731
+        if served:
+            out[SERVED][lid] = CacheSpec(rk, rv, full(m.clip.k_global), full(m.clip.v_global),
+                                         None if k.mean is None else t(k.mean), g)
         if "oscar-shipped" in names:
             out["oscar-shipped"][lid] = CacheSpec(rk, rv, full(shipped[0]), full(shipped[1]), None, g)
         if "hadamard" in names:

@@ -13,6 +13,7 @@ from .. import serialize
 OUT = "rotations"
 VARIANT_NOTES = {
     "bundle": "this bundle",
+    "bundle-served": "this bundle as engines serve it (one K / V clip pair)",
     "oscar-shipped": "OSCAR as shipped (global clips, no key centering)",
     "hadamard": "Hadamard only (data-free)",
     "naive": "naive INT2 (no rotation)",

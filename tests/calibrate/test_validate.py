@@ -125,6 +125,24 @@ def test_a_bundle_never_passes_on_a_comparison_that_was_not_made(truncated_model
 
 
 @pytest.mark.model
+def test_per_layer_clips_are_measured_also_as_engines_serve_them(truncated_model):
+    """SGLang and vLLM take one K and one V clip ratio; the report measured only the per-layer
+    clips oscar-zoo's kernels use, so the published number was not what an engine runs."""
+    model, tok = truncated_model(2)
+    b = _bundle(2, SINK, RECENT)
+    b.manifest = b.manifest.model_copy(update={"clip": b.manifest.clip.model_copy(update={
+        "granularity": "layer", "searched": True, "k_global": 0.96, "v_global": 0.92})})
+    cfg = ValidationConfig(context_len=T, windows=1, baselines=("hadamard", "naive"))
+    for lid in b.layers:            # per-layer clips equal to the pair: the same cache
+        b.k[lid].clip[:], b.v[lid].clip[:] = 0.96, 0.92
+    by = {r.name: r for r in validate(b, model, tok, cfg, kernel_quantizer()).variants}
+    assert by["bundle-served"].delta_nll == pytest.approx(by["bundle"].delta_nll, abs=1e-9)
+    b.k[0].clip[:] = 0.5            # one layer clipped hard: only the per-layer number sees it
+    by = {r.name: r for r in validate(b, model, tok, cfg, kernel_quantizer()).variants}
+    assert by["bundle-served"].attn_rel_error < by["bundle"].attn_rel_error
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("where, says", [("q_proj", "layer 1: the model's own queries hold NaN or inf"),
                                          ("lm_head", "next-token log-probabilities hold NaN or inf")])
 def test_a_model_whose_own_output_overflows_is_named(truncated_model, where, says):

@@ -15,7 +15,7 @@ from starlette.routing import Match, Router
 
 from ..registry_db.registry import Registry, open_registry
 from ..zoo import __version__
-from . import errors, jobs_runtime, ui
+from . import auth, errors, jobs_runtime, ui
 from .limits import BodyLimit
 from .routes import aliases, files, layers, models, publish, versions
 
@@ -52,6 +52,8 @@ def create_app(database_url: str | None = None, data_dir: str | Path | None = No
             session.execute(text("select 1"))
         return {"status": "ok", "version": __version__}
 
+    app.get("/v1/whoami", tags=["service"], summary="Who the bearer token is: actor and scopes")(
+        auth.whoami)
     jobs_runtime.install(app)  # /v1/jobs, /v1/workers; the lease sweeper and the executor
     ui.install(app)  # last: the web UI's pages, / among them
     return app

@@ -13,7 +13,7 @@ from typing import Callable
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..registry_db.tokens import actor_of, authenticate
+from ..registry_db.tokens import actor_of, authenticate, identify
 
 bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo tokens create`")
 
@@ -28,3 +28,11 @@ def require(scope: str) -> Callable[..., str]:
 
     dependency.__name__ = f"require_{scope.replace(':', '_')}"
     return dependency
+
+
+def whoami(request: Request,
+           credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> dict:
+    """GET /v1/whoami: the token's actor name and scopes (`oscar-zoo login` checks a token so)."""
+    with request.app.state.registry.db.read() as session:
+        row = identify(session, credentials.credentials if credentials else None)
+        return {"actor": actor_of(row), "scopes": list(row.scopes)}

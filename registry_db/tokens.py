@@ -79,6 +79,14 @@ def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
 
     Raises Unauthorized (no, malformed, unknown or revoked token), Forbidden (wrong scope).
     """
+    row = identify(session, token)
+    if scope not in row.scopes and "admin" not in row.scopes:
+        raise Forbidden(f"token {row.name!r} has scopes {row.scopes}; this needs {scope!r}")
+    return row
+
+
+def identify(session: Session, token: str | None) -> ApiToken:
+    """The live token row, whatever its scopes. Raises Unauthorized."""
     if not token:
         raise Unauthorized("this endpoint needs a token: send 'Authorization: Bearer ozk_...' "
                            "(create one with `oscar-zoo tokens create --scope ...`)")
@@ -87,8 +95,6 @@ def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     if row is None or row.revoked_at is not None:
         raise Unauthorized("unknown or revoked token; create a new one with `oscar-zoo tokens create`")
-    if scope not in row.scopes and "admin" not in row.scopes:
-        raise Forbidden(f"token {row.name!r} has scopes {row.scopes}; this needs {scope!r}")
     return row
 
 

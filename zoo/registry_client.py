@@ -192,6 +192,11 @@ class RegistryClient:
     def versions(self, name: str, status: str | None = None) -> Iterator[dict]:
         yield from self._pages(f"/v1/models/{_name(name)}/versions", status=status)
 
+    def whoami(self) -> dict:
+        """{actor, scopes} of this client's token; Unauthorized when it has none or it is refused."""
+        r = self.request("GET", "/v1/whoami")
+        return self.json_of(r)
+
     def models(self, q: str | None = None, published: bool = False) -> Iterator[dict]:
         yield from self._pages("/v1/models", q=q, published="true" if published else None)
 

@@ -96,7 +96,13 @@ def test_publish_command(registry, glm_bundles, sandbox):
     result = CliRunner().invoke(cli, ["publish", str(bundle)])
     assert result.exit_code == 1 and "oscar-zoo login" in result.stderr
     token = registry.token("bundles:publish")
-    assert CliRunner().invoke(cli, ["login", "--token", token]).exit_code == 0
+    # a refused token is not stored over nothing (or over a good one): login asks the registry
+    bad = CliRunner().invoke(cli, ["login", "--token", "ozk_" + "x" * 43])
+    assert bad.exit_code == 1 and "unknown or revoked token" in bad.stderr
+    assert "oscar-zoo login" in CliRunner().invoke(cli, ["publish", str(bundle)]).stderr
+    good = CliRunner().invoke(cli, ["login", "--token", token])
+    assert good.exit_code == 0 and "as token:test (scopes: bundles:publish)" in good.stderr
+    assert CliRunner().invoke(cli, ["whoami"]).stdout.startswith("token:test at http://127.0.0.1")
     result = CliRunner().invoke(cli, ["publish", str(bundle), "--json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)

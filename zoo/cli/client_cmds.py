@@ -440,15 +440,33 @@ def _cache_table(d: dict) -> str:
 @click.command("login")
 @click.option("--token", help="The registry token (default: prompt for it, hidden).")
 def login_command(token):
-    """Store a registry token in the user config dir (mode 0600) for publish and other writes."""
-    from ..registry_client import store_token
+    """Check a registry token against OSCAR_ZOO_ENDPOINT and store it in the user config dir
+    (mode 0600) for publish and other writes. A refused token is not stored."""
+    from ..registry_client import RegistryClient, store_token
 
     if not token:
         token = click.prompt("registry token", hide_input=True, err=True)
-    if not token.strip():
+    token = token.strip()
+    if not token:
         raise click.UsageError("the token is empty")
+    client = RegistryClient(token=token)
+    if client.configured:       # else there is nothing to ask yet: stored as given
+        with client:
+            me = client.whoami()
+        info(f"logged in to {client.where} as {me['actor']} (scopes: {', '.join(me['scopes'])})")
     path = store_token(token)
     info(f"token stored in {path} (readable by you only); OSCAR_ZOO_TOKEN overrides it")
+
+
+@click.command("whoami")
+@json_option
+def whoami_command(as_json):
+    """Who the stored token (or OSCAR_ZOO_TOKEN) is at OSCAR_ZOO_ENDPOINT, and its scopes."""
+    from ..registry_client import RegistryClient
+
+    with RegistryClient() as client:
+        emit({**client.whoami(), "registry": client.where}, as_json,
+             lambda d: f"{d['actor']} at {d['registry']} (scopes: {', '.join(d['scopes'])})")
 
 
 @click.command("export")
@@ -505,7 +523,7 @@ def publish_command(bundle_dir, status, name, as_json):
 
 def register(cli: click.Group) -> None:
     for cmd in (pull_command, list_command, show_command, verify_command, prune_command,
-                cache_group, login_command, export_command, publish_command):
+                cache_group, login_command, whoami_command, export_command, publish_command):
         cli.add_command(cmd)
     cli.add_command(_alias(list_command, "ls"))
     cli.add_command(_alias(show_command, "info"))

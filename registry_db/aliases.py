@@ -38,8 +38,9 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
     """
     check_alias_name(name)
     if name == LATEST and not _system:
-        raise InvalidInput("`latest` always points at the newest published version; set "
-                           "`recommended` or your own alias instead")
+        raise InvalidInput("`latest` always points at the newest published version and moves by "
+                           "itself: it cannot be set or removed; use `recommended` or your own "
+                           "alias to pin a version")
     if version is not None and version.model_id != model.id:
         raise InvalidInput(f"version {version.number} belongs to another model")
     if version is not None and not _system:

@@ -141,7 +141,8 @@ def get(session: Session, job_id: str, lock: bool = False) -> Job:
     if _JOB_ID.fullmatch(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
         job = session.get(Job, job_id, with_for_update=lock or None)
     if job is None:
-        raise JobNotFound(f"no job {job_id!r}; list jobs with GET /v1/jobs")
+        raise JobNotFound(f"no job {job_id!r}: job ids are given whole; list them with "
+                          "`oscar-zoo jobs list` (GET /v1/jobs)")
     return job
 
 

@@ -86,6 +86,7 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
         files = {role: edir / name for role, name in info["files"].items()}
     if out is not None:
         files = _copy_out(files, Path(out))
+        _mark_out(Path(out), digest, fmt, layers, files)
         edir = Path(out)
     # absolute: the recipe is saved and run from elsewhere (a launch script, a systemd unit)
     paths = {role: os.path.abspath(p) for role, p in files.items()}
@@ -219,6 +220,28 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
     partial = {"layers": bundle.layers, "rotations.safetensors": sha256_file(tmp / "rotations.safetensors")}
     atomic_write_bytes(tmp / PARTIAL, json.dumps(partial, indent=2).encode() + b"\n")
     return {**files, PARTIAL: PARTIAL}
+
+
+OUT_MARK = ".oscar-zoo.json"
+
+
+def _mark_out(out: Path, digest: str, fmt: str, layers: list[int] | None,
+              files: dict[str, Path]) -> None:
+    """Say what --out holds (digest, format, layers, files), and remove what an earlier export
+    there wrote that this one did not replace, if it is unchanged since: a directory pulled
+    into again holds one version's files, not a per-head K of v3 beside the V of v4."""
+    mark = out / OUT_MARK
+    try:
+        before = json.loads(mark.read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        before = {}
+    now = {p.name: sha256_file(p) for p in files.values()}
+    for name, sha in before.items():
+        stale = out / os.path.basename(name)    # never a path out of --out, whatever the mark says
+        if name not in now and stale.is_file() and sha256_file(stale) == sha:
+            stale.unlink()
+    atomic_write_bytes(mark, json.dumps({"digest": digest, "format": fmt, "layers": layers,
+                                         "files": now}, indent=2).encode() + b"\n")
 
 
 def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:

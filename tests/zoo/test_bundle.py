@@ -187,3 +187,31 @@ def test_a_layers_output_is_verified_against_its_partial_json(tmp_path):
     tensors.write_bytes(tensors.read_bytes()[:-8] + b"\0" * 8)        # a flipped tail
     r = run(cli, ["inspect", str(out)])
     assert r.exit_code == 1 and "sha256" in r.stderr
+
+
+def test_out_holds_one_exports_files_and_keeps_the_users(tmp_path):
+    """Exporting into a directory that held another version's files left them beside the new
+    ones: a per-head K of one version next to the files of the next."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    per_head = make_bundle(tmp_path / "a", per_head=True)
+    shared = make_bundle(tmp_path / "b", seed=1)
+    out = tmp_path / "out"
+    run = CliRunner().invoke
+    assert run(cli, ["export", str(per_head.path), "--out", str(out)]).exit_code == 0
+    (out / "notes.txt").write_text("mine")
+    assert sorted(p.name for p in out.glob("*.pt")) == ["k_rotation_perhead.pt", "v_rotation_perhead.pt"]
+    (out / "v_rotation_perhead.pt").write_bytes(b"edited by hand")         # not ours any more
+    r = run(cli, ["export", str(shared.path), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [".oscar-zoo.json", "k_rotation_qqt_r_h_pbr.pt", "notes.txt",
+                     "v_rotation_perhead.pt", "v_rotation_sst_r_h_pbr.pt"]
+    mark = _json.loads((out / ".oscar-zoo.json").read_text())
+    assert mark["format"] == "sglang" and sorted(mark["files"]) == ["k_rotation_qqt_r_h_pbr.pt",
+                                                                     "v_rotation_sst_r_h_pbr.pt"]

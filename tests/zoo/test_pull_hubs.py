@@ -162,7 +162,7 @@ def test_out_dir_and_json(seed_zoo, tmp_path, monkeypatch):
     data = json.loads(run("pull", "glm-4.7-fp8", "--format", "vllm", "--out", str(out), "--json").stdout)
     assert data["export"]["recipe"]["env"]["VLLM_OSCAR_K_ROTATION_PATH"] == str(out / GLM_FILES[0])
     assert data["export"]["recipe"]["command"][:2] == ["vllm", "serve"]
-    assert sorted(os.listdir(out)) == sorted(GLM_FILES)
+    assert sorted(os.listdir(out)) == sorted([*GLM_FILES, ".oscar-zoo.json"])   # what it holds
     data = json.loads(run("pull", "glm-4.7-fp8", "--format", "safetensors", "--out", str(tmp_path / "b"),
                           "--json").stdout)
     verify_bundle(tmp_path / "b")

@@ -1,7 +1,8 @@
 """The one place errors become HTTP: RFC 9457 `application/problem+json`, never a stack trace.
 
 Domain errors (zoo.errors.OscarZooError) carry their status and title; FastAPI's validation
-errors and Starlette's HTTP errors (unknown route, wrong method) get the same shape. A value the
+errors and Starlette's HTTP errors (unknown route, wrong method) get the same shape, except an
+unknown page a browser asks for, off /v1/: a small HTML 404 (api/ui's error page). A value the
 database refuses (sqlalchemy DataError: too long for its column, a NUL on PostgreSQL) is the
 request's fault too, where a check upstream missed it: 422, not 500.
 """
@@ -58,11 +59,39 @@ async def validation_error(request: Request, exc: RequestValidationError) -> Pro
                    errors=errors)
 
 
-async def http_error(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
+def quality(accept: str, media: str) -> float:
+    """The q an Accept header gives `media`: that of its most specific matching range."""
+    ranks = {media: 2, f"{media.split('/')[0]}/*": 1, "*/*": 0}
+    best, rank = 0.0, -1
+    for part in accept.lower().split(","):
+        kind, *params = [p.strip() for p in part.split(";")]
+        if ranks.get(kind, -1) > rank:
+            q = next((p[2:] for p in params if p.startswith("q=")), "1")
+            try:
+                best, rank = float(q), ranks[kind]
+            except ValueError:
+                continue
+    return best
+
+
+def wants_page(request: Request) -> bool:
+    """A browser off the JSON API: Accept ranks text/html above JSON (`*/*` alone, as curl and
+    httpx send, ranks them equal and keeps problem+json)."""
+    accept = request.headers.get("accept", "")
+    path = request.url.path
+    return (path != "/v1" and not path.startswith("/v1/")
+            and quality(accept, "text/html") > quality(accept, "application/json"))
+
+
+async def http_error(request: Request, exc: StarletteHTTPException):
     status = exc.status_code
     title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
     detail = exc.detail if isinstance(exc.detail, str) else title
     if status == 404 and detail == "Not Found":
+        if wants_page(request):
+            from .ui.render import page   # here: the UI imports the API, not the other way round
+            return page(request, "error.html", {"title": title, "status": 404, "suggestions": [],
+                                                "detail": f"No page at {request.url.path}."}, 404)
         detail = f"no endpoint at {request.url.path}; the API is described at /docs"
     return problem(status, title, detail, request.url.path, getattr(exc, "headers", None))
 

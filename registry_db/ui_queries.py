@@ -1,5 +1,6 @@
 """Read queries the web UI needs beyond queries.py: filter choices, each model's headline
-version, the validated filter, and whether a version's source_job is a job here.
+version, its versions by status, the validated filter, what a job's bundle was calibrated on,
+and whether a version's source_job is a job here.
 
 Everything here composes queries.py (same resolution, same pagination cursors), so a page and
 the JSON API never disagree about what exists.
@@ -7,7 +8,7 @@ the JSON API never disagree about what exists.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer, raiseload
 
 from . import queries
@@ -37,6 +38,29 @@ def headline_versions(session: Session, model_ids: list[int]) -> dict[int, Bundl
     for model_id, alias, version in sorted(rows, key=lambda r: HEADLINE.index(r[1])):
         out.setdefault(model_id, version)
     return out
+
+
+def status_counts(session: Session, model_ids: list[int]) -> dict[int, dict[str, int]]:
+    """model id -> {status: number of versions}: the home page counts published versions apart
+    from drafts and yanked ones, which a bare pull never gets."""
+    out: dict[int, dict[str, int]] = {i: {} for i in model_ids}
+    if not model_ids:
+        return out
+    rows = session.execute(select(BundleVersion.model_id, BundleVersion.status, func.count())
+                           .where(BundleVersion.model_id.in_(model_ids))
+                           .group_by(BundleVersion.model_id, BundleVersion.status))
+    for model_id, status, count in rows:
+        out[model_id][status] = count
+    return out
+
+
+def calibrated_on(session: Session, version_id: int | None) -> str | None:
+    """The hardware a job's bundle records it was calibrated on ("1 x NVIDIA H100 80GB HBM3",
+    "cpu (x86_64, 2 cores)"), None if unknown: a job's `gpus` is only what it asked for."""
+    if version_id is None:
+        return None
+    manifest = session.scalar(select(BundleVersion.manifest).where(BundleVersion.id == version_id))
+    return ((manifest or {}).get("calibration") or {}).get("hardware")
 
 
 def job_exists(session: Session, job_id: str | None) -> bool:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from ...registry_db import jobs as jobs_db
+from ...registry_db import ui_queries
 from ..deps import reading
 from ..routes.jobs import _model_name, detail_of, job_summary, results_of, status_filter
 from .pages import next_page
@@ -40,7 +41,23 @@ def job_list(request: Request, status: str | None = Query(None, max_length=20),
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, job_id: str):
     with reading(request) as session:
-        job = detail_of(session, jobs_db.get(session, job_id))
+        row = jobs_db.get(session, job_id)
+        job = detail_of(session, row)
+        hardware = ui_queries.calibrated_on(session, row.result_version_id)
     return page(request, "job.html", {
-        "job": job, "terminal": job["status"] in jobs_db.TERMINAL,
-        "events": f"/v1/jobs/{job['id']}/events", "api": f"/v1/jobs/{job['id']}"})
+        "job": job, "terminal": job["status"] in jobs_db.TERMINAL, "worker": worker_of(job),
+        "hardware": hardware, "events": f"/v1/jobs/{job['id']}/events", "api": f"/v1/jobs/{job['id']}"})
+
+
+def worker_of(job: dict) -> str:
+    """Who runs (ran) the job: the lease holder while it runs, else the worker its last progress
+    report named (the lease is gone once a job ends). static/app.js's workerOf does the same."""
+    if job["lease"] and job["lease"]["holder"]:
+        return job["lease"]["holder"]
+    worker = job["progress"].get("worker")
+    if not isinstance(worker, dict):
+        return "–"
+    name, host = str(worker.get("id") or ""), str(worker.get("host") or "")
+    if name and host and host not in name:
+        return f"{name} on {host}"
+    return name or host or "–"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -33,13 +33,29 @@ def home(request: Request, q: str | None = Query(None, max_length=200),
         ids = [m.id for m in found.items]
         stats = queries.model_stats(session, ids)
         heads = ui_queries.headline_versions(session, ids)
+        counts = ui_queries.status_counts(session, ids)
         rows = [{**serialize.model_item(m, stats[m.id]), "kv": views.kv_geometry(m.geometry, 3),
-                 "headline": views.headline(heads.get(m.id))} for m in found.items]
+                 "headline": views.headline(heads.get(m.id)),
+                 "published": counts[m.id].get("published", 0),
+                 "others": views.other_versions(counts[m.id])} for m in found.items]
         architectures = ui_queries.architectures(session)
     return page(request, "home.html", {
         "models": rows, "q": q or "", "architecture": architecture or "", "validated": validated,
         "architectures": architectures, "more": next_page(request, found.next_cursor),
-        "filtered": bool(q or architecture or validated), "api": "/v1/models"})
+        "filtered": bool(q or architecture or validated),
+        "api": models_api(q, architecture, cursor), "api_note": validated and API_NO_VALIDATED})
+
+
+# GET /v1/models has no validated filter (its `published` is another test): the footer says so.
+API_NO_VALIDATED = ("it has no validated filter, so it lists the models this page leaves out too; "
+                    "those shown here have validation_passed: true")
+
+
+def models_api(q: str | None, architecture: str | None, cursor: str | None) -> str:
+    """GET /v1/models with the filters it shares with this page; the cursor too, as both take
+    list_models' own (the last name shown)."""
+    params = {k: v for k, v in (("q", q), ("architecture", architecture), ("cursor", cursor)) if v}
+    return "/v1/models" + (f"?{urlencode(params)}" if params else "")
 
 
 def next_page(request: Request, cursor: str | None) -> str | None:

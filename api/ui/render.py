@@ -45,7 +45,12 @@ def ticked(text: str | None) -> Markup:
     return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
 
 
-templates.env.filters.update(size=human_size, when=short_time, ticked=ticked)
+def plural(n: int, word: str) -> str:
+    """1 layer, 2 layers, 0 layers (English nouns this UI counts take an s)."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+templates.env.filters.update(size=human_size, when=short_time, ticked=ticked, plural=plural)
 templates.env.globals.update(app_version=__version__)
 
 

@@ -9,6 +9,7 @@ from ...zoo.interop.convert import oscar_names
 from ...zoo.manifest import Manifest
 from ...zoo.recipes import sglang_recipe
 from .. import serialize
+from .render import plural
 
 OUT = "rotations"
 VARIANT_NOTES = {
@@ -29,6 +30,13 @@ def headline(v: BundleVersion | None) -> dict | None:
     return {**serialize.version_summary(v, []),
             "delta_nll": by.get("bundle", {}).get("delta_nll"),
             "naive_delta_nll": by.get("naive", {}).get("delta_nll")}
+
+
+def other_versions(counts: dict[str, int]) -> str:
+    """The versions besides the published ones: "1 draft, 2 yanked" ("" when none)."""
+    parts = [plural(counts["draft"], "draft")] if counts.get("draft") else []
+    parts += [f"{counts['yanked']} yanked"] if counts.get("yanked") else []
+    return ", ".join(parts)
 
 
 def kv_geometry(geometry: dict, shown: int | None = None) -> dict[str, str]:

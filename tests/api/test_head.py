@@ -74,3 +74,13 @@ def test_other_methods_are_still_refused(server):
     with server.client() as http:
         r = http.post("/v1/health")
         assert r.status_code == 405 and "GET" in r.headers["allow"]
+
+
+def test_head_of_an_unknown_page_matches_its_html_404(server):
+    browser = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    with server.client() as http:
+        got, head = http.get("/nope", headers=browser), http.head("/nope", headers=browser)
+    assert got.status_code == head.status_code == 404
+    assert got.headers["content-type"].startswith("text/html") and head.content == b""
+    for name in SAME:
+        assert head.headers.get(name) == got.headers.get(name), name

@@ -92,7 +92,7 @@ function showJob(job, field) {
   setHidden(field("cancel"), !(job.cancel_requested && job.status === "running"));
   setText(field("finished"), job.finished_at ? when(job.finished_at) : "–");
   showTimings(job.timings || {}, field("timings"));
-  setText(field("worker"), (job.lease && job.lease.holder) || "–");
+  setText(field("worker"), workerOf(job));
   setText(field("started"), job.started_at ? when(job.started_at) : "–");
   if (job.result) {
     const a = document.createElement("a");
@@ -101,6 +101,16 @@ function showJob(job, field) {
     field("result").replaceChildren(a);
   }
   if (TERMINAL.includes(job.status)) setText(field("refresh"), "This job has ended.");
+}
+
+// the lease holder while it runs, else the worker its last progress named (as api/ui/jobs.py)
+function workerOf(job) {
+  if (job.lease && job.lease.holder) return job.lease.holder;
+  const w = (job.progress || {}).worker;
+  if (!w || typeof w !== "object") return "–";
+  const name = String(w.id || ""), host = String(w.host || "");
+  if (name && host && !name.includes(host)) return `${name} on ${host}`;
+  return name || host || "–";
 }
 
 function showTimings(timings, section) {

@@ -136,9 +136,13 @@ def test_job_page_updates_while_the_job_runs(page, site, shots):
     expect(page.locator('[data-field="phase"]')).to_have_text("fitting")
     with server.registry.db.read() as session:
         v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2)
-    update_job(server, job, status="succeeded", phase="done", result_version_id=v2.id)
+    worker = {"id": "worker:gpu-box:7:abc", "host": "gpu-box", "pid": 7}
+    update_job(server, job, status="succeeded", phase="done", result_version_id=v2.id,
+               progress={"phase": "done", "done": 1, "total": 1, "worker": worker})
     expect(page.locator('[data-field="status"]')).to_have_text("succeeded")
     expect(page.locator('[data-field="result"] a')).to_have_text("smollm2-135m v2")
+    # the lease is gone once the job ends: the worker its progress named stays shown
+    expect(page.locator('[data-field="worker"]')).to_have_text("worker:gpu-box:7:abc")
     page.screenshot(path=shots / "job-done.png", full_page=True)
     page.goto("/jobs")
     expect(page.locator("tbody tr").first).to_contain_text("succeeded")

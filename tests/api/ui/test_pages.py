@@ -249,3 +249,40 @@ def test_job_event_stream_follows_the_row(seeded):
     assert events[-1]["status"] == "succeeded" and all(e["id"] == job for e in events)
     with server.client() as http:
         assert http.get("/v1/jobs/nope/events").status_code == 404
+
+
+def test_home_json_link_keeps_the_query_the_api_supports(seeded):
+    with seeded.server.client() as http:
+        page = http.get("/?q=qwen&architecture=Qwen3_5ForConditionalGeneration&validated=true").text
+        link = re.search(r'this page as JSON: <a href="([^"]+)">', page).group(1)
+        assert html.unescape(link) == "/v1/models?q=qwen&architecture=Qwen3_5ForConditionalGeneration"
+        assert model_names(page) == [m["name"] for m in http.get(html.unescape(link)).json()["items"]]
+        assert "no validated filter" in page                 # the JSON lists the rest too
+        plain = http.get("/?q=smol").text
+        assert 'this page as JSON: <a href="/v1/models?q=smol">' in plain
+        assert "no validated filter" not in plain
+        assert 'this page as JSON: <a href="/v1/models">' in http.get("/").text
+
+
+def test_counts_agree_with_their_number(seeded):
+    count = lambda page: re.sub(r"\s+", " ", re.search(r'<p role="status" class="count">(.*?)</p>',
+                                                       page, re.S).group(1))
+    with seeded.server.client() as http:
+        assert count(http.get("/?q=smol").text) == "1 model matches"
+        assert count(http.get("/?validated=true").text) == "2 models match"
+        assert count(http.get("/?q=nothing-like-it").text) == "0 models match"
+        assert count(http.get("/").text).endswith(" models")
+
+
+def test_unknown_paths_answer_a_browser_in_html(seeded):
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    with seeded.server.client() as http:
+        r = http.get("/nope", headers={"Accept": browser})
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+        assert "<title>Not Found · oscar-zoo</title>" in r.text and "/nope" in r.text
+        for path, accept in (("/nope", "*/*"), ("/nope", "application/json"),
+                             ("/v1/nope", browser), ("/nope", "application/json, text/html;q=0.5")):
+            r = http.get(path, headers={"Accept": accept})
+            assert r.status_code == 404, (path, accept)
+            assert r.headers["content-type"] == "application/problem+json", (path, accept)
+            assert r.json()["status"] == 404

@@ -95,3 +95,58 @@ def test_padded_treats_a_missing_row_as_a_gap():
 
     grid = padded([np.array([1.0, 2.0]), None, np.array([3.0])])
     assert grid.shape == (3, 2) and np.isnan(grid[1]).all() and np.isnan(grid[2, 1])
+
+
+def test_a_draft_version_says_it_is_not_published(registry_server, tmp_path):
+    make_bundle(tmp_path / "b1", seed=1)
+    registry_server.publish_dir(tmp_path / "b1", status="draft")
+    with registry_server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/1").text
+    banner = re.search(r'<p class="warn" role="note">(.*?)</p>', page, re.S)
+    assert banner, "no banner on a draft's page"
+    text = re.sub(r"\s+", " ", banner.group(1))
+    assert "draft" in text and "not published" in text
+    assert "<code>oscar-zoo pull smollm2-135m</code> does not get it" in text
+    assert "<code>oscar-zoo promote smollm2-135m@1</code>" in text
+
+
+def test_home_counts_published_versions_and_does_not_call_every_model_calibrated(
+        registry_server, tmp_path):
+    with registry_server.client(registry_server.token("bundles:publish")) as http:
+        for n, status in ((1, "published"), (2, "published"), (3, "draft")):
+            make_bundle(tmp_path / f"b{n}", seed=n)
+            registry_server.publish_dir(tmp_path / f"b{n}", status=status)
+        r = http.post("/v1/models/smollm2-135m/versions/1/yank", json={"reason": "bad"})
+        assert r.status_code == 200, r.text
+        home = http.get("/").text
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row_of(home, "smollm2-135m"), re.S)
+    assert re.sub(r"\s+", " ", cells[2]).strip() == "1 <small>(also 1 draft, 1 yanked)</small>"
+    assert "<th scope=\"col\">Published versions</th>" in home
+    # catalog entries with no version are listed, and say so, under a heading that allows them
+    assert "qwen3-8b" in model_names(home)
+    assert "not calibrated yet" in row_of(home, "qwen3-8b")
+    assert "Models with calibrated rotations" not in home
+
+
+def test_a_finished_job_names_its_worker_and_does_not_claim_a_gpu(registry_server, tmp_path):
+    manifest = make_manifest(seed=1)
+    manifest = manifest.model_copy(update={"calibration": manifest.calibration.model_copy(
+        update={"hardware": "cpu (x86_64, 2 cores)"})})
+    k, v = make_tensors(manifest, 1)
+    write(Bundle(manifest, k, v), tmp_path / "b")
+    version_id = registry_server.publish_dir(tmp_path / "b").version.id
+    worker = {"id": "worker:cpu-box:4242:a1b2c3", "host": "cpu-box", "pid": 4242}
+    job = add_job(registry_server, status="succeeded", phase="succeeded", gpus=1,
+                  result_version_id=version_id,
+                  progress={"phase": "succeeded", "done": 1, "total": 1, "worker": worker})
+    failed = add_job(registry_server, status="failed", phase="failed", gpus=1,
+                     progress={"phase": "failed", "worker": {"id": "w2", "host": "gpu-box"}})
+    with registry_server.client() as http:
+        page = http.get(f"/jobs/{job}").text
+        other = http.get(f"/jobs/{failed}").text
+    facts = re.sub(r"\s+", " ", re.search(r'<dl class="facts">(.*?)</dl>', page, re.S).group(1))
+    assert '<dt>worker</dt><dd data-field="worker">worker:cpu-box:4242:a1b2c3</dd>' in facts
+    assert "<dt>GPUs asked</dt><dd>1</dd>" in facts and "<dt>GPUs</dt>" not in facts
+    assert "<dt>calibrated on</dt><dd>cpu (x86_64, 2 cores)</dd>" in facts
+    assert '<dd data-field="worker">w2 on gpu-box</dd>' in other      # host not in its id
+    assert "calibrated on" not in other                               # no bundle: not known

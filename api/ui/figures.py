@@ -16,7 +16,7 @@ from ..routes.layers import _read, _tensor_file
 from . import charts
 
 SIDES = {"k": "K (keys)", "v": "V (values)"}
-VARIANTS = ("bundle", "oscar-shipped", "hadamard", "naive")
+VARIANTS = ("bundle", "bundle-served", "oscar-shipped", "hadamard", "naive")
 
 
 def _cell_h(rows: int) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,7 @@ def test_job_page_updates_while_the_job_runs(page, site, shots):
     page.goto(f"/jobs/{job}")
     expect(page.locator('[data-field="status"]')).to_have_text("running")
     expect(page.locator('[data-field="refresh"]')).to_contain_text("Live")
+    expect(page.locator('[data-field="cancel"]')).to_be_hidden()     # no cancel was asked
     update_job(server, job, progress={"phase": "pass1", "done": 12, "total": 30, "layer": 11})
     expect(page.locator('[data-field="count"]')).to_have_text("12 / 30")
     expect(page.locator('[data-field="layer"]')).to_have_text("layer 11")
@@ -138,6 +140,7 @@ def test_job_page_updates_while_the_job_runs(page, site, shots):
         v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2)
     worker = {"id": "worker:gpu-box:7:abc", "host": "gpu-box", "pid": 7}
     update_job(server, job, status="succeeded", phase="done", result_version_id=v2.id,
+               finished_at=datetime.now(timezone.utc), lease_holder=None,
                progress={"phase": "done", "done": 1, "total": 1, "worker": worker})
     expect(page.locator('[data-field="status"]')).to_have_text("succeeded")
     expect(page.locator('[data-field="result"] a')).to_have_text("smollm2-135m v2")

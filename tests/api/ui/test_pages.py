@@ -118,7 +118,7 @@ def test_version_page_charts_encode_the_tensors(seeded):
         heights[path.get("fill")] = [-float(h) for h in re.findall(r"v(-[\d.]+)h", path.get("d"))]
     by_name = {v["name"]: v["per_layer_attn_rel_error"] for v in manifest["validation"]["variants"]}
     got = np.array(list(heights.values()))                                  # [variants, L] px
-    want = np.array([by_name[n] for n in ("bundle", "oscar-shipped", "hadamard", "naive")])
+    want = np.array([by_name[n] for n in ("bundle", "bundle-served", "oscar-shipped", "hadamard", "naive")])
     scale = (got * want).sum() / (want * want).sum()                        # px per unit error
     np.testing.assert_allclose(got, want * scale, atol=0.1)                 # drawn to 0.1 px
 

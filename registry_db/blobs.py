@@ -26,7 +26,6 @@ locks die with their process, so a crash leaves none behind.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import io
 import logging
 import os
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from ..zoo.errors import IntegrityError, StorageCorrupt
-from ..zoo.files import CHUNK, fsync_dir, is_sha256, sha256_bytes, sha256_file
+from ..zoo.files import copy_checked, fsync_dir, is_sha256, sha256_bytes, sha256_file
 
 log = logging.getLogger("oscar_zoo.blobs")
 
@@ -128,17 +127,7 @@ class BlobStore:
         try:
             # Closing the file releases its flock: the rename happens before, inside the `with`.
             with os.fdopen(fd, "wb") as f:
-                h, n = hashlib.sha256(), 0
-                for block in iter(lambda: src.read(CHUNK), b""):
-                    h.update(block)
-                    n += len(block)
-                    f.write(block)
-                if size is not None and n != size:
-                    raise IntegrityError(f"{sha256}: got {n} bytes, expected {size}")
-                if h.hexdigest() != sha256:
-                    raise IntegrityError(f"{sha256}: sha256 {h.hexdigest()[:12]}... does not match "
-                                         f"expected {sha256[:12]}...; the source is corrupt, "
-                                         "fetch it again")
+                copy_checked(src, f, sha256, size, sha256)
                 f.flush()
                 os.fsync(f.fileno())
                 with self._flock(fcntl.LOCK_SH):

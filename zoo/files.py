@@ -125,18 +125,25 @@ def atomic_writers(paths: list[Path]) -> Iterator[list[BinaryIO]]:
 
 def copy_verified(src: BinaryIO, dest: str | Path, sha256: str | None, size: int | None = None) -> str:
     """Stream src into dest atomically while hashing; refuse (and leave nothing) on mismatch."""
-    h, n = hashlib.sha256(), 0
     with atomic_writer(dest) as f:
-        for block in iter(lambda: src.read(CHUNK), b""):
-            h.update(block)
-            n += len(block)
-            f.write(block)
-        digest = h.hexdigest()
-        if size is not None and n != size:
-            raise IntegrityError(f"{Path(dest).name}: got {n} bytes, expected {size}")
-        if sha256 is not None and digest != sha256:
-            raise IntegrityError(f"{Path(dest).name}: sha256 {digest[:12]}... does not match "
-                                 f"expected {sha256[:12]}...; the source is corrupt, fetch it again")
+        return copy_checked(src, f, sha256, size, Path(dest).name)
+
+
+def copy_checked(src: BinaryIO, dest: BinaryIO, sha256: str | None, size: int | None,
+                 name: str) -> str:
+    """Stream src into the open file dest while hashing; raises IntegrityError (naming `name`)
+    when size or sha256 differ from the expected ones. Returns the sha256."""
+    h, n = hashlib.sha256(), 0
+    for block in iter(lambda: src.read(CHUNK), b""):
+        h.update(block)
+        n += len(block)
+        dest.write(block)
+    digest = h.hexdigest()
+    if size is not None and n != size:
+        raise IntegrityError(f"{name}: got {n} bytes, expected {size}")
+    if sha256 is not None and digest != sha256:
+        raise IntegrityError(f"{name}: sha256 {digest[:12]}... does not match "
+                             f"expected {sha256[:12]}...; the source is corrupt, fetch it again")
     return digest
 
 

@@ -71,15 +71,8 @@ def job_exists(session: Session, job_id: str | None) -> bool:
 def validated_ids(session: Session, model_ids: list[int]) -> set[int]:
     """Models whose headline version passed validation: the version the row shows (and the
     one `oscar-zoo list --validated` checks), not any older one that passed."""
-    if not model_ids:
-        return set()
-    rows = session.execute(select(Alias.model_id, Alias.name, BundleVersion.validation_passed)
-                           .join(BundleVersion, Alias.version_id == BundleVersion.id)
-                           .where(Alias.model_id.in_(model_ids), Alias.name.in_(HEADLINE)))
-    passed: dict[int, bool | None] = {}
-    for model_id, alias, ok in sorted(rows, key=lambda r: HEADLINE.index(r[1])):
-        passed.setdefault(model_id, ok)
-    return {model_id for model_id, ok in passed.items() if ok}
+    stats = queries.model_stats(session, model_ids)     # its validation_passed is the headline's
+    return {model_id for model_id, s in stats.items() if s["validation_passed"]}
 
 
 def search_models(session: Session, q: str | None, architecture: str | None, validated: bool,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
+from oscar_zoo.registry_db.jobs import now_utc
 from oscar_zoo.registry_db.models import BundleVersion, Job
 from oscar_zoo.zoo.errors import (Conflict, Forbidden, InvalidInput, JobCancelled, LeaseLost,
                                   ModelNotFound)
@@ -27,6 +29,13 @@ def _count(server, table) -> int:
 
 def _wait(fn, timeout: float = 20.0):
     return wait_for(fn, timeout, every=0.1)
+
+
+def _expire_lease(api, job_id: str) -> None:
+    """The worker dies now. A 1-second lease instead raced the upload before it on a loaded CI
+    box (PostgreSQL, 2 cores) and lost the result the test is about."""
+    with api.server.registry.db.write() as session:
+        session.get(Job, job_id).lease_expires_at = now_utc() - timedelta(seconds=1)
 
 
 # --- submit ----------------------------------------------------------------------------------
@@ -326,7 +335,7 @@ def test_cancel_queued_at_once_running_through_the_worker(jobs_api):
 
 def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp_path):
     api = jobs_api
-    job = api.submit(lease_seconds=1, aliases=["recommended"])
+    job = api.submit(lease_seconds=60, aliases=["recommended"])
     first = api.worker.claim("w1", 0)["lease"]["token"]
     make_bundle(tmp_path / "a", seed=1)
     version, created = api.worker.upload_result(job["id"], first, tmp_path / "a", "published")
@@ -335,9 +344,8 @@ def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp
     again, created = api.worker.upload_result(job["id"], first, tmp_path / "a", "published")
     assert not created and again["version"] == 1
     # the worker dies before completing; the retry runs again and makes different bytes
+    _expire_lease(api, job["id"])
     _wait(lambda: api.submitter.get(job["id"])["status"] == "queued")
-    with api.server.registry.db.write() as session:   # the retry's lease: no expiry on a slow box
-        session.get(Job, job["id"]).lease_seconds = 60
     claimed = api.worker.claim("w2", 0)
     assert claimed["job"]["result_version"] == 1                     # the retry can skip to the end
     make_bundle(tmp_path / "b", seed=2)
@@ -390,9 +398,10 @@ def test_a_job_with_its_result_recorded_is_never_cancelled_beside_it(jobs_api, t
         api.submitter.cancel(racing["id"])       # the version to withdraw, not 'nothing to cancel'
 
     make_bundle(tmp_path / "a", seed=1)
-    requeued = api.submit(lease_seconds=1)
+    requeued = api.submit(lease_seconds=60)
     lease = api.worker.claim("w1", 0)["lease"]["token"]
     api.worker.upload_result(requeued["id"], lease, tmp_path / "a", "published")
+    _expire_lease(api, requeued["id"])
     _wait(lambda: api.submitter.get(requeued["id"])["status"] == "queued")
     with pytest.raises(Conflict, match="already recorded its result"):
         api.submitter.cancel(requeued["id"])
@@ -405,10 +414,11 @@ def test_a_last_attempt_lost_after_its_result_ends_with_that_result(jobs_api, tm
     before it completes. The job used to read failed ("gave up after 1 attempts") beside its
     published version: a user would submit it again. It ends as the worker would have ended it."""
     api = jobs_api
-    job = api.submit(lease_seconds=1, max_attempts=1, aliases=["recommended"])
+    job = api.submit(lease_seconds=60, max_attempts=1, aliases=["recommended"])
     lease = api.worker.claim("w1", 0)["lease"]["token"]
     make_bundle(tmp_path / "a", seed=1)
     version, _ = api.worker.upload_result(job["id"], lease, tmp_path / "a", status)
+    _expire_lease(api, job["id"])
     _wait(lambda: api.submitter.get(job["id"])["status"] not in ("running", "queued"))
     final = api.submitter.get(job["id"])
     assert final["status"] == ends and final["result"]["version"] == version["version"]

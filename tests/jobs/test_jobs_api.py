@@ -255,7 +255,7 @@ def test_a_queued_job_says_why_no_worker_seen_lately_can_run_it(jobs_api, monkey
     assert "needs 8 GPUs" in why and "largest worker seen" in why and "has 2" in why
     ray_only = api.submit(ray_resources={"worker_node": 1})
     assert "no Ray dispatcher" in api.submitter.get(ray_only["id"])["waiting"]
-    small = api.submit()
+    small = api.submit(lease_seconds=30)      # held across the sleeps below
     assert small["waiting"] is None                                    # "two" can run it
     assert api.worker.claim("dispatch:ray", None, ray=True)["job"]["id"] == big["id"]
     assert api.submitter.get(ray_only["id"])["waiting"] is None        # a dispatcher is about
@@ -468,11 +468,11 @@ def test_a_retry_after_a_draft_upload_fails_the_job_with_the_reports_criterion(j
     from tests.api.ui.seeding import make_validated_bundle
 
     api = jobs_api
-    # the bundle first: made inside the lease, it could outlast the lease on a busy CI host
     bundle = make_validated_bundle(tmp_path / "a", passed=False)
-    job = api.submit(lease_seconds=3)
+    job = api.submit(lease_seconds=60)
     first = api.worker.claim("w1", 0)["lease"]["token"]
     api.worker.upload_result(job["id"], first, bundle.path, "draft")
+    _expire_lease(api, job["id"])
     # the worker dies before completing; the retry skips to the end with no report of its own
     _wait(lambda: api.submitter.get(job["id"])["status"] == "queued")
     claimed = api.worker.claim("w2", 0)

@@ -9,7 +9,9 @@ Exports are built once per (digest, format, layers) under <cache>/exports/ and r
 `pull --format sglang` only reads a small JSON file and stats the files it lists (export.json
 records their sizes: they are written without fsync, so a crash may leave one short, and such an
 export is built again). export.json also records each file's sha256, which `oscar-zoo verify`
-checks: a same-size corruption is not something the warm path looks for. Written without torch
+checks: a same-size corruption is not something the warm path looks for. It also records the
+WRITER that built it, so an export made by an oscar-zoo whose files differ (a fixed checkpoint
+writer, new names) is built again instead of served from the cache. Written without torch
 (zoo/interop/pt_writer.py).
 `--out DIR` copies the files there.
 """
@@ -31,6 +33,9 @@ from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
 INFO = "export.json"
+# Bump whenever the same bundle would export to different files (writer, names, recipe inputs):
+# cached exports of another writer are then stale. None: exports from before it was recorded.
+WRITER = 1
 
 
 @dataclass
@@ -137,6 +142,8 @@ def _intact(edir: Path, layers: list[int] | None) -> dict | None:
     info = _info(edir)
     if info is None or info["layers"] != layers:  # a dir named by an older, ambiguous layer_spec
         return None
+    if info.get("writer") != WRITER:
+        return None
     try:
         if any((edir / name).stat().st_size != size for name, size in info["sizes"].items()):
             return None
@@ -196,7 +203,7 @@ def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> 
             write_file(tmp / v_name, v, durable=False)
             files = {"k": k_name, "v": v_name}
         names = files.values()
-        info = {"format": fmt, "layers": layers, "files": files,
+        info = {"format": fmt, "writer": WRITER, "layers": layers, "files": files,
                 "sizes": {name: (tmp / name).stat().st_size for name in names},
                 "sha256": {name: sha256_file(tmp / name) for name in names}}
         atomic_write_bytes(tmp / INFO, json.dumps(info, indent=2).encode() + b"\n")

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from oscar_zoo.zoo.cache import Cache, prune, verify_cache
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.errors import LockTimeout, OfflineError
+from oscar_zoo.zoo.export import WRITER
 from oscar_zoo.zoo.pull import pull
 
 from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt
@@ -158,18 +159,22 @@ def test_an_export_left_short_by_a_crash_is_built_again(hf_only, tmp_path):
     again = pull("glm-4.7-fp8", fmt="sglang")
     assert again.export.files == first.export.files and again.cached
     assert {f: f.read_bytes() for f in (k, v)} == whole
-    # an export.json from before sizes (or checksums) were recorded cannot vouch for its files:
-    # built again
-    for key in ("sizes", "sha256"):
+    # an export.json from before sizes (or checksums, or the writer) were recorded cannot vouch
+    # for its files, nor can one another writer made: built again
+    for key in ("sizes", "sha256", "writer", "another writer"):
         old = json.loads(info.read_text())
-        del old[key]
+        if key == "another writer":
+            old["writer"] = -1
+        else:
+            del old[key]
         info.write_text(json.dumps(old))
         os.truncate(k, 0)
         out = tmp_path / f"out-{key}"
         result = CliRunner().invoke(cli, ["export", "glm-4.7-fp8", "--out", str(out)])
         assert result.exit_code == 0, result.output
         assert (out / k.name).read_bytes() == k.read_bytes() == whole[k]
-        assert key in json.loads(info.read_text())
+        rebuilt = json.loads(info.read_text())
+        assert {"sizes", "sha256"} <= set(rebuilt) and rebuilt["writer"] == WRITER
 
 
 def test_verify_finds_a_corrupt_export_and_the_next_pull_builds_it_again(hf_only):

@@ -43,6 +43,10 @@ from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
+
+
+class _UnreadableBeat(Exception):
+    """A heartbeat reply that could not be read: retried like an unreachable registry."""
 POLL_S = 1.0
 CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle worker asks rarely
 PROGRESS_EVERY_S = 0.5
@@ -318,33 +322,39 @@ class Attempt:
             # of the lease outlast the registry's by its delay, and the runner with it.
             sent = time.monotonic()
             try:
-                state = self.client.heartbeat(self.id, self.token)
-            except LeaseLost as e:
-                self._lose(f"lease lost ({e})")
+                state = self._beat()
+            except (OfflineError, RemoteError, _UnreadableBeat) as e:
+                if self._beat_failed(e):
+                    return
+                wait = 1.0
+                continue
+            if state is None:
                 return
-            except OscarZooError as e:
-                if not isinstance(e, (OfflineError, RemoteError)):
-                    # A revoked token (401), a job that is gone (404): no later beat gets
-                    # through, so the runner is stopped now rather than the lease running out.
-                    self._lose(f"the registry refused the heartbeat ({e})")
-                    return
-                if self._beat_failed(e):
-                    return
-                wait = 1.0
-                continue
-            except Exception as e:  # noqa: BLE001 - a reply we cannot read: a blip, not the end
-                # Uncaught, it would end this thread for good: no more beats, the attempt given
-                # up when the lease runs out however well the registry answers afterwards.
-                log.warning("job %s: unreadable heartbeat reply (%s: %s); retrying", self.id,
-                            type(e).__name__, e)
-                if self._beat_failed(e):
-                    return
-                wait = 1.0
-                continue
             self.expires = sent + float(state.get("lease_seconds") or self.lease_s)
             if state.get("cancel_requested"):
                 self.cancel.set()
             wait = interval
+
+    def _beat(self) -> dict | None:
+        """One heartbeat: the job's state, or None once the attempt is lost. Raises what is
+        worth retrying until the lease runs out (the registry unreachable or erring)."""
+        try:
+            return self.client.heartbeat(self.id, self.token)
+        except LeaseLost as e:
+            self._lose(f"lease lost ({e})")
+        except (OfflineError, RemoteError):
+            raise
+        except OscarZooError as e:
+            # A revoked token (401), a job that is gone (404): no later beat gets through, so
+            # the runner is stopped now rather than the lease running out.
+            self._lose(f"the registry refused the heartbeat ({e})")
+        except Exception as e:  # noqa: BLE001 - a reply we cannot read: a blip, not the end
+            # Uncaught, it would end this thread for good: no more beats, the attempt given up
+            # when the lease runs out however well the registry answers afterwards.
+            log.warning("job %s: unreadable heartbeat reply (%s: %s); retrying", self.id,
+                        type(e).__name__, e)
+            raise _UnreadableBeat(f"{type(e).__name__}: {e}") from e
+        return None
 
     def _beat_failed(self, e: Exception) -> bool:
         """A beat that did not get through: True (the attempt given up) once the lease is out."""

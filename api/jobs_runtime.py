@@ -6,7 +6,8 @@ waits for someone's cron (anchors A7, synthesis 3). It runs every lease/6 second
 and takes a write transaction only when a lease has expired.
 
 The executor gets a token of its own (scope jobs:work), created at startup and revoked at a
-clean shutdown. On shutdown the local executor's workers stop, give their jobs back and wait
+clean shutdown. A server that was killed could not revoke its token: the next `serve` on the
+same host revokes every executor token of a serve process there that no longer runs. On shutdown the local executor's workers stop, give their jobs back and wait
 until their GPU work is gone; jobs they still held are requeued without spending an attempt.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,7 +26,7 @@ from sqlalchemy import exists, or_, select
 
 from ..registry_db import jobs as jobs_db
 from ..registry_db.models import Job
-from ..registry_db.tokens import create_token, revoke_token
+from ..registry_db.tokens import create_token, list_tokens, revoke_token
 from ..zoo import settings
 from ..zoo.errors import ConfigError
 
@@ -89,8 +92,9 @@ class JobsRuntime:
                               "`oscar-zoo serve` sets it")
         kind = settings.get("executor")
         with self.registry.db.write() as session:
+            _revoke_orphaned_tokens(session)
             row, token = create_token(session, ["jobs:work"], f"{kind} executor of serve pid "
-                                      f"{os.getpid()}", created_by="serve")
+                                      f"{os.getpid()} on {_host()}", created_by="serve")
             self.token_id = row.id
         if kind == "local":
             from ..calibrate.executors.local import LocalExecutor
@@ -106,6 +110,36 @@ class JobsRuntime:
         else:
             raise ConfigError(f"OSCAR_ZOO_EXECUTOR={kind!r}: use local or ray")
         self.executor.start()
+
+
+_EXECUTOR_TOKEN = re.compile(r"\w+ executor of serve pid (\d+) on (\S+)")
+
+
+def _revoke_orphaned_tokens(session) -> None:
+    """Revoke the executor tokens of serve processes on this host that are gone (killed before
+    their clean shutdown could). Other hosts' are theirs to revoke: their pids mean nothing here."""
+    host = _host()
+    for row in list_tokens(session):
+        m = _EXECUTOR_TOKEN.fullmatch(row.name or "")
+        if row.revoked_at is not None or row.created_by != "serve" or not m or m[2] != host:
+            continue
+        if not _running(int(m[1])):
+            revoke_token(session, str(row.id), by="serve")
+            log.warning("revoked token %s (%s): its server is gone", row.id, row.name)
+
+
+def _host() -> str:
+    return socket.gethostname()[:100]     # the token's name holds it: at most 194 characters
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process: running
+        return True
+    return True
 
 
 def _ray_tasks_of(session, holders: list[str]) -> list[str]:

@@ -1,0 +1,46 @@
+"""The server's jobs runtime (api/jobs_runtime.py) on SQLite and PostgreSQL: what `serve` does
+about the executor tokens of earlier servers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from oscar_zoo.api.jobs_runtime import _host, _revoke_orphaned_tokens
+from oscar_zoo.registry_db.registry import open_registry
+from oscar_zoo.registry_db.tokens import authenticate, create_token, list_tokens
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has exited (a killed server's)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_servers_executor_token_is_revoked_by_the_next_serve_on_its_host(
+        registry_db_url, tmp_path):
+    host = _host()
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        with registry.db.write() as session:
+            names = {"killed": f"local executor of serve pid {_gone_pid()} on {host}",
+                     "running": f"ray executor of serve pid {os.getpid()} on {host}",
+                     "elsewhere": f"local executor of serve pid {_gone_pid()} on not-{host}"}
+            tokens = {key: create_token(session, ["jobs:work"], name, created_by="serve")[1]
+                      for key, name in names.items()}
+            # a user's token that only reads like one: not serve's to revoke
+            tokens["user's"] = create_token(session, ["jobs:work"], names["killed"],
+                                            created_by="token:alice")[1]
+        with registry.db.write() as session:
+            _revoke_orphaned_tokens(session)
+        with registry.db.read() as session:
+            live = {r.name: r.created_by for r in list_tokens(session) if r.revoked_at is None}
+            assert live == {names["running"]: "serve", names["elsewhere"]: "serve",
+                            names["killed"]: "token:alice"}
+            for key, token in tokens.items():
+                if key != "killed":
+                    authenticate(session, token, "jobs:work")
+    finally:
+        registry.close()

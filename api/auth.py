@@ -8,6 +8,7 @@ never logged: uvicorn's access log holds the request line only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from fastapi import Depends, Request
@@ -18,13 +19,31 @@ from ..registry_db.tokens import actor_of, authenticate, identify
 bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo tokens create`")
 
 
-def require(scope: str) -> Callable[..., str]:
+@dataclass(frozen=True)
+class Caller:
+    """The token a request came with: its actor name (created_by, the audit log), its id (who
+    owns a job: names are not unique) and whether it holds the admin scope."""
+    actor: str
+    token_id: int
+    admin: bool
+
+
+def caller(scope: str) -> Callable[..., Caller]:
+    """require(scope), keeping the token's id and admin scope besides its actor name."""
     def dependency(request: Request,
-                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str:
+                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
         token = credentials.credentials if credentials else None
         with request.app.state.registry.db.read() as session:
             row = authenticate(session, token, scope)
-            return actor_of(row)
+            return Caller(actor_of(row), row.id, "admin" in row.scopes)
+
+    dependency.__name__ = f"caller_{scope.replace(':', '_')}"
+    return dependency
+
+
+def require(scope: str) -> Callable[..., str]:
+    def dependency(who: Caller = Depends(caller(scope))) -> str:
+        return who.actor
 
     dependency.__name__ = f"require_{scope.replace(':', '_')}"
     return dependency

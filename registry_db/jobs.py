@@ -20,6 +20,14 @@ attached task's alone.
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
 
+Ownership: a job records the id of the token that submitted it (names are not unique); only
+that token or an admin token may cancel it. A retry with the job's idempotency key by another
+token gets the job, not its ownership.
+
+Naming a job: the user's side (read, follow, cancel) takes the whole id or a unique prefix of at
+least SHORT_ID characters, as `jobs list` shows them (resolve); the worker side, whose ids come
+from its claim, takes the whole id only (get).
+
 Publishing: one version per job. The result is recorded in the job's row lock, guarded by
 `result_version_id` and `BundleVersion.source_job`, so a retried attempt (its bundle has a new
 timestamp, hence a new digest) returns the version the first attempt made.
@@ -36,12 +44,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
-from ..zoo.errors import Conflict, InvalidInput, JobCancelled, JobNotFound, LeaseLost
+from ..zoo.errors import Conflict, Forbidden, InvalidInput, JobCancelled, JobNotFound, LeaseLost
 from . import audit
 from .aliases import move_alias
-from .models import BundleVersion, Job
+from .models import ApiToken, BundleVersion, Job
 from .publish import Prepared, model_for, record_version
 from .queries import Page, check_limit, decode_cursor, encode_cursor
+from .tokens import actor_of
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -49,6 +58,10 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 RUN_PHASES = ("loading", "pass1", "pass2", "fitting", "clip_search", "validating", "publishing")
 CLAIM_BATCH = 32
 _JOB_ID = re.compile(r"[0-9a-fA-F-]{1,36}")
+SHORT_ID = 8            # the fewest leading characters of an id that name its job
+_UUID = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = "0123456789abcdef"
+CANDIDATES_SHOWN = 5    # of the jobs an ambiguous prefix names
 
 
 def now_utc() -> datetime:
@@ -63,8 +76,12 @@ def _progress(phase: str, **extra) -> dict[str, Any]:
 
 def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts: int,
            lease_seconds: float, idempotency_key: str | None = None,
-           created_by: str | None = None, given: dict | None = None) -> tuple[Job, bool]:
+           created_by: str | None = None, created_by_token_id: int | None = None,
+           given: dict | None = None) -> tuple[Job, bool]:
     """A new queued job, or the one this idempotency key made before: (job, created).
+
+    `created_by_token_id`: the submitting token, which may cancel the job. The job a key made
+    before keeps its own, whoever retries with the key.
 
     `given`: the fields the user set ({field: True, or the same for a nested section}), stored
     with the job. A retry is compared with the key's job on the fields either request set (the
@@ -81,7 +98,7 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
               progress=_progress("queued"), attempts=0, max_attempts=max_attempts,
               lease_seconds=lease_seconds, cancel_requested=False, timings={},
               idempotency_key=idempotency_key or None, created_by=created_by,
-              given_fields=given)
+              created_by_token_id=created_by_token_id, given_fields=given)
     try:
         with session.begin_nested():
             session.add(job)
@@ -136,7 +153,8 @@ def _differences(old: dict, new: dict, given: dict | None) -> list[str]:
 
 
 def get(session: Session, job_id: str, lock: bool = False) -> Job:
-    """Raises JobNotFound."""
+    """The job of this whole id (the worker side: its ids come from its claim). Raises
+    JobNotFound."""
     job = None
     if _JOB_ID.fullmatch(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
         job = session.get(Job, job_id, with_for_update=lock or None)
@@ -144,6 +162,50 @@ def get(session: Session, job_id: str, lock: bool = False) -> Job:
         raise JobNotFound(f"no job {job_id!r}: job ids are given whole; list them with "
                           "`oscar-zoo jobs list` (GET /v1/jobs)")
     return job
+
+
+def resolve(session: Session, ref: str, lock: bool = False) -> Job:
+    """The job a user names: its whole id, or a prefix of it of at least SHORT_ID characters
+    that no other job's id starts with. Raises JobNotFound, or Conflict for an ambiguous
+    prefix, naming a few of the jobs it starts."""
+    if _JOB_ID.fullmatch(ref):
+        job = session.get(Job, ref, with_for_update=lock or None)
+        if job is not None:
+            return job
+    text = ref.lower()
+    ids = _ids_starting(session, text.rstrip("-")) if _is_id_prefix(text) else []
+    if len(ids) > 1:
+        shown = ", ".join(ids[:CANDIDATES_SHOWN]) + (", ..." if ids[CANDIDATES_SHOWN:] else "")
+        raise Conflict(f"job id prefix {ref!r} is ambiguous: it starts the ids of several jobs "
+                       f"({shown}); give more of the id's characters")
+    if not ids:
+        raise JobNotFound(f"no job {ref!r}: name a job by its id or the id's first {SHORT_ID} or "
+                          "more characters; list them with `oscar-zoo jobs list` (GET /v1/jobs)")
+    return session.get(Job, ids[0], with_for_update=lock or None)
+
+
+def _is_id_prefix(text: str) -> bool:
+    """The start of a lower-case UUID, at least SHORT_ID characters (all of them hex)."""
+    return SHORT_ID <= len(text) <= len(_UUID) and all(
+        c == "-" if shape == "-" else c in _HEX for c, shape in zip(text, _UUID))
+
+
+def _ids_starting(session: Session, prefix: str) -> list[str]:
+    """Up to CANDIDATES_SHOWN + 1 ids starting with `prefix` (a lower-case UUID's start, not
+    ending in '-'), in order.
+
+    A range on the primary key's index, not LIKE, which PostgreSQL serves from a plain index
+    only under the C collation. The bound is the prefix with its last hex digit raised to the
+    next character in hex order, `9` -> `a` and `f` -> `g`, never punctuation (':' after '9'),
+    which a linguistic collation sorts apart from the digits (ICU before them, glibc's en_US
+    skips it): '0123456:' would end the range before it began. UUID hyphens stand at the same
+    places in every id, so under any of these collations the ids order as under C.
+    """
+    upper = prefix[:-1] + (_HEX + "g")[_HEX.index(prefix[-1]) + 1]
+    stmt = (select(Job.id).where(Job.id >= prefix, Job.id < upper).order_by(Job.id)
+            .limit(CANDIDATES_SHOWN + 1))
+    # the range is the index's business; the prefix test is exact whatever the collation
+    return [i for i in session.scalars(stmt) if i.startswith(prefix)]
 
 
 def list_jobs(session: Session, status: str | None = None, model: str | None = None,
@@ -172,12 +234,20 @@ def list_jobs(session: Session, status: str | None = None, model: str | None = N
     return Page(rows, encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None)
 
 
-def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
+def request_cancel(session: Session, job_id: str, by: str | None, *,
+                   token_id: int | None = None, admin: bool = False) -> Job:
     """A queued job is cancelled at once; a running one gets the flag its worker acts on.
 
-    Raises Conflict for a job that already succeeded or failed.
+    job_id: the whole id or a unique prefix (resolve). token_id, admin: the caller's token,
+    which must be the one that submitted the job or hold the admin scope; no token_id is a
+    caller inside the registry (no request), trusted.
+
+    Raises Forbidden for another token's job, Conflict for a job that already succeeded or
+    failed, JobNotFound.
     """
-    job = get(session, job_id, lock=True)
+    job = resolve(session, job_id, lock=True)
+    if token_id is not None and not admin:
+        _check_submitter(session, job, token_id)
     if job.status in ("succeeded", "failed") and job.result_version_id is None:
         raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")
     if job.result_version_id is not None:
@@ -194,6 +264,24 @@ def request_cancel(session: Session, job_id: str, by: str | None) -> Job:
         job.cancel_requested = True
     audit.record(session, by, "job.cancel", f"job:{job.id}", status=job.status)
     return job
+
+
+def _check_submitter(session: Session, job: Job, token_id: int) -> None:
+    """Raises Forbidden, saying which token may cancel the job, unless `token_id` submitted it."""
+    owner = job.created_by_token_id
+    if owner == token_id:
+        return
+    if owner is None:
+        raise Forbidden(f"job {job.id} was submitted (by {job.created_by or 'an unknown token'}) "
+                        "before the registry recorded which token submits a job, so only an "
+                        "admin token can cancel it")
+    row = session.get(ApiToken, owner)
+    who = f"{actor_of(row) if row is not None else job.created_by} (id {owner})"
+    if row is None or row.revoked_at is not None:
+        raise Forbidden(f"job {job.id} was submitted by {who}, which is revoked since; only an "
+                        "admin token can cancel it now")
+    raise Forbidden(f"job {job.id} was submitted by {who}; cancel it with that token or an "
+                    "admin token")
 
 
 # --- the worker side -------------------------------------------------------------------------

@@ -209,6 +209,10 @@ class Job(Base):
     # Migration 0007: the task processes (lease_holder names) a later task's attach replaced
     # under this claim; none of them may attach again.
     fenced_holders: Mapped[list[Any] | None]
+    # Migration 0008: the token that submitted the job, by id (created_by is its name, and
+    # names are not unique): it, or an admin token, may cancel the job. NULL for jobs stored
+    # before, which only an admin token may cancel.
+    created_by_token_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("api_tokens.id"))
 
 
 class Worker(Base):

@@ -6,6 +6,9 @@ domain errors); no torch, so `oscar-zoo jobs ...` and the worker's supervisor st
     job, created = jobs.submit({"model": "smollm2-135m", "tokens": 8192})
     for state in jobs.events(job["id"]): ...         # until a terminal status
 
+The user's side names a job by its whole id or a unique prefix of at least 8 characters (as
+`oscar-zoo jobs list` shows it); the worker protocol by its whole id.
+
 On the worker endpoints a 409 means the lease is gone (raised as LeaseLost), except on the
 result upload, whose 409 may also refuse the version (yanked content, ...): a Conflict then.
 """
@@ -62,7 +65,7 @@ class JobsClient:
 
     def events(self, job_id: str, reconnect_s: float = 120.0) -> Iterator[dict]:
         """The job's state on every change (server-sent events) until it ends; reconnects
-        through a registry restart for up to `reconnect_s` seconds."""
+        through a registry restart for up to `reconnect_s` seconds. job_id: whole or a prefix."""
         import httpx
 
         down_since = None
@@ -77,6 +80,7 @@ class JobsClient:
                         raise OfflineError(f"job events answered {r.status_code}")
                     down_since = None
                     for job in parse_sse(r.iter_lines()):
+                        job_id = job.get("id") or job_id   # reconnect by the whole id
                         yield job
                         if job.get("status") in TERMINAL:
                             return

@@ -1,14 +1,19 @@
 """Calibration jobs, the user's side: submit, list, follow (server-sent events), cancel.
 
     POST /v1/jobs                    {spec}, scope jobs:submit; `Idempotency-Key` header (or
-                                     "idempotency_key" in the body): same key -> same job
+                                     "idempotency_key" in the body): same key -> same job (and
+                                     its submitting token: a retry by another token owns nothing)
     GET  /v1/jobs?status=&model=&limit=&cursor=
     GET  /v1/jobs/{id}
     GET  /v1/jobs/{id}/events        text/event-stream: `event: job` + `data: <job JSON>` on
                                      every change, until the job ends
-    POST /v1/jobs/{id}/cancel        scope jobs:submit
+    POST /v1/jobs/{id}/cancel        scope jobs:submit, and the token that submitted the job or
+                                     an admin token (403 otherwise, naming the submitter; a job
+                                     submitted before migration 0008: admin only)
 
-The worker's side (claim, heartbeat, progress, result) is routes/workers.py.
+{id}: the whole id, or a prefix of at least 8 characters that starts no other job's id (409
+when it does, naming some; 404 when it starts none). The worker's side (claim, heartbeat,
+progress, result; routes/workers.py) takes whole ids only.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
 from ...zoo.errors import InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
-from ..auth import require
+from ..auth import Caller, caller
 from ..serialize import iso
 
 router = APIRouter(tags=["jobs"])
@@ -87,8 +92,9 @@ def detail_of(session: Session, job: Job) -> dict[str, Any]:
 
 
 def read_detail(request: Request, job_id: str) -> dict[str, Any]:
+    """job_id: whole, or a unique prefix."""
     with request.app.state.registry.db.read() as session:
-        return detail_of(session, jobs_db.get(session, job_id))
+        return detail_of(session, jobs_db.resolve(session, job_id))
 
 
 # --- submit ----------------------------------------------------------------------------------
@@ -135,7 +141,7 @@ class SubmitBody(jobspec.JobSpec):
                         422: {"description": "invalid spec or impossible geometry"}})
 def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE]),
            idempotency_key: str | None = Header(None, min_length=1, max_length=200),
-           actor: str = Depends(require("jobs:submit"))):
+           who: Caller = Depends(caller("jobs:submit"))):
     key = body.idempotency_key or idempotency_key
     if "\\u0000" in body.model_dump_json():
         raise InvalidInput("the job spec may not contain NUL characters")
@@ -146,7 +152,8 @@ def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE
         job, created = jobs_db.submit(
             session, spec.model_dump(mode="json"), model=name, gpus=spec.gpus,
             max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
-            idempotency_key=key, created_by=actor, given=given_fields(body))
+            idempotency_key=key, created_by=who.actor, created_by_token_id=who.token_id,
+            given=given_fields(body))
         detail = detail_of(session, job)
     return JSONResponse(detail, status_code=201 if created else 200,
                         headers={"Location": f"/v1/jobs/{job.id}"})
@@ -201,17 +208,24 @@ def status_filter(status: str | None) -> str | None:
     return status
 
 
-@router.get("/v1/jobs/{job_id}", summary="One job: phase, progress, attempts, timings, error")
+@router.get("/v1/jobs/{job_id}", summary="One job: phase, progress, attempts, timings, error",
+            responses={404: {"description": "no job has this id, or an id starting so"},
+                       409: {"description": "the prefix starts several jobs' ids"}})
 def get_job(job_id: str, request: Request):
     return read_detail(request, job_id)
 
 
 @router.post("/v1/jobs/{job_id}/cancel", status_code=202,
              summary="Cancel: a queued job at once; a running one stops between layers, then "
-                     "its process group is killed after a grace period")
-def cancel(job_id: str, request: Request, actor: str = Depends(require("jobs:submit"))):
+                     "its process group is killed after a grace period",
+             responses={403: {"description": "another token submitted the job: that token or "
+                                             "an admin token may cancel it"},
+                        409: {"description": "the job already ended, or recorded its result; "
+                                             "or the prefix starts several jobs' ids"}})
+def cancel(job_id: str, request: Request, who: Caller = Depends(caller("jobs:submit"))):
     with request.app.state.registry.db.write() as session:
-        return detail_of(session, jobs_db.request_cancel(session, job_id, actor))
+        return detail_of(session, jobs_db.request_cancel(
+            session, job_id, who.actor, token_id=who.token_id, admin=who.admin))
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -220,7 +234,8 @@ def cancel(job_id: str, request: Request, actor: str = Depends(require("jobs:sub
             responses={200: {"content": {"text/event-stream": {}}}})
 async def events(job_id: str, request: Request) -> StreamingResponse:
     first = await run_in_threadpool(read_detail, request, job_id)   # 404 before the stream
-    return StreamingResponse(_stream(request, job_id, first), media_type="text/event-stream",
+    # polled by its whole id: a prefix might start another job's id too by the next poll
+    return StreamingResponse(_stream(request, first["id"], first), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -41,7 +41,7 @@ def job_list(request: Request, status: str | None = Query(None, max_length=20),
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, job_id: str):
     with reading(request) as session:
-        row = jobs_db.get(session, job_id)
+        row = jobs_db.resolve(session, job_id)   # whole, or a unique prefix as the CLI shows
         job = detail_of(session, row)
         hardware = ui_queries.calibrated_on(session, row.result_version_id)
     return page(request, "job.html", {

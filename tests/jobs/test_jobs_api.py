@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from oscar_zoo.registry_db.jobs import now_utc
 from oscar_zoo.registry_db.models import BundleVersion, Job
 from oscar_zoo.zoo.errors import (Conflict, Forbidden, InvalidInput, JobCancelled, LeaseLost,
-                                  ModelNotFound)
+                                  ModelNotFound, NotFound)
 from oscar_zoo.zoo.jobs_client import JobsClient
 from tests.utils.bundles import make_bundle
 
@@ -186,6 +186,64 @@ def test_list_refuses_forged_cursors_and_nul_names_with_4xx(jobs_api):
             assert r.status_code == 422 and "cursor" in r.json()["detail"], (cursor, r.text)
         r = http.get("/v1/jobs", params={"model": "smollm2\x00"})
         assert r.status_code == 422 and "NUL" in r.json()["detail"], r.text
+
+
+# --- a job named by a prefix of its id -------------------------------------------------------
+
+def _renamed(api, job: dict, new_id: str) -> str:
+    """The job under an id of the test's choosing: random ids share no 8-character prefix."""
+    with api.server.registry.db.write() as session:
+        session.get(Job, job["id"]).id = new_id
+    return new_id
+
+
+def test_a_unique_prefix_of_8_or_more_characters_names_the_job(jobs_api):
+    api = jobs_api
+    job = _renamed(api, api.submit(), "0123456f-aaaa-4aaa-8aaa-aaaaaaaaaaaa")
+    # the neighbours on either side of the range the prefix asks for
+    below = _renamed(api, api.submit(), "0123456e-ffff-4fff-bfff-ffffffffffff")
+    above = _renamed(api, api.submit(), "01234570-0000-4000-8000-000000000000")
+    nine = _renamed(api, api.submit(), "01234569-0000-4000-8000-000000000000")
+    after_nine = _renamed(api, api.submit(), "0123456a-0000-4000-8000-000000000000")
+    for ref in ("0123456f", "0123456f-", "0123456f-aa", "0123456F-AAAA", job):
+        assert api.submitter.get(ref)["id"] == job, ref
+    assert api.submitter.get("01234569")["id"] == nine
+    assert api.submitter.get("0123456a")["id"] == after_nine
+    assert api.submitter.get("0123456e")["id"] == below and api.submitter.get("01234570")["id"] == above
+    for ref in ("0123456", "01234571", "0123456f-b", "0123456f-aaaa-4aaa-8aaa-aaaaaaaaaaab",
+                "0123-456f", "0123456f--"):
+        with pytest.raises(NotFound, match="first 8 or more characters"):
+            api.submitter.get(ref)
+    events = list(api.submitter.events(api.submitter.cancel("0123456f-a")["id"][:8]))
+    assert [(e["id"], e["status"]) for e in events] == [(job, "cancelled")]
+    # the worker side takes whole ids only: its ids come from its claim
+    claimed = api.worker.claim("w", 0)
+    assert claimed["job"]["id"] == below         # the oldest job queued
+    with pytest.raises(NotFound, match="given whole"):
+        api.worker.heartbeat(below[:8], claimed["lease"]["token"])
+    assert api.worker.heartbeat(below, claimed["lease"]["token"])["status"] == "running"
+
+
+def test_a_prefix_of_several_jobs_ids_is_refused_naming_them(jobs_api):
+    api = jobs_api
+    a = _renamed(api, api.submit(), "deadbeef-0000-4000-8000-00000000000a")
+    b = _renamed(api, api.submit(), "deadbeef-0000-4000-8000-00000000000b")
+    c = _renamed(api, api.submit(), "deadbeef-0001-4000-8000-000000000000")
+    with pytest.raises(Conflict, match="more of the id's characters") as refused:
+        api.submitter.get("deadbeef")
+    assert all(i in str(refused.value) for i in (a, b, c))
+    with pytest.raises(Conflict) as refused:
+        api.submitter.cancel("deadbeef-0000")
+    assert a in str(refused.value) and b in str(refused.value) and c not in str(refused.value)
+    assert {api.submitter.get(i)["status"] for i in (a, b)} == {"queued"}     # none was cancelled
+    r = httpx.get(f"{api.server.url}/v1/jobs/DEADBEEF/events")
+    assert r.status_code == 409 and r.headers["content-type"] == "application/problem+json"
+    assert api.submitter.get("deadbeef-0001")["id"] == c and api.submitter.get(a)["id"] == a
+    # a few are named, not all
+    many = [_renamed(api, api.submit(), f"deadbeef-0000-4000-8000-00000000001{i}") for i in range(5)]
+    with pytest.raises(Conflict, match=r", \.\.\.\); give more") as refused:
+        api.submitter.get("deadbeef-0000")
+    assert sum(i in str(refused.value) for i in [a, b, *many]) == 5
 
 
 # --- the worker protocol ---------------------------------------------------------------------

@@ -96,11 +96,15 @@ def test_0006_repairs_stuck_cancels_and_aliases_left_on_yanked_versions(registry
                    Alias(model_id=m.id, name="recommended", version_id=v3.id),
                    Alias(model_id=m.id, name="stable", version_id=v1.id),
                    Alias(model_id=gone.id, name="latest", version_id=g1.id)])
-        s.add_all([Job(id="stuck", spec={}, status="queued", phase="queued", progress={"phase": "queued"},
-                       cancel_requested=True),
-                   Job(id="waiting", spec={}, status="queued", phase="queued", progress={}),
-                   Job(id="running", spec={}, status="running", phase="pass1", progress={},
-                       cancel_requested=True)])
+        # Core, not ORM objects: the ORM writes every column of today's model, and those of
+        # later migrations (0008's created_by_token_id) do not exist yet at 0005.
+        s.execute(Job.__table__.insert(), [
+            dict(id="stuck", spec={}, status="queued", phase="queued",
+                 progress={"phase": "queued"}, cancel_requested=True),
+            dict(id="waiting", spec={}, status="queued", phase="queued", progress={},
+                 cancel_requested=False),
+            dict(id="running", spec={}, status="running", phase="pass1", progress={},
+                 cancel_requested=True)])
         ids = {"v1": v1.id, "v2": v2.id, "v3": v3.id, "g1": g1.id, "m": m.id, "gone": gone.id}
     migrate.upgrade(db)
     with Session(db.engine) as s:

@@ -1,5 +1,8 @@
 """`oscar-zoo jobs submit|status|watch|cancel|list`: calibration jobs on a registry
-(OSCAR_ZOO_ENDPOINT; submit and cancel need a token with scope jobs:submit)."""
+(OSCAR_ZOO_ENDPOINT; submit and cancel need a token with scope jobs:submit, and cancel the
+token that submitted the job or an admin token). A JOB_ID is the whole id or its first 8 or
+more characters, as `jobs list` shows them (the registry resolves it; one that starts several
+jobs' ids is refused, naming them)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import click
 from .output import emit, info, json_option, warn
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+SHORT_ID = 8          # the characters of an id `jobs list` shows: enough to name the job
 
 
 def _client():
@@ -90,7 +94,9 @@ def submit(model, spec_file, revision, publish_as, data, tokens, seq_len, seed, 
 @click.argument("job_id")
 @json_option
 def status(job_id, as_json):
-    """A job's phase, progress, attempts, timings, error and result."""
+    """A job's phase, progress, attempts, timings, error and result.
+
+    JOB_ID: the whole id, or its first 8 or more characters."""
     with _client() as client:
         emit(client.get(job_id), as_json, _human)
 
@@ -99,7 +105,9 @@ def status(job_id, as_json):
 @click.argument("job_id")
 @json_option
 def watch(job_id, as_json):
-    """Follow a job with a live progress bar until it ends (exit 1 unless it succeeded)."""
+    """Follow a job with a live progress bar until it ends (exit 1 unless it succeeded).
+
+    JOB_ID: the whole id, or its first 8 or more characters."""
     with _client() as client:
         job = _watch(client, job_id, as_json)
     emit(job, as_json, _human)
@@ -111,10 +119,13 @@ def watch(job_id, as_json):
 @click.argument("job_id")
 @json_option
 def cancel(job_id, as_json):
-    """Cancel a job: at once when queued; a running one stops at its next layer."""
+    """Cancel a job: at once when queued; a running one stops at its next layer. Only the
+    token that submitted the job, or an admin token, may.
+
+    JOB_ID: the whole id, or its first 8 or more characters."""
     with _client() as client:
         job = client.cancel(job_id)
-    info(f"job {job_id}: {'cancel requested' if job['status'] == 'running' else job['status']}")
+    info(f"job {job['id']}: {'cancel requested' if job['status'] == 'running' else job['status']}")
     emit(job, as_json, _human)
 
 
@@ -124,7 +135,7 @@ def cancel(job_id, as_json):
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
 @json_option
 def list_jobs(status, model, limit, as_json):
-    """Jobs, newest first."""
+    """Jobs, newest first (short ids: each names its job; --json has them whole)."""
     with _client() as client:
         page = client.list(status, model, limit)
     emit(page["items"], as_json, _human_list)
@@ -153,13 +164,14 @@ def _watch(client, job_id: str, as_json: bool) -> dict:
             extra = {k: p[k] for k in ("layer", "variant") if p.get(k) is not None}
             bars(phase, int(p.get("done") or 0), int(p.get("total") or 0), **extra)
         if job.get("waiting") and job["waiting"] != waiting and not as_json:
-            warn(f"job {job_id} cannot start yet: {job['waiting']}")
+            warn(f"job {job['id']} cannot start yet: {job['waiting']}")
         waiting = job.get("waiting")
         key = (job["status"], job["attempts"])
         if key != seen and not as_json:
             bars.close()
             bars.phase = None          # a new attempt starts its bars afresh
-            info(f"job {job_id}: {job['status']} (attempt {job['attempts']}/{job['max_attempts']})"
+            info(f"job {job['id']}: {job['status']} (attempt {job['attempts']}/"
+                 f"{job['max_attempts']})"
                  + (f": {job['progress'].get('requeued')}" if p.get("requeued") else ""))
             seen = key
     bars.close()
@@ -194,10 +206,12 @@ def _human(job: dict) -> str:
 def _human_list(items: list[dict]) -> str:
     if not items:
         return "no jobs"
-    rows = [f"{'id':36}  {'status':9}  {'phase':11}  {'model':24}  {'att':>3}  version  created"]
+    rows = [f"{'id':{SHORT_ID}}  {'status':9}  {'phase':11}  {'model':24}  {'att':>3}  version  "
+            "created"]
     for j in items:
-        rows.append(f"{j['id']:36}  {j['status']:9}  {j['phase'] or '':11}  {j['model'] or '':24}  "
-                    f"{j['attempts']:>3}  {str(j['result_version'] or '-'):>7}  {j['created_at'][:19]}")
+        rows.append(f"{j['id'][:SHORT_ID]:{SHORT_ID}}  {j['status']:9}  {j['phase'] or '':11}  "
+                    f"{j['model'] or '':24}  {j['attempts']:>3}  "
+                    f"{str(j['result_version'] or '-'):>7}  {j['created_at'][:19]}")
     return "\n".join(rows)
 
 

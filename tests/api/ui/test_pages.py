@@ -172,6 +172,8 @@ def test_job_pages(seeded):
         assert 'value="12"' in page and "layer 11" in page and "test-worker" in page
         assert f'data-events="/v1/jobs/{running}/events"' in page
         assert f'href="/jobs/{running}">Refresh</a>' in page
+        # the short id `oscar-zoo jobs list` shows opens the same page, which names the whole id
+        assert f'data-events="/v1/jobs/{running}/events"' in http.get(f"/jobs/{running[:8]}").text
         assert 'data-field="waiting" role="status" hidden' in page       # running: no reason
         queued = add_job(server, status="queued", progress={})
         page = http.get(f"/jobs/{queued}").text

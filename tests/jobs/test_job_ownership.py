@@ -1,0 +1,118 @@
+"""Who may cancel a job: the token that submitted it, or an admin token (over real HTTP, on
+SQLite and PostgreSQL). Token names are not unique, so the job records the token's id."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from oscar_zoo.registry_db.models import ApiToken, Job
+from oscar_zoo.registry_db.tokens import hash_token, revoke_token
+from oscar_zoo.zoo.errors import Forbidden
+from oscar_zoo.zoo.jobs_client import JobsClient
+
+
+def _token_id(api, token: str) -> int:
+    with api.server.registry.db.read() as session:
+        return session.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(token)))
+
+
+def _job_row(api, job_id: str) -> tuple[int | None, str | None]:
+    with api.server.registry.db.read() as session:
+        job = session.get(Job, job_id)
+        return job.created_by_token_id, job.created_by
+
+
+def test_a_namesake_token_may_not_cancel_the_job_its_submitter_and_an_admin_may(jobs_api):
+    api = jobs_api
+    owner_id = _token_id(api, api.submitter.registry.token)
+    mine, theirs = api.submit(), api.submit()
+    assert _job_row(api, mine["id"]) == (owner_id, "token:owner")
+    namesake = api.server.token("jobs:submit", name="owner")       # same name, another token
+    with JobsClient(api.server.url, namesake) as other:
+        for ref in (mine["id"], mine["id"][:8]):
+            with pytest.raises(Forbidden) as refused:
+                other.cancel(ref)
+            assert (f"job {mine['id']} was submitted by token:owner (id {owner_id}); cancel it "
+                    "with that token or an admin token") in str(refused.value)
+    r = httpx.post(f"{api.server.url}/v1/jobs/{mine['id']}/cancel",
+                   headers={"Authorization": f"Bearer {namesake}"})
+    assert r.status_code == 403 and r.headers["content-type"] == "application/problem+json"
+    assert api.submitter.get(mine["id"])["status"] == "queued"      # the refusal changed nothing
+
+    assert api.submitter.cancel(mine["id"])["status"] == "cancelled"
+    with JobsClient(api.server.url, api.server.token("admin", name="ops")) as admin:
+        assert admin.cancel(theirs["id"])["status"] == "cancelled"
+
+
+def test_a_running_job_is_refused_to_another_token_too(jobs_api):
+    api = jobs_api
+    job = api.submit(lease_seconds=30)
+    lease = api.worker.claim("w", 0)["lease"]["token"]
+    with JobsClient(api.server.url, api.server.token("jobs:submit", name="other")) as other, \
+            pytest.raises(Forbidden, match="cancel it with that token or an admin token"):
+        other.cancel(job["id"])
+    assert api.worker.heartbeat(job["id"], lease)["cancel_requested"] is False
+    assert api.submitter.cancel(job["id"])["cancel_requested"] is True
+
+
+def test_a_retry_with_the_key_by_another_token_does_not_take_the_job_over(jobs_api):
+    api = jobs_api
+    spec = {"model": "smollm2-135m", "tokens": 4096}
+    job, created = api.submitter.submit(spec, idempotency_key="nightly")
+    assert created
+    with JobsClient(api.server.url, api.server.token("jobs:submit", name="other")) as other:
+        again, created = other.submit(spec, idempotency_key="nightly")
+        assert not created and again["id"] == job["id"]
+        assert _job_row(api, job["id"]) == (_token_id(api, api.submitter.registry.token),
+                                             "token:owner")
+        with pytest.raises(Forbidden, match="submitted by token:owner"):
+            other.cancel(job["id"])
+    assert api.submitter.cancel(job["id"])["status"] == "cancelled"
+
+
+def test_a_job_of_a_revoked_token_is_cancelled_by_an_admin_token_only(jobs_api):
+    api = jobs_api
+    token = api.server.token("jobs:submit", name="ci")
+    with JobsClient(api.server.url, token) as ci:
+        job, _ = ci.submit({"model": "smollm2-135m"})
+    with api.server.registry.db.write() as session:
+        revoke_token(session, token)
+    with pytest.raises(Forbidden, match="revoked since; only an admin token can cancel it"):
+        api.submitter.cancel(job["id"])
+    with JobsClient(api.server.url, api.server.token("admin")) as admin:
+        assert admin.cancel(job["id"])["status"] == "cancelled"
+
+
+def test_a_job_submitted_before_the_submitter_was_recorded_is_an_admin_tokens_to_cancel(jobs_api):
+    api = jobs_api
+    job = api.submit()
+    with api.server.registry.db.write() as session:
+        session.get(Job, job["id"]).created_by_token_id = None     # as migration 0008 leaves it
+    with pytest.raises(Forbidden, match="only an admin token can cancel it") as refused:
+        api.submitter.cancel(job["id"])
+    assert "by token:owner" in str(refused.value)
+    with JobsClient(api.server.url, api.server.token("admin")) as admin:
+        assert admin.cancel(job["id"])["status"] == "cancelled"
+
+
+def test_migration_0008_leaves_older_jobs_without_a_submitting_token(registry_db_url):
+    from oscar_zoo.registry_db import jobs, migrate
+    from oscar_zoo.registry_db.session import Database
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0007")
+    with db.write() as session:    # Core: today's model has the column 0008 adds
+        session.execute(Job.__table__.insert(), [dict(
+            id="0123abcd-0000-4000-8000-000000000000", spec={}, status="queued",
+            phase="queued", progress={}, created_by="token:owner")])
+    migrate.upgrade(db)
+    with db.write() as session:
+        assert session.scalar(select(Job.created_by_token_id)) is None
+        with pytest.raises(Forbidden, match="only an admin token"):
+            jobs.request_cancel(session, "0123abcd", "token:owner", token_id=1)
+    with db.write() as session:
+        job = jobs.request_cancel(session, "0123abcd", "token:ops", token_id=2, admin=True)
+        assert job.status == "cancelled"
+    db.dispose()

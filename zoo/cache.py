@@ -15,16 +15,21 @@
       models/<name>/partial/<digest>/layers-<spec>/   a --layers pull: bundle.json + a
                                             rotations.safetensors holding only those layers
       exports/<digest>/<format>[-layers-<spec>]/      engine files, built once per digest
+      tmp/                                  a bundle being converted; a directory that prune or
+                                            cache rm renamed here to delete it
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
-      .locks/gc.lock                        shared by pulls, exclusive for prune
+      .locks/gc.lock                        shared by pulls, exclusive for prune and cache rm
       .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune
+                                            and cache rm
 
 A snapshot directory appears only by rename after every file in it is verified, so its existence
 means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
 the same bundle serialize on a per-blob / per-snapshot lock, and the second finds the work done.
 A pull holds gc.lock shared from its first blob to its last ref, prune holds it exclusive: prune
-never sees a pull's blobs or snapshot before the ref that keeps them.
+never sees a pull's blobs or snapshot before the ref that keeps them. `cache rm` (cache_remove.py)
+holds it exclusive too, drops a bundle's refs before its snapshot, and removes a directory by
+renaming it into tmp/ first: no pull finds half a snapshot, and a crash leaves what prune cleans up.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
@@ -471,10 +477,7 @@ def prune(cache: Cache, dry_run: bool = False,
             gone = [(p, n) for p, n in gone if p in only]
         if not dry_run:
             for path, _ in gone:
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+                _delete(cache, path)
     return gone
 
 
@@ -503,14 +506,7 @@ def _garbage(cache: Cache) -> list[tuple[Path, int]]:
             gone.append((exp, _size(exp)))
     doomed = {p for p, _ in gone}
     gone += [(p, _size(p)) for p in _stale_staging(cache) if not doomed & {p, *p.parents}]
-    keep: set[str] = set()
-    for name, digest in live:
-        keep.add(digest)
-        for part in (cache.model_dir(name) / "partial" / digest).glob("layers-*/.partial.json"):
-            keep.add(json.loads(part.read_text()).get("rotations.safetensors", ""))
-        meta = cache.read_meta(name, digest)
-        keep.update(v for v in (meta.get("files") or {}).values() if is_sha256(str(v)))
-        keep.update(v for v in (meta.get("origin_files") or {}).values() if is_sha256(str(v)))
+    keep = _blobs_of(cache, live)
     for blob in sorted(cache.blobs.glob("*")) if cache.blobs.exists() else []:
         if blob.name.endswith(_LEFTOVERS):
             if time.time() - _last_touched(blob) > _LEFTOVER_AGE:  # nobody resumes or adopts it now
@@ -522,6 +518,51 @@ def _garbage(cache: Cache) -> list[tuple[Path, int]]:
         if time.time() - t.stat().st_mtime > 3600:
             gone.append((t, _size(t)))
     return gone
+
+
+def _blobs_of(cache: Cache, bundles: Iterable[tuple[str, str]]) -> set[str]:
+    """The sha256 of every blob the bundles (model, digest) use: their bundle.json, the files of
+    their snapshot and --layers parts, the RotationZoo .pt files they were converted from."""
+    used: set[str] = set()
+    for name, digest in bundles:
+        used.add(digest)
+        for part in (cache.model_dir(name) / "partial" / digest).glob("layers-*/.partial.json"):
+            used.add(json.loads(part.read_text()).get("rotations.safetensors", ""))
+        meta = cache.read_meta(name, digest)
+        used.update(v for v in (meta.get("files") or {}).values() if is_sha256(str(v)))
+        used.update(v for v in (meta.get("origin_files") or {}).values() if is_sha256(str(v)))
+    return used
+
+
+def _delete(cache: Cache, path: Path) -> bool:
+    """Remove one cache entry; False if some of it is still there (permissions, a busy file).
+
+    A file (or a link: never followed) is unlinked. A directory is first renamed aside into
+    tmp/, one atomic step, so whoever looks finds it whole or not at all, never half-deleted;
+    then deleted there. A crash in between leaves a tmp/ entry that prune ages out."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return not os.path.lexists(path)
+    trash = cache.root / "tmp"
+    if path.parent == trash:
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
+    try:
+        trash.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=f"removed-{path.name}.", dir=trash))
+    except OSError:
+        aside = None
+    if aside is None:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.rename(path, aside / path.name)
+        except FileNotFoundError:       # gone already
+            pass
+        except OSError:                 # another filesystem mounted under the cache: in place
+            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 def _entries(folder: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The client commands: pull, list|ls, show|info, verify, prune, cache ls, login, export, publish.
+"""The client commands: pull, list|ls, show|info, verify, prune, cache ls|rm, login, export,
+publish.
 
 Data goes to stdout (a launch recipe that can be piped into a script, or JSON with --json);
 progress, summaries and warnings go to stderr. Nothing here imports torch.
@@ -312,7 +313,7 @@ def _version_lines(v: dict) -> list[str]:
     return out
 
 
-# --- verify, prune, cache ls -------------------------------------------------------------------
+# --- verify, prune, cache ls, cache rm ---------------------------------------------------------
 
 @click.command("verify")
 @click.argument("target", required=False, metavar="[NAME|BUNDLE_DIR]")
@@ -387,7 +388,7 @@ def prune_command(dry_run, yes, as_json):
 
 @click.group("cache")
 def cache_group():
-    """Inspect the local cache (OSCAR_ZOO_CACHE)."""
+    """Inspect the local cache (OSCAR_ZOO_CACHE), or remove models from it."""
 
 
 @cache_group.command("ls")
@@ -432,6 +433,77 @@ def _cache_table(d: dict) -> str:
                      f"{r['layers'] or 'all':<9} {r['version'] or '-':>7} {r['source'] or '-':<10} "
                      f"{_size(r['size']):>9}")
     lines.append(f"exports: {_size(d['exports_bytes'])}")
+    return "\n".join(lines)
+
+
+@cache_group.command("rm")
+@click.argument("specs", nargs=-1, required=True, metavar="NAME[@REF]...")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def cache_rm(specs, dry_run, yes, as_json):
+    """Remove models, or single versions of them, from the cache.
+
+    NAME removes the model: its refs, snapshots, --layers parts and exports. NAME@REF (a
+    version, an alias or a digest, as `oscar-zoo cache ls` shows them) removes that bundle and
+    the refs pointing at it. Then the blobs no other bundle uses go; shared ones stay. Nothing
+    is removed if any argument is not in the cache.
+
+    \b
+    oscar-zoo cache rm glm-4.7-fp8                 # the whole model
+    oscar-zoo cache rm glm-4.7-fp8@3 qwen3-8b@latest --dry-run
+    oscar-zoo cache rm glm-4.7-fp8@1a2b3c4d5e6f --yes --json
+    """
+    import sys
+
+    from ..cache import Cache
+    from ..cache_remove import remove, resolve_removal
+
+    cache = Cache()
+    targets = resolve_removal(cache, specs)     # every argument checked before anything goes
+    plan = remove(cache, targets, dry_run=True)
+    if not plan.paths and not plan.refs:
+        emit(_rm_data(plan, dry_run), as_json, lambda d: "nothing to remove")
+        return
+    if not dry_run and not yes:
+        info(_rm_plan_text(plan))
+        click.confirm(f"remove {_rm_what(plan)}, freeing {_size(plan.bytes)}?", abort=True, err=True)
+    if not dry_run:
+        plan = remove(cache, targets, only={p for p, _ in plan.paths})
+        for p in plan.failed:
+            warn(f"could not remove all of {p} (permissions?); `oscar-zoo prune` retries what no "
+                 "ref uses")
+    emit(_rm_data(plan, dry_run), as_json, lambda d: "\n".join(
+        [_rm_plan_text(plan) if dry_run else "\n".join(d["removed"]),
+         f"{'would free' if dry_run else 'freed'} {_size(d['bytes'])}"]))
+    if plan.failed:
+        sys.exit(1)
+
+
+def _rm_data(plan, dry_run: bool) -> dict:
+    return {"bundles": plan.bundles, "refs": [f"{m}/{r}" for m, r, _ in plan.refs],
+            "removed": [str(p) for p, _ in plan.paths], "bytes": plan.bytes,
+            "dry_run": dry_run, "failed": [str(p) for p in plan.failed]}
+
+
+def _rm_what(plan) -> str:
+    models = {b["model"] for b in plan.bundles}
+    return (f"{len(plan.bundles)} bundle(s) of {len(models)} model(s), {len(plan.paths)} path(s)"
+            if plan.bundles else f"{len(plan.refs)} ref(s), {len(plan.paths)} path(s)")
+
+
+def _rm_plan_text(plan) -> str:
+    """The bundles that go (with their refs), refs to bundles not cached, then every path."""
+    lines = []
+    for b in plan.bundles:
+        version = f"v{b['version']}" if b["version"] is not None else "-"
+        lines.append(f"  {b['model']} {b['digest'][:12]} {version} "
+                     f"{'layers ' + b['layers'] if b['layers'] else 'all layers'}, "
+                     f"refs {','.join(b['refs']) or '-'}")
+    shown = {(b["model"], r) for b in plan.bundles for r in b["refs"]}
+    lines += [f"  ref {m}/{r} (names {d[:12]}, not cached)" for m, r, d in plan.refs
+              if (m, r) not in shown]
+    lines += [f"  {p} ({_size(n)})" for p, n in plan.paths]
     return "\n".join(lines)
 
 

@@ -1,0 +1,375 @@
+"""`oscar-zoo cache rm NAME[@REF]`: a model, or one version of it, leaves the cache with the
+blobs nothing else uses; shared blobs, other models and their exports stay; a bad argument
+removes nothing; the removal takes the lock prune takes and never leaves half a snapshot.
+
+The cache is filled by pull's own code (materialize: blobs, snapshot links, meta, refs), from
+bundles whose files are put in the blob store first, so no request is made:
+
+    smollm2-135m       v1 (refs v1, recommended)   A: bundle.json, README.md, rotations R0
+                       v2 (refs v2, latest)        B: another bundle.json and README.md, R0 too
+    org/SmolLM2-Fork   v1 (refs v1, latest)        C: files of its own (rotations R1)
+
+A and C have sglang exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from oscar_zoo.zoo import cache as cache_mod
+from oscar_zoo.zoo.bundle import Bundle, write
+from oscar_zoo.zoo.cache import Cache, prune, verify_cache
+from oscar_zoo.zoo.cache_remove import remove, resolve_removal
+from oscar_zoo.zoo.cli.main import cli
+from oscar_zoo.zoo.errors import (AliasNotFound, BundleNotFound, InvalidInput, LockTimeout,
+                                  ModelNotFound, UnsafePathError, VersionNotFound)
+from oscar_zoo.zoo.export import export
+from oscar_zoo.zoo.pull import materialize
+from oscar_zoo.zoo.sources.base import Plan
+from oscar_zoo.zoo.sources.download import RemoteFile
+from tests.utils.bundles import make_manifest, make_tensors
+
+SMOL, FORK, FORK_DIR = "smollm2-135m", "org/SmolLM2-Fork", "org--smollm2-fork"
+FILES = ("bundle.json", "README.md", "rotations.safetensors")
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[str, Path]:
+    """A and B: the same rotations (seed 0) under two manifests; C: seed 1."""
+    root = tmp_path_factory.mktemp("rm-bundles")
+    out = {}
+    for key, seed, dataset in (("A", 0, "synthetic"), ("B", 0, "synthetic-2"), ("C", 1, "synthetic")):
+        base = make_manifest(seed=seed)
+        manifest = base.model_copy(update={"calibration": base.calibration.model_copy(
+            update={"dataset": dataset})})
+        k, v = make_tensors(manifest, seed)
+        out[key] = write(Bundle(manifest, k, v), root / key).path
+    return out
+
+
+def _put(cache: Cache, bundle: Path, model: str, version: int, refs: list[str]) -> str:
+    """Cache a bundle as a pull from a registry would: its files are in the blob store already."""
+    cache.ensure()
+    for f in bundle.iterdir():
+        cache.add_bytes(f.read_bytes(), sha(f.read_bytes()))
+    raw = (bundle / "bundle.json").read_bytes()
+    plan = Plan(source="registry", model=model, origin=f"test:{model}@{version}", kind="bundle",
+                digest=sha(raw), version=version, refs=refs, manifest=raw,
+                locate=lambda n, s, z: RemoteFile(n, url="http://127.0.0.1:9/closed", sha256=s, size=z))
+    result = materialize(plan, cache, progress=False)
+    assert result.digest == sha(raw)
+    return result.digest
+
+
+@pytest.fixture
+def filled(bundles) -> dict[str, str]:
+    """The cache of the module docstring; returns the digests by letter."""
+    cache = Cache()
+    digests = {"A": _put(cache, bundles["A"], SMOL, 1, ["v1", "recommended"]),
+               "B": _put(cache, bundles["B"], SMOL, 2, ["v2", "latest"]),
+               "C": _put(cache, bundles["C"], FORK, 1, ["v1", "latest"])}
+    for key, model in (("A", SMOL), ("C", FORK)):
+        export(cache, digests[key], cache.snapshot_dir(model, digests[key]), "sglang")
+    return digests
+
+
+def blob_of(bundles, key: str, name: str) -> Path:
+    return Cache().blob(sha((bundles[key] / name).read_bytes()))
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under the cache with its contents (None for a directory), locks aside."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(root.rglob("*")) if ".locks" not in p.parts}
+
+
+def blob_bytes(bundles, key: str, *names: str) -> int:
+    return sum((bundles[key] / n).stat().st_size for n in names)
+
+
+# --- what goes and what stays ------------------------------------------------------------------
+
+def test_a_whole_model_goes_and_the_other_model_is_untouched(bundles, filled):
+    cache = Cache()
+    fork_before = tree(cache.model_dir(FORK))
+    fork_export = cache.root / "exports" / filled["C"]
+    assert fork_export.is_dir() and (cache.root / "exports" / filled["A"]).is_dir()
+    targets = resolve_removal(cache, [SMOL])
+    assert [(t.model, t.digests, t.whole) for t in targets] == [
+        (SMOL, {filled["A"], filled["B"]}, True)]
+    done = remove(cache, targets)
+    assert done.failed == []
+    assert not cache.model_dir(SMOL).exists()
+    assert not (cache.root / "exports" / filled["A"]).exists()
+    for key in ("A", "B"):
+        assert not any(blob_of(bundles, key, f).exists() for f in FILES)
+    # the other model: snapshot, refs, meta, export and blobs as they were
+    assert tree(cache.model_dir(FORK)) == fork_before
+    assert fork_export.is_dir() and all(blob_of(bundles, "C", f).exists() for f in FILES)
+    assert [(h.model, h.digest) for h in cache.held()] == [(FORK_DIR, filled["C"])]
+    assert verify_cache(cache) == (len(FILES) + 2, [])   # C's files and its sglang K and V
+    assert sorted(f"{m}/{r}" for m, r, _ in done.refs) == [
+        f"{SMOL}/latest", f"{SMOL}/recommended", f"{SMOL}/v1", f"{SMOL}/v2"]
+    assert len(list((cache.root / "tmp").iterdir())) == 0   # nothing left aside
+    assert prune(cache) == []                                # and nothing left for prune
+
+
+@pytest.fixture(params=["links", "copies"])
+def filled_any_fs(request, bundles, monkeypatch):
+    """`filled` on a filesystem with hard links, and on one without (snapshots hold copies)."""
+    if request.param == "copies":
+        def no_links(src, dst, *args, **kwargs):
+            raise OSError(1, "Operation not permitted")
+        monkeypatch.setattr(os, "link", no_links)
+    return request.param, request.getfixturevalue("filled")
+
+
+@pytest.mark.parametrize("ref", ["1", "v1", "recommended", "DIGEST12", "sha256:DIGEST"])
+def test_one_version_goes_and_the_blob_it_shares_stays(bundles, filled_any_fs, ref):
+    cache = Cache()
+    fs, filled = filled_any_fs
+    a, b = filled["A"], filled["B"]
+    ref = ref.replace("DIGEST12", a[:12]).replace("DIGEST", a)
+    shared = blob_of(bundles, "A", "rotations.safetensors")
+    assert shared == blob_of(bundles, "B", "rotations.safetensors")     # the fixture's premise
+    # what A alone holds: two blobs, its meta, its export (not the shared rotations, and not a
+    # blob twice for its hard link in the snapshot)
+    snapshot = cache.snapshot_dir(SMOL, a)
+    copies = not os.path.samefile(shared, snapshot / "rotations.safetensors")
+    assert copies == (fs == "copies")
+    own = [blob_of(bundles, "A", "bundle.json"), blob_of(bundles, "A", "README.md"),
+           cache.model_dir(SMOL) / "meta" / f"{a}.json",
+           *(f for f in (cache.root / "exports" / a).rglob("*") if f.is_file()),
+           *(snapshot.iterdir() if copies else [])]
+    want = sum(f.stat().st_size for f in own)
+    plan = remove(cache, resolve_removal(cache, [f"{SMOL}@{ref}"]))
+    assert plan.bytes == want and plan.failed == []
+    assert not cache.snapshot_dir(SMOL, a).exists()
+    assert cache.refs(SMOL) == {"latest": b, "v2": b}
+    assert not (cache.model_dir(SMOL) / "meta" / f"{a}.json").exists()
+    assert not (cache.root / "exports" / a).exists()
+    assert not blob_of(bundles, "A", "bundle.json").exists()
+    assert not blob_of(bundles, "A", "README.md").exists()
+    assert shared.exists()
+    assert (cache.snapshot_dir(SMOL, b) / "rotations.safetensors").read_bytes() == shared.read_bytes()
+    assert [h.digest for h in cache.held(SMOL)] == [b]
+    assert verify_cache(cache) == (2 * len(FILES) + 2, [])    # B, and C with its export
+
+
+def test_freed_bytes_count_each_file_once(bundles, filled):
+    """A hard link and its blob are one file: removing C frees its three blobs (once each), its
+    export, and its refs and meta."""
+    cache = Cache()
+    export_dir = cache.root / "exports" / filled["C"]
+    mdir, c = cache.model_dir(FORK), filled["C"]
+    want = sum(p.stat().st_size for p in [*mdir.rglob("*"), *export_dir.rglob("*")]
+               if p.is_file() and "snapshots" not in p.parts)
+    want += blob_bytes(bundles, "C", *FILES)
+    plan = remove(cache, resolve_removal(cache, [FORK]), dry_run=True)
+    assert plan.bytes == want
+    assert [p for p, _ in plan.paths] == [mdir / "snapshots" / c, mdir / "meta" / f"{c}.json", mdir,
+                                          export_dir, *sorted(blob_of(bundles, "C", f) for f in FILES)]
+
+
+def test_a_blob_a_snapshot_links_stays_though_its_meta_is_lost(bundles, filled):
+    """The meta names a bundle's blobs; where it is gone (deleted by hand, say) the snapshot's
+    hard link still shows the blob is in use."""
+    cache = Cache()
+    (cache.model_dir(SMOL) / "meta" / f"{filled['B']}.json").unlink()
+    remove(cache, resolve_removal(cache, [f"{SMOL}@1"]))
+    shared = blob_of(bundles, "A", "rotations.safetensors")
+    assert shared.exists() and not blob_of(bundles, "A", "README.md").exists()
+    kept = cache.snapshot_dir(SMOL, filled["B"]) / "rotations.safetensors"
+    assert kept.read_bytes() == shared.read_bytes()
+
+
+def test_a_bundle_two_models_hold_keeps_its_blobs_and_export(bundles, filled):
+    """The same bundle pulled under a second name (a registry's copy of the fork): removing the
+    fork leaves the other name's snapshot whole, with the blobs and the export it shares."""
+    cache = Cache()
+    c = filled["C"]
+    assert _put(cache, bundles["C"], "mirror/fork-copy", 1, ["latest"]) == c
+    remove(cache, resolve_removal(cache, [FORK]))
+    assert not cache.model_dir(FORK).exists()
+    assert (cache.root / "exports" / c).is_dir() and all(blob_of(bundles, "C", f).exists() for f in FILES)
+    assert [(h.model, h.digest) for h in cache.held("mirror/fork-copy")] == [("mirror--fork-copy", c)]
+    assert verify_cache(cache)[1] == []
+
+
+def test_two_arguments_of_one_model_and_a_repeated_one(bundles, filled):
+    cache = Cache()
+    remove(cache, resolve_removal(cache, [f"{SMOL}@1", f"{SMOL}@latest", f"{SMOL}@v1"]))
+    assert not cache.model_dir(SMOL).exists()      # nothing of it left: the directory goes too
+    assert not blob_of(bundles, "A", "rotations.safetensors").exists()
+    assert [h.digest for h in cache.held()] == [filled["C"]]
+
+
+def test_names_as_pull_takes_them(filled):
+    """A hub id or alias of a catalog model, a registry name, the directory cache ls shows."""
+    cache = Cache()
+    for spec, model in (("HuggingFaceTB/SmolLM2-135M-Instruct", SMOL), ("smollm2@2", SMOL),
+                        (FORK, FORK_DIR), (FORK_DIR, FORK_DIR), ("ORG/smollm2-fork@latest", FORK_DIR)):
+        (target,) = resolve_removal(cache, [spec])
+        assert target.model == model, spec
+
+
+# --- dry run, errors ---------------------------------------------------------------------------
+
+def test_dry_run_removes_nothing(filled):
+    cache = Cache()
+    before = tree(cache.root)
+    plan = remove(cache, resolve_removal(cache, [SMOL, f"{FORK}@1"]), dry_run=True)
+    assert cache.model_dir(SMOL) in {p for p, _ in plan.paths} and plan.bytes > 0
+    result = CliRunner().invoke(cli, ["cache", "rm", SMOL, f"{FORK}@1", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["dry_run"] is True and data["removed"] == [str(p) for p, _ in plan.paths]
+    assert data["bytes"] == plan.bytes
+    text = CliRunner().invoke(cli, ["cache", "rm", SMOL, "--dry-run"])
+    assert text.exit_code == 0 and "would free" in text.stdout and filled["A"][:12] in text.stdout
+    assert tree(cache.root) == before
+
+
+@pytest.mark.parametrize("specs, error, says", [
+    ([f"{SMOL}@1", "nosuch-model"], ModelNotFound, f"cached models: {FORK_DIR}, {SMOL}"),
+    ([FORK, f"{SMOL}@9"], VersionNotFound, "v1 (refs recommended, v1)"),
+    ([f"{SMOL}@stable", FORK], AliasNotFound, "v2 (refs latest, v2)"),
+    ([f"{SMOL}@sha256:{'0' * 64}"], BundleNotFound, f"cached for {SMOL}"),
+    ([f"{SMOL}@"], InvalidInput, "names no bundle after '@'"),
+    (["../models", SMOL], UnsafePathError, "cannot be used as a cache directory"),
+])
+def test_a_bad_argument_removes_nothing(filled, specs, error, says):
+    cache = Cache()
+    before = tree(cache.root)
+    with pytest.raises(error) as e:
+        resolve_removal(cache, specs)
+    assert says in str(e.value)
+    result = CliRunner().invoke(cli, ["cache", "rm", *specs, "--yes"])
+    assert result.exit_code == 1 and says in result.stderr
+    if error is not InvalidInput and error is not UnsafePathError:
+        assert "oscar-zoo cache ls" in result.stderr
+    assert tree(cache.root) == before
+
+
+def test_every_bad_argument_is_named(filled):
+    result = CliRunner().invoke(cli, ["cache", "rm", "nosuch-model", f"{SMOL}@7", FORK, "--yes"])
+    assert result.exit_code == 1
+    assert "2 arguments" in result.stderr and "nosuch-model" in result.stderr and "@7" in result.stderr
+    assert Cache().snapshot(FORK, filled["C"]) is not None
+
+
+def test_a_model_dir_that_is_a_link_is_not_followed(filled, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "snapshots" / ("a" * 64)).mkdir(parents=True)
+    (outside / "keep.txt").write_text("not the cache's")
+    cache = Cache()
+    (cache.root / "models" / "evil").symlink_to(outside, target_is_directory=True)
+    result = CliRunner().invoke(cli, ["cache", "rm", "evil", "--yes"])
+    assert result.exit_code == 1 and "is a link" in result.stderr
+    assert (outside / "keep.txt").exists() and (outside / "snapshots" / ("a" * 64)).is_dir()
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+def test_cli_json_removes_and_reports(bundles, filled):
+    cache = Cache()
+    result = CliRunner().invoke(cli, ["cache", "rm", f"{SMOL}@recommended", "--yes", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)      # stdout is the JSON alone
+    a = filled["A"]
+    assert [(b["model"], b["digest"], b["version"], b["layers"], sorted(b["refs"]))
+            for b in data["bundles"]] == [(SMOL, a, 1, None, ["recommended", "v1"])]
+    assert sorted(data["refs"]) == [f"{SMOL}/recommended", f"{SMOL}/v1"]
+    assert data["dry_run"] is False and data["failed"] == []
+    removed = set(data["removed"])
+    assert str(cache.snapshot_dir(SMOL, a)) in removed and str(cache.root / "exports" / a) in removed
+    assert str(blob_of(bundles, "A", "README.md")) in removed
+    assert str(blob_of(bundles, "A", "rotations.safetensors")) not in removed   # B uses it
+    assert data["bytes"] > 0 and not any(Path(p).exists() for p in removed)
+    listed = json.loads(CliRunner().invoke(cli, ["cache", "ls", "--json"]).stdout)["bundles"]
+    assert {(r["model"], r["digest"]) for r in listed} == {(SMOL, filled["B"]), (FORK_DIR, filled["C"])}
+
+
+def test_cli_asks_first(filled):
+    cache = Cache()
+    before = tree(cache.root)
+    result = CliRunner().invoke(cli, ["cache", "rm", FORK], input="n\n")
+    assert result.exit_code == 1 and "Aborted" in result.stderr
+    assert filled["C"][:12] in result.stderr and "freeing" in result.stderr
+    assert tree(cache.root) == before
+    result = CliRunner().invoke(cli, ["cache", "rm", FORK], input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "freed" in result.stdout and not cache.model_dir(FORK).exists()
+
+
+def test_cli_removes_no_more_than_was_confirmed(bundles, filled, monkeypatch):
+    """What became unused while the user read the plan stays for the next prune; what was
+    confirmed goes even so."""
+    cache = Cache()
+
+    def confirm_while_v2_goes(*args, **kwargs):   # another `cache rm` got in first
+        remove(cache, resolve_removal(cache, [f"{SMOL}@2"]))
+        return True
+
+    monkeypatch.setattr(click, "confirm", confirm_while_v2_goes)
+    result = CliRunner().invoke(cli, ["cache", "rm", f"{SMOL}@1", "--json"])
+    assert result.exit_code == 0, result.output
+    removed = set(json.loads(result.stdout)["removed"])
+    assert str(cache.snapshot_dir(SMOL, filled["A"])) in removed
+    assert list(cache.held(SMOL)) == []
+    # the rotations v1 shared with v2 became v1's alone meanwhile: not in the plan confirmed
+    rotations = blob_of(bundles, "A", "rotations.safetensors")
+    assert str(rotations) not in removed and rotations.exists()
+    assert rotations in {p for p, _ in prune(cache)}
+
+
+# --- the lock, crashes -------------------------------------------------------------------------
+
+def test_waits_for_a_pull_in_progress(filled, monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.3")
+    cache = Cache()
+    before = tree(cache.root)
+    with cache.gc_guard():      # what a pull holds from its first blob to its last ref
+        with pytest.raises(LockTimeout, match="a pull is still running"):
+            remove(cache, resolve_removal(cache, [SMOL]))
+    assert tree(cache.root) == before
+
+
+def test_killed_mid_removal_leaves_a_whole_snapshot_or_none(bundles, filled, monkeypatch):
+    """Killed while deleting the renamed-aside snapshot: the snapshot is gone as a whole (never
+    half its files), its refs are gone first, and prune finishes the job."""
+    cache = Cache()
+    a = filled["A"]
+    real_rmtree = cache_mod.shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}   # refs went first
+        assert not cache.snapshot_dir(SMOL, a).exists()       # renamed aside, in one step
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_mod.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        remove(cache, resolve_removal(cache, [f"{SMOL}@1"]))
+    monkeypatch.setattr(cache_mod.shutil, "rmtree", real_rmtree)
+    assert [h.digest for h in cache.held(SMOL)] == [filled["B"]]
+    assert verify_cache(cache)[1] == []
+    aside = list((cache.root / "tmp").iterdir())
+    assert aside and all(time.time() - p.stat().st_mtime < 60 for p in aside)
+    for p in aside:                 # an hour later
+        os.utime(p, (time.time() - 7200, time.time() - 7200))
+    pruned = {p for p, _ in prune(cache)}
+    assert set(aside) <= pruned and not list((cache.root / "tmp").iterdir())
+    assert not blob_of(bundles, "A", "README.md").exists()
+    assert blob_of(bundles, "A", "rotations.safetensors").exists()

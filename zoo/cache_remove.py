@@ -1,0 +1,303 @@
+"""`oscar-zoo cache rm`: remove a model, or some of its bundles, from the local cache.
+
+Arguments are resolved to digests first (every one checked before anything goes), then removed
+under the cache's gc.lock held exclusively, as prune holds it: refs first, so no pull finds a
+bundle that is going by its name; then each directory renamed aside into tmp/ and deleted there
+(cache._delete); then the exports and blobs no bundle left in the cache uses (cache._blobs_of,
+prune's walk).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .cache import Cache, _blobs_of, _delete, _entries, _ref_file, model_key
+from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
+                     UnsafePathError, VersionNotFound)
+from .files import fsync_dir, is_sha256
+
+
+@dataclass(frozen=True)
+class Target:
+    """One `cache rm` argument, resolved: bundles of one model, by digest, so that what the user
+    confirmed is what goes even if a ref moves meanwhile."""
+
+    spec: str                       # as typed: glm-4.7-fp8, glm-4.7-fp8@3, glm-4.7-fp8@1a2b3c4d5e6f
+    model: str                      # the model's directory (models/<model>)
+    digests: frozenset[str]
+    whole: bool                     # NAME alone: every bundle the model holds or names
+
+
+@dataclass
+class Removal:
+    """What `cache rm` removes, or would: the bundles and refs that go, then every path in the
+    order it is removed, with the bytes its removal frees (a blob counts once, not once per
+    snapshot that links it). `failed`: paths still there after the removal."""
+
+    bundles: list[dict]             # model, digest, layers, refs, version, path
+    refs: list[tuple[str, str, str]]  # (model, ref, digest)
+    paths: list[tuple[Path, int]]
+    failed: list[Path]
+
+    @property
+    def bytes(self) -> int:
+        return sum(n for _, n in self.paths)
+
+
+def resolve_removal(cache: Cache, specs: Iterable[str]) -> list[Target]:
+    """NAME (the whole model) or NAME@REF (one bundle: a version as in `pull NAME@3`, an alias,
+    or a digest, whole or its first 6+ hex digits, sha256: optional) for each spec.
+
+    Raises NotFound (saying what is cached for that name, and `oscar-zoo cache ls`) or
+    InvalidInput, naming every bad spec once all are checked; resolving removes nothing."""
+    targets, errors = [], []
+    for spec in specs:
+        try:
+            targets.append(_resolve(cache, spec))
+        except (NotFound, InvalidInput) as e:
+            errors.append(e)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise type(errors[0])(f"{len(errors)} arguments name nothing in the cache, so nothing "
+                              "was removed: " + " | ".join(str(e) for e in errors))
+    return targets
+
+
+def _resolve(cache: Cache, spec: str) -> Target:
+    from .sources.base import parse_spec   # not at the top: sources import this module
+
+    name, at, ref = spec.strip().rpartition("@")
+    if not at:
+        name, ref = spec.strip(), ""
+    elif not ref:
+        raise InvalidInput(f"{spec!r} names no bundle after '@': give {name} alone to remove the "
+                           f"whole model, or {name}@VERSION, @ALIAS or @DIGEST")
+    digest_prefix = ref[len("sha256:"):].lower() if ref.lower().startswith("sha256:") else None
+    if digest_prefix is None:
+        name, parsed = parse_spec(spec)   # pull's syntax: NAME, NAME@3, NAME@v3, NAME@alias
+    elif not name:
+        raise InvalidInput(f"{spec!r} has no model name; use NAME@sha256:DIGEST")
+    mdir = _cached_model_dir(cache, name)
+    model = mdir.name
+    named = _digests_named(cache, mdir)
+    if not ref:
+        return Target(spec, model, frozenset(named), True)
+    refs = cache.refs(model)
+    if digest_prefix is None and parsed.alias and parsed.alias in refs:
+        return Target(spec, model, frozenset({refs[parsed.alias]}), False)
+    if digest_prefix is None and parsed.version is not None:
+        found = {refs[r] for r in parsed.cache_refs() if r in refs}
+        found = found or {d for d in named
+                          if cache.read_meta(model, d).get("version") == parsed.version}
+        if len(found) == 1:
+            return Target(spec, model, frozenset(found), False)
+        if found:
+            raise InvalidInput(f"{spec!r}: {len(found)} bundles cached for {model} say they are "
+                               f"v{parsed.version} ({', '.join(sorted(d[:12] for d in found))}); "
+                               f"name one by digest: {name}@DIGEST")
+    hexed = digest_prefix if digest_prefix is not None else (parsed.alias or "")
+    if len(hexed) >= 6 and all(c in "0123456789abcdef" for c in hexed):
+        found = {d for d in named if d.startswith(hexed)}
+        if len(found) == 1:
+            return Target(spec, model, frozenset(found), False)
+        if len(found) > 1:
+            raise InvalidInput(f"{spec!r}: {hexed} is the start of {len(found)} digests cached "
+                               f"for {model} ({', '.join(sorted(d[:12] for d in found))}); give "
+                               "more of it")
+    error = (VersionNotFound if digest_prefix is None and parsed.version is not None
+             else BundleNotFound if digest_prefix is not None else AliasNotFound)
+    raise error(f"{spec!r} is not in the cache ({cache.root}): {_cached_for(cache, mdir)}. "
+                "`oscar-zoo cache ls` lists every cached bundle")
+
+
+def _cached_model_dir(cache: Cache, name: str) -> Path:
+    """models/<key> for a name as typed (its directory name, as `cache ls` shows it, or any name
+    pull takes: hub id, catalog alias); never a link, never a path outside the cache."""
+    import difflib
+
+    from .catalog import find, suggest
+
+    models = cache.root / "models"
+    entry = find(name)
+    keys = [model_key(name)] + ([model_key(entry.name)] if entry is not None else [])
+    for key in keys:
+        mdir = models / key
+        if mdir.is_symlink():
+            raise UnsafePathError(f"{mdir} is a link, which oscar-zoo never makes: not following "
+                                  "it; remove it by hand if it is not wanted")
+        if mdir.is_dir():
+            return mdir
+    cached = [p.name for p in _entries(models) if p.is_dir()] if models.is_dir() else []
+    close = [c for c in suggest(name) if model_key(c) in cached]
+    close += [c for c in difflib.get_close_matches(model_key(name), cached, n=3, cutoff=0.6)
+              if c not in close]
+    have = f"cached models: {', '.join(cached)}" if cached else "the cache holds no model"
+    raise ModelNotFound(f"{name!r} is not in the cache ({cache.root}); {have}. `oscar-zoo cache "
+                        "ls` lists every cached bundle.", suggestions=close[:3])
+
+
+def _digests_named(cache: Cache, mdir: Path) -> set[str]:
+    """Every bundle digest a model directory holds or names: snapshots, --layers parts, refs,
+    meta, the RotationZoo import index."""
+    named = {p.name for p in _entries(mdir / "snapshots")}
+    named |= {p.name for p in _entries(mdir / "partial")}
+    named |= {p.stem for p in _entries(mdir / "meta") if p.suffix == ".json"}
+    named |= set(cache.refs(mdir.name).values())
+    for p in _entries(mdir / "imports"):
+        named.add(_read_digest(p) or "")
+    return {d for d in named if is_sha256(d)}
+
+
+def _read_digest(path: Path) -> str | None:
+    try:
+        value = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value if is_sha256(value) else None
+
+
+def _cached_for(cache: Cache, mdir: Path) -> str:
+    """What is cached for a model, as an error message says it: bundles with their refs."""
+    refs = cache.refs(mdir.name)
+    rows = []
+    for d in sorted(_digests_named(cache, mdir)):
+        names = [r for r, v in refs.items() if v == d]
+        version = cache.read_meta(mdir.name, d).get("version")
+        if names or (mdir / "snapshots" / d).is_dir() or (mdir / "partial" / d).is_dir():
+            rows.append(f"{d[:12]}" + (f" v{version}" if version is not None else "")
+                        + (f" (refs {', '.join(names)})" if names else ""))
+    if not rows:
+        return f"nothing is cached for {mdir.name}"
+    return f"cached for {mdir.name}: {'; '.join(rows)}"
+
+
+def remove(cache: Cache, targets: list[Target], dry_run: bool = False,
+           only: set[Path] | None = None) -> Removal:
+    """Remove the targets' bundles: their refs first (so nothing finds a bundle that is going
+    by its name), then each snapshot and --layers part (renamed aside, then deleted), their meta
+    and import index entries (the whole model directory once nothing of the model is left),
+    then the exports and blobs no bundle left anywhere in the cache uses. Blobs shared with
+    other bundles stay.
+
+    Holds gc.lock exclusively, as prune does: waits for pulls in progress, and no pull starts
+    until it is done. Each step leaves a cache that prune can finish. `only`: remove no more
+    than these paths (and what lies under them), the plan a user confirmed; refs to a bundle
+    that goes always go with it."""
+    if not cache.root.exists():
+        return Removal([], [], [], [])
+    with cache.gc_guard(exclusive=True):
+        plan = _plan_removal(cache, targets)
+        if only is not None:
+            plan.paths = [(p, n) for p, n in plan.paths if only & {p, *p.parents}]
+            plan.refs = [r for r in plan.refs if _ref_goes(cache, r, {p for p, _ in plan.paths})]
+        if not dry_run:
+            for model, ref, _ in plan.refs:
+                (cache.root / "models" / model / "refs" / _ref_file(ref)).unlink(missing_ok=True)
+            for model in sorted({m for m, _, _ in plan.refs}):
+                fsync_dir(cache.root / "models" / model / "refs")
+            plan.failed = [p for p, _ in plan.paths if not _delete(cache, p)]
+    return plan
+
+
+def _ref_goes(cache: Cache, ref: tuple[str, str, str], going: set[Path]) -> bool:
+    """Whether a ref goes with the paths that do: with its bundle, or when it names nothing held."""
+    model, _, digest = ref
+    mdir = cache.root / "models" / model
+    held = [mdir / "snapshots" / digest, mdir / "partial" / digest]
+    return mdir in going or any(p in going for p in held) or not any(map(os.path.lexists, held))
+
+
+def _plan_removal(cache: Cache, targets: list[Target]) -> Removal:
+    doomed: dict[str, set[str]] = {}
+    for t in targets:
+        doomed.setdefault(t.model, set()).update(t.digests)
+    models = cache.root / "models"
+    bundles: list[dict] = []
+    refs: list[tuple[str, str, str]] = []
+    paths: list[Path] = []
+    gone: set[tuple[str, str]] = set()
+    for model, digests in sorted(doomed.items()):
+        mdir = models / model
+        if mdir.is_symlink() or not mdir.is_dir():  # removed since it was resolved
+            continue
+        model_refs = cache.refs(model)
+        for h in cache.held(model):
+            if h.digest in digests:
+                bundles.append({"model": model, "digest": h.digest, "layers": h.layers,
+                                "refs": [r for r, d in model_refs.items() if d == h.digest],
+                                "version": cache.read_meta(model, h.digest).get("version"),
+                                "path": str(h.path)})
+        refs += [(model, r, d) for r, d in model_refs.items() if d in digests]
+        gone |= {(model, d) for d in digests}
+        # bundle by bundle, each snapshot in one rename, even when the whole model goes: a
+        # confirmed plan (`only`) still names them if the model gained or lost a bundle since
+        for d in sorted(digests):
+            paths += [p for p in (mdir / "snapshots" / d, mdir / "partial" / d,
+                                  mdir / "meta" / f"{d}.json") if os.path.lexists(p)]
+        paths += [p for p in _entries(mdir / "imports") if _read_digest(p) in digests]
+        if not _digests_named(cache, mdir) - digests:   # nothing of the model is left: all of it
+            paths.append(mdir)
+    left = {(m.name, d) for m in _entries(models) if m.is_dir() and not m.is_symlink()
+            for d in _digests_named(cache, m)} - gone
+    still = {d for _, d in left}
+    paths += [cache.root / "exports" / d for d in sorted({d for _, d in gone} - still)
+              if os.path.lexists(cache.root / "exports" / d)]
+    links = _links(paths)
+    for sha in sorted(_blobs_of(cache, gone) - _blobs_of(cache, left)):
+        blob = cache.blob(sha)
+        try:
+            st = blob.lstat()
+        except FileNotFoundError:
+            continue
+        # a hard link outside what goes (a bundle whose meta is lost, a staging dir) still uses it
+        if st.st_nlink <= 1 + links.get((st.st_dev, st.st_ino), 0):
+            paths.append(blob)
+    return Removal(bundles, refs, _freed(paths), [])
+
+
+def _inodes(paths: list[Path]) -> Iterator[tuple[int, tuple[int, int], os.stat_result]]:
+    """(index of the path, (dev, ino), stat) for each file or link the paths hold, each file
+    once (a model directory listed after its snapshots adds only what they left)."""
+    seen: set[Path] = set()
+    for i, path in enumerate(paths):
+        if path.is_symlink() or not path.is_dir():
+            files = [path]
+        else:
+            files = [p for p in path.rglob("*") if p.is_symlink() or not p.is_dir()]
+        for f in files:
+            if f in seen:
+                continue
+            seen.add(f)
+            try:
+                st = f.lstat()
+            except FileNotFoundError:
+                continue
+            yield i, (st.st_dev, st.st_ino), st
+
+
+def _links(paths: list[Path]) -> dict[tuple[int, int], int]:
+    """How many links to each inode (dev, ino) the paths hold."""
+    out: dict[tuple[int, int], int] = {}
+    for _, key, _ in _inodes(paths):
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _freed(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Each path with the bytes its removal frees, the others removed too: a file's bytes count
+    at the last path holding one of its links (a blob, after the snapshots linking it), and not
+    at all while a link outside the paths keeps it."""
+    seen: dict[tuple[int, int], list] = {}     # inode -> [links seen, nlink, size, last path]
+    for i, key, st in _inodes(paths):
+        entry = seen.setdefault(key, [0, st.st_nlink, st.st_size, i])
+        entry[0] += 1
+        entry[3] = i
+    freed = [0] * len(paths)
+    for count, nlink, size, i in seen.values():
+        if count >= nlink:
+            freed[i] += size
+    return list(zip(paths, freed))

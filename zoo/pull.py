@@ -91,7 +91,10 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
             result.notes.append(f"RotationZoo files hold every layer, so all of them were "
                                 f"fetched; the export keeps layers {layer_spec(result.layers)}")
     if fmt is not None:
-        result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
+        # prune and cache rm wait: a ref moved by another pull meanwhile, or a `cache rm`, would
+        # otherwise take the snapshot away while its export reads it
+        with cache.gc_guard():
+            result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
     return result
 
 

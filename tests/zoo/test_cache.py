@@ -403,3 +403,33 @@ def test_cache_ls_and_login(hf_only, sandbox):
     token = sandbox / "config" / "token"
     assert token.read_text().strip() == "ozk_secret"
     assert oct(token.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_pull_holds_off_prune_and_cache_rm_while_it_builds_its_export(hf_only, monkeypatch):
+    """The snapshot an export reads stays until the export is built: a `cache rm` (or a prune
+    after another pull moved the ref) waits for it instead of deleting the files under it."""
+    from oscar_zoo.zoo import export as export_mod
+    from oscar_zoo.zoo.cache_remove import remove, resolve_removal
+
+    pull("glm-4.7-fp8")
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    building, release, seen = threading.Event(), threading.Event(), {}
+    real_build = export_mod._build
+
+    def slow_build(*args):
+        building.set()
+        release.wait(20)
+        return real_build(*args)
+
+    monkeypatch.setattr(export_mod, "_build", slow_build)
+    puller = threading.Thread(target=lambda: seen.update(r=pull("glm-4.7-fp8", fmt="sglang")))
+    puller.start()
+    try:
+        assert building.wait(20)
+        cache = Cache()
+        with pytest.raises(LockTimeout, match="a pull is still running"):
+            remove(cache, resolve_removal(cache, ["glm-4.7-fp8"]))
+    finally:
+        release.set()
+        puller.join(30)
+    assert seen["r"].export.files["k"].exists() and seen["r"].path.exists()

@@ -475,6 +475,7 @@ def prune(cache: Cache, dry_run: bool = False,
         gone = _garbage(cache)
         if only is not None:
             gone = [(p, n) for p, n in gone if p in only]
+        gone = _freed([p for p, _ in gone])   # a snapshot's hard links to its blobs count once
         if not dry_run:
             for path, _ in gone:
                 _delete(cache, path)
@@ -518,6 +519,50 @@ def _garbage(cache: Cache) -> list[tuple[Path, int]]:
         if time.time() - t.stat().st_mtime > 3600:
             gone.append((t, _size(t)))
     return gone
+
+
+def _inodes(paths: list[Path]) -> Iterator[tuple[int, tuple[int, int], os.stat_result]]:
+    """(index of the path, (dev, ino), stat) for each file or link the paths hold, each file
+    once (a model directory listed after its snapshots adds only what they left)."""
+    seen: set[Path] = set()
+    for i, path in enumerate(paths):
+        if path.is_symlink() or not path.is_dir():
+            files = [path]
+        else:
+            files = [p for p in path.rglob("*") if p.is_symlink() or not p.is_dir()]
+        for f in files:
+            if f in seen:
+                continue
+            seen.add(f)
+            try:
+                st = f.lstat()
+            except FileNotFoundError:
+                continue
+            yield i, (st.st_dev, st.st_ino), st
+
+
+def _links(paths: list[Path]) -> dict[tuple[int, int], int]:
+    """How many links to each inode (dev, ino) the paths hold."""
+    out: dict[tuple[int, int], int] = {}
+    for _, key, _ in _inodes(paths):
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _freed(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Each path with the bytes its removal frees, the others removed too: a file's bytes count
+    at the last path holding one of its links (a blob, after the snapshots linking it), and not
+    at all while a link outside the paths keeps it."""
+    seen: dict[tuple[int, int], list] = {}     # inode -> [links seen, nlink, size, last path]
+    for i, key, st in _inodes(paths):
+        entry = seen.setdefault(key, [0, st.st_nlink, st.st_size, i])
+        entry[0] += 1
+        entry[3] = i
+    freed = [0] * len(paths)
+    for count, nlink, size, i in seen.values():
+        if count >= nlink:
+            freed[i] += size
+    return list(zip(paths, freed))
 
 
 def _blobs_of(cache: Cache, bundles: Iterable[tuple[str, str]]) -> set[str]:

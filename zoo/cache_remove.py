@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
-from .cache import Cache, _blobs_of, _delete, _entries, _ref_file, model_key
+from .cache import Cache, _blobs_of, _delete, _entries, _freed, _links, _ref_file, model_key
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
 from .files import fsync_dir, is_sha256
@@ -257,47 +257,3 @@ def _plan_removal(cache: Cache, targets: list[Target]) -> Removal:
         if st.st_nlink <= 1 + links.get((st.st_dev, st.st_ino), 0):
             paths.append(blob)
     return Removal(bundles, refs, _freed(paths), [])
-
-
-def _inodes(paths: list[Path]) -> Iterator[tuple[int, tuple[int, int], os.stat_result]]:
-    """(index of the path, (dev, ino), stat) for each file or link the paths hold, each file
-    once (a model directory listed after its snapshots adds only what they left)."""
-    seen: set[Path] = set()
-    for i, path in enumerate(paths):
-        if path.is_symlink() or not path.is_dir():
-            files = [path]
-        else:
-            files = [p for p in path.rglob("*") if p.is_symlink() or not p.is_dir()]
-        for f in files:
-            if f in seen:
-                continue
-            seen.add(f)
-            try:
-                st = f.lstat()
-            except FileNotFoundError:
-                continue
-            yield i, (st.st_dev, st.st_ino), st
-
-
-def _links(paths: list[Path]) -> dict[tuple[int, int], int]:
-    """How many links to each inode (dev, ino) the paths hold."""
-    out: dict[tuple[int, int], int] = {}
-    for _, key, _ in _inodes(paths):
-        out[key] = out.get(key, 0) + 1
-    return out
-
-
-def _freed(paths: list[Path]) -> list[tuple[Path, int]]:
-    """Each path with the bytes its removal frees, the others removed too: a file's bytes count
-    at the last path holding one of its links (a blob, after the snapshots linking it), and not
-    at all while a link outside the paths keeps it."""
-    seen: dict[tuple[int, int], list] = {}     # inode -> [links seen, nlink, size, last path]
-    for i, key, st in _inodes(paths):
-        entry = seen.setdefault(key, [0, st.st_nlink, st.st_size, i])
-        entry[0] += 1
-        entry[3] = i
-    freed = [0] * len(paths)
-    for count, nlink, size, i in seen.values():
-        if count >= nlink:
-            freed[i] += size
-    return list(zip(paths, freed))

@@ -205,6 +205,16 @@ def test_prune_drops_only_what_no_ref_uses(hf_only, hub):
     cache = Cache()
     dry = prune(cache, dry_run=True)
     assert old.path.exists() and dry
+    # what it frees, by the disk's own count: each inode once, and only one all of whose links
+    # go (a snapshot's files are hard links to its blobs, some of them shared with the new one)
+    links: dict = {}
+    for path, _ in dry:
+        for f in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
+            st = f.lstat()
+            seen = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
+            seen[0] += 1
+    freed = sum(size for count, nlink, size in links.values() if count == nlink)
+    assert sum(n for _, n in dry) == freed < sum(size for _, _, size in links.values())
     removed = {p for p, _ in prune(cache)}
     assert old.path in removed and not old.path.exists()
     assert new.path.exists() and new.export.files["k"].exists()

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +140,25 @@ def test_modelscope_serves_when_the_hf_hub_fails(seed_zoo, hub):
     assert r.source == "modelscope" and r.origin.startswith(f"modelscope:{MS_ZOO}/")
     assert hub.requests("GET", "/api/v1/models/togethercomputer/OSCAR-RotationZoo/repo?")
     assert not hub.requests("GET", "/resolve/")
+
+
+def test_a_modelscope_pull_draws_no_bars_off_a_terminal_or_under_quiet(seed_zoo, monkeypatch):
+    """modelscope-hub draws its own tqdm bar per file on stderr, terminal or not: `pull -q`
+    printed two of them, and a pull logged to a file printed their redraws."""
+    from modelscope_hub import _download as ms_download
+
+    seed_zoo(("ms",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "modelscope")
+    cmd = [sys.executable, "-m", "oscar_zoo.zoo.cli.main", "pull", "glm-4.7-fp8", "--format", "sglang"]
+    quiet = subprocess.run(cmd + ["-q"], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == "" and "SGLANG_OSCAR" in quiet.stdout
+    shutil.rmtree(Cache().root)                    # each run below downloads again
+    logged = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert logged.returncode == 0 and "%|" not in logged.stderr and "glm-4.7-fp8" in logged.stderr
+    shutil.rmtree(Cache().root)
+    real = ms_download.tqdm
+    assert not pull("glm-4.7-fp8", progress=False).cached            # in process: the client's own tqdm put back
+    assert ms_download.tqdm is real
 
 
 @pytest.mark.parametrize("intact", [True, False])

@@ -42,8 +42,9 @@ class RemoteFile:
     size: int | None = None
     headers: dict = field(default_factory=dict, repr=False)  # may hold a token: never printed
     git_sha1: str | None = None        # hub listing of a small, non-LFS file
-    # a hub client's own downloader (ModelScope): fetch(workdir) -> the file, at finished_file()
-    fetch: Callable[[Path], Path] | None = None
+    # a hub client's own downloader (ModelScope): fetch(workdir, show_bar) -> the file, at
+    # finished_file(); show_bar: whether the client may draw its own progress bar on stderr
+    fetch: Callable[[Path, bool], Path] | None = None
     source: str = ""                   # "registry", "hf", ... for messages
 
 
@@ -150,7 +151,8 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True,
             return remote.sha256  # another process finished it while we waited
         partial = cache.incomplete(key)
         if remote.fetch is not None:
-            return _fetch_with_hub_client(remote, cache, partial, key)
+            return _fetch_with_hub_client(remote, cache, partial, key,
+                                          progress and sys.stderr.isatty())
         fresh_retry_left = True
         while True:
             resumed = partial.exists() and partial.stat().st_size > 0
@@ -171,7 +173,8 @@ def finished_file(workdir: Path) -> Path:
     return workdir.with_name(workdir.name + ".done")
 
 
-def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key: str) -> str:
+def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key: str,
+                           show_bar: bool) -> str:
     workdir = partial.parent / f"{key}.hub"
     finished = finished_file(workdir)
     if finished.is_file():  # a run killed between the hub client's download and our adopt
@@ -180,7 +183,7 @@ def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key:
             return _verify_and_adopt(remote, cache, partial)
         except IntegrityError:
             _note(f"{remote.name}: the copy a killed run left did not verify; fetching it again")
-    got = remote.fetch(workdir)
+    got = remote.fetch(workdir, show_bar)
     partial.unlink(missing_ok=True)
     got.replace(partial)
     return _verify_and_adopt(remote, cache, partial)

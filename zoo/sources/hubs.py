@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,8 +202,8 @@ class MSHub:
                 if r.get("Revision") not in ("master", "main")}
 
     def remote(self, repo: str, meta: FileMeta, revision: str, name: str | None = None) -> RemoteFile:
-        def fetch(workdir: Path) -> Path:
-            with self.errors(repo, revision):
+        def fetch(workdir: Path, show_bar: bool) -> Path:
+            with self.errors(repo, revision), _client_bars(show_bar):
                 got = self.api().download_file(repo, "model", meta.path, revision=revision,
                                                 local_dir=workdir, expected_sha256=meta.sha256,
                                                 file_size=meta.size)
@@ -238,6 +239,36 @@ class MSHub:
                               "MODELSCOPE_API_TOKEN") from None
         except ms.HubError as e:
             raise RemoteError(f"{where}: {_first_line(e)}") from None
+
+
+_bars_lock = threading.Lock()
+_bars_hushed = 0     # downloads running with modelscope-hub's bars off (pull fetches in threads)
+
+
+@contextmanager
+def _client_bars(show: bool) -> Iterator[None]:
+    """modelscope-hub draws a tqdm bar per file on stderr, terminal or not (`pull -q`, logs),
+    and download_file takes no switch for it: its module's tqdm is swapped for a disabled one
+    while any download that should show none runs."""
+    global _bars_hushed
+    if show:
+        yield
+        return
+    from modelscope_hub import _download as ms_download
+
+    with _bars_lock:
+        if _bars_hushed == 0:
+            real = ms_download.tqdm
+            ms_download.tqdm = lambda *a, **k: real(*a, **{**k, "disable": True})
+            ms_download.tqdm.real = real
+        _bars_hushed += 1
+    try:
+        yield
+    finally:
+        with _bars_lock:
+            _bars_hushed -= 1
+            if _bars_hushed == 0:
+                ms_download.tqdm = ms_download.tqdm.real
 
 
 # --- shared ------------------------------------------------------------------------------------

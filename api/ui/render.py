@@ -18,6 +18,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
 from ...zoo import __version__
+from ...zoo.cli.output import plural
 from ...zoo.errors import NotFound, OscarZooError
 
 HERE = Path(__file__).parent
@@ -43,11 +44,6 @@ def ticked(text: str | None) -> Markup:
     """Messages name commands in `backticks` (as the CLI prints them): escaped, then <code>."""
     parts = str(escape(text or "")).split("`")
     return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
-
-
-def plural(n: int, word: str) -> str:
-    """1 layer, 2 layers, 0 layers (English nouns this UI counts take an s)."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 templates.env.filters.update(size=human_size, when=short_time, ticked=ticked, plural=plural)

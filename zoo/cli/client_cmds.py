@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .output import emit, info, json_option, warn
+from .output import emit, info, json_option, plural, warn
 
 FORMAT_CHOICE = click.Choice(["safetensors", "sglang", "vllm"])
 
@@ -487,9 +487,11 @@ def _rm_data(plan, dry_run: bool) -> dict:
 
 
 def _rm_what(plan) -> str:
-    models = {b["model"] for b in plan.bundles}
-    return (f"{len(plan.bundles)} bundle(s) of {len(models)} model(s), {len(plan.paths)} path(s)"
-            if plan.bundles else f"{len(plan.refs)} ref(s), {len(plan.paths)} path(s)")
+    models = sorted({b["model"] for b in plan.bundles})
+    if not plan.bundles:
+        return f"{plural(len(plan.refs), 'ref')} and {plural(len(plan.paths), 'path')}"
+    return (f"{plural(len(plan.bundles), 'bundle')} of {', '.join(models)} "
+            f"({plural(len(plan.paths), 'path')})")
 
 
 def _rm_plan_text(plan) -> str:

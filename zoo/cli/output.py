@@ -11,6 +11,11 @@ import click
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 
 
+def plural(n: int, word: str) -> str:
+    """1 layer, 2 layers, 0 layers (the nouns counted here take an s)."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def emit(data: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> None:
     if as_json or human is None:
         click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))

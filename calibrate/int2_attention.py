@@ -44,19 +44,35 @@ def int2_backend(device: torch.device | str) -> str:
     return choice
 
 
-def kernel_quantizer(scale_dtype: torch.dtype = torch.float32, device=None) -> Quantizer:
+def kernel_quantizer(scale_dtype: torch.dtype = torch.float32, device=None,
+                     lloyd_max: bool = False) -> Quantizer:
     """The INT2 round trip of the kernels (or their bit-exact torch twin on CPUs) for tensors on
-    `device` (default: CUDA when present)."""
+    `device` (default: CUDA when present). lloyd_max: OSCAR's Lloyd-Max buckets instead of
+    uniform ones (torch on either device; one group per row)."""
     from oscar_zoo import kernels
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    fn = kernels.fake_quantize_kv if int2_backend(device) == "triton" else kernels.fake_quantize_kv_vectorized
+    if lloyd_max:
+        fn, backend = kernels.fake_quantize_kv_lloyd_max, "lloyd-max torch"
+    else:
+        backend = int2_backend(device)
+        fn = kernels.fake_quantize_kv if backend == "triton" else kernels.fake_quantize_kv_vectorized
 
     def q(x, rotation, clip, group_size, mean):
         return fn(x, rotation, clip, group_size, mean=mean, scale_dtype=scale_dtype)
 
-    q.backend = int2_backend(device)
+    q.backend = backend
+    q.kind = "lloyd_max" if lloyd_max else "uniform"
     return q
+
+
+def bundle_quantizer(manifest, device=None) -> Quantizer:
+    """The quantizer a bundle is served with (its quantization section): the scale dtype, and
+    Lloyd-Max buckets where it asks for them and keeps one group per row (OSCAR applies them only
+    on its single-scale path, oscar-spec 5)."""
+    q = manifest.quantization
+    lloyd = q.lloyd_max and q.group_size >= manifest.geometry.head_dim
+    return kernel_quantizer(getattr(torch, q.scale_dtype), device, lloyd_max=lloyd)
 
 
 def dequantized(x: torch.Tensor, rotation: torch.Tensor, clip: torch.Tensor, group_size: int,

@@ -285,7 +285,8 @@ def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, rec
         bf16_nll=total(nll["bf16"]), bits_int2_tier=bq,
         bits_at_context=bq * (1 - w / cfg.context_len) + 16 * w / cfg.context_len,
         variants=results, created_at=utc_now(), code_version=__version__, hardware=hardware(),
-        int2_backend=getattr(quantizer, "backend", None))
+        int2_backend=getattr(quantizer, "backend", None),
+        quantizer=getattr(quantizer, "kind", "uniform"))
 
 
 def _verdict(by: dict, cfg: ValidationConfig) -> tuple[bool, str]:

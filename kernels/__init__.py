@@ -28,6 +28,12 @@ fake_quantize_kv_vectorized(x, rotation, clip, group_size=None, mean=None, scale
     The same numbers as fake_quantize_kv from a few vectorised torch ops (vectorized.py): on a
     CPU, where the kernels run in Triton's interpreter, it is ~100x faster. Validation uses it there.
 
+quantize_kv_lloyd_max(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=None)
+fake_quantize_kv_lloyd_max(x, rotation, clip, group_size=None, mean=None, scale_dtype=torch.float32)
+    OSCAR's Lloyd-Max buckets (SGLANG_LLOYD_MAX=1, oscar-spec 5; lloyd_max.py) in quantize_kv's
+    format with one group per row: codes from the standardized row at +-0.981065 and 0, uniform
+    decode. torch ops (CPU or GPU): clip search and validation of Lloyd-Max models use them.
+
 Int2KVCache (cache.py): one layer's mixed cache for a batch: BF16 sink + recent rows
     [B, H, sink + recent, d], paged INT2 history [pages, H, page_size, d/4] + [.., 2G], a block
     table [B, max_pages], the rotations. `Int2KVCache.from_dense(keys, values, k_rotation,
@@ -44,7 +50,7 @@ clip_counts(clip, heads, d) -> int32 [H]: how many of a row's largest |x| reach 
 
 References (reference.py, float64): ref_quantize_kv, ref_quantize_rotated, ref_dequantize_kv,
 ref_fake_quantize_kv, ref_clip_threshold, ref_rotate, ref_attention, ref_cache_to_dense,
-ref_decode_attention, literal_codes; the module docstring says exactly what they compute.
+ref_decode_attention, literal_codes, ref_quantize_lloyd_max; the module docstring says exactly what they compute.
 """
 
 import torch
@@ -54,8 +60,10 @@ from .decode import decode_attention
 from .dequantize import dequantize_kv
 from .quantize import clip_counts, quantize_kv
 from .vectorized import fake_quantize_kv_vectorized
+from .lloyd_max import fake_quantize_kv_lloyd_max, quantize_kv_lloyd_max
 from .reference import (literal_codes, ref_attention, ref_cache_to_dense, ref_clip_threshold, ref_decode_attention,
-                        ref_dequantize_kv, ref_fake_quantize_kv, ref_quantize_kv, ref_quantize_rotated, ref_rotate)
+                        ref_dequantize_kv, ref_fake_quantize_kv, ref_quantize_kv, ref_quantize_lloyd_max,
+                        ref_quantize_rotated, ref_rotate)
 
 
 def fake_quantize_kv(x, rotation, clip, group_size=None, mean=None, scale_dtype=torch.float32) -> torch.Tensor:
@@ -66,7 +74,8 @@ def fake_quantize_kv(x, rotation, clip, group_size=None, mean=None, scale_dtype=
 
 __all__ = [
     "Int2KVCache", "clip_counts", "decode_attention", "dequantize_kv", "fake_quantize_kv",
-    "fake_quantize_kv_vectorized", "quantize_kv",
+    "fake_quantize_kv_lloyd_max", "fake_quantize_kv_vectorized", "quantize_kv", "quantize_kv_lloyd_max",
     "literal_codes", "ref_attention", "ref_cache_to_dense", "ref_clip_threshold", "ref_decode_attention",
-    "ref_dequantize_kv", "ref_fake_quantize_kv", "ref_quantize_kv", "ref_quantize_rotated", "ref_rotate",
+    "ref_dequantize_kv", "ref_fake_quantize_kv", "ref_quantize_kv", "ref_quantize_lloyd_max", "ref_quantize_rotated",
+    "ref_rotate",
 ]

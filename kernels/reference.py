@@ -203,3 +203,26 @@ def ref_decode_attention(q: torch.Tensor, cache, sm_scale: float | None = None) 
     q_rot = rotate_heads(q, cache.k_rotation, group=grp)
     o_rot = ref_attention(q_rot, keys, values, sm_scale)
     return rotate_heads(o_rot, cache.v_rotation, transpose=True, group=grp)
+
+
+# --- Lloyd-Max buckets (oscar-spec 5) -------------------------------------------------------------
+# Restated from the spec rather than imported, so that the reference does not share a typo with
+# kernels/lloyd_max.py: boundaries +-0.981065 and 0 on z = (x - mu) / sqrt(var + 1e-8); levels
+# mu + (code - 1.5) * (2 * 1.5095586 / 3) * 1.16 * sigma.
+LM_BOUNDARY = 0.981065
+LM_STEP = 2 * 1.5095586 / 3 * 1.16
+
+
+def ref_quantize_lloyd_max(xr: torch.Tensor, clip, scale_dtype=torch.float32):
+    """Lloyd-Max buckets of rows already rotated (float32 [tokens, kv_heads, d]), one scale per
+    row, in float64. Returns (codes uint8 [t, h, d], z float64 [t, h, d], scale [t, h],
+    zero [t, h]) with scale and zero in scale_dtype."""
+    thr = ref_clip_threshold(xr, clip)[..., None]
+    xc = torch.maximum(torch.minimum(xr.double(), thr), -thr)
+    mu = xc.mean(-1, keepdim=True)
+    sigma = torch.sqrt(((xc - mu) ** 2).mean(-1, keepdim=True) + 1e-8)
+    z = (xc - mu) / sigma
+    codes = sum((z >= b).to(torch.uint8) for b in (-LM_BOUNDARY, 0.0, LM_BOUNDARY))
+    scale = to_storage(LM_STEP * sigma[..., 0], scale_dtype, "scale")
+    zero = to_storage(1.5 - mu[..., 0] / scale.double(), scale_dtype, "zero")
+    return codes, z, scale, zero

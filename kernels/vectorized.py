@@ -33,19 +33,26 @@ def _rotated(x: torch.Tensor, rotation, mean) -> torch.Tensor:
     return xr
 
 
-def fake_quantize_kv_vectorized(x, rotation, clip, group_size=None, mean=None,
-                                scale_dtype=torch.float32) -> torch.Tensor:
-    """float32 [T, H, d] in the rotated (centered) basis, like kernels.fake_quantize_kv."""
-    t, h, d = check_x(x)
-    check_scale_dtype(scale_dtype)
-    ng = group_count(d, group_size)
+def rotated_clamped(x: torch.Tensor, rotation, clip, mean=None) -> torch.Tensor:
+    """(x - mean) @ R in float32, each row clamped at its sort-semantics |x| quantile (oscar-spec
+    2.9), as the kernel holds it before the codes: [T, H, d] f32."""
+    t, h, d = x.shape
     xr = _rotated(x, rotation, mean)                                       # [T, H, d] f32
     ratio = clip_ratios(clip, h)                                           # [H] f64
     idx = torch.clamp(torch.floor(ratio * d), 0, d - 1).long()             # [H]
     srt = xr.abs().sort(dim=-1).values
     thr = srt.gather(-1, idx.to(x.device)[None, :, None].expand(t, h, 1))  # [T, H, 1]
     thr = torch.where((ratio <= 0).to(x.device)[None, :, None], torch.inf, thr)
-    xg = torch.maximum(torch.minimum(xr, thr), -thr).view(t, h, ng, d // ng)
+    return torch.maximum(torch.minimum(xr, thr), -thr)
+
+
+def fake_quantize_kv_vectorized(x, rotation, clip, group_size=None, mean=None,
+                                scale_dtype=torch.float32) -> torch.Tensor:
+    """float32 [T, H, d] in the rotated (centered) basis, like kernels.fake_quantize_kv."""
+    t, h, d = check_x(x)
+    check_scale_dtype(scale_dtype)
+    ng = group_count(d, group_size)
+    xg = rotated_clamped(x, rotation, clip, mean).view(t, h, ng, d // ng)
     mx, mn = xg.amax(-1).double(), xg.amin(-1).double()                    # [T, H, G]
     scale = to_storage(torch.clamp(mx - mn, min=1e-8) / 3.0, scale_dtype, "scale")
     zero = to_storage(-mn / scale.double(), scale_dtype, "zero")

@@ -187,6 +187,7 @@ class Validation(Strict):
     code_version: str
     hardware: str | None = None
     int2_backend: str | None = None       # triton kernels, or their bit-exact vectorized twin
+    quantizer: Literal["uniform", "lloyd_max"] = "uniform"   # the INT2 buckets simulated
 
 
 class FileEntry(Strict):

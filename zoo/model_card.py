@@ -48,7 +48,8 @@ def render_card(m: Manifest) -> str:
         f"| clip ratios | K {c.k_global:g} / V {c.v_global:g} (granularity {c.granularity}"
         f"{', searched' if c.searched else ''}) |",
         f"| INT2 cache | group {q.group_size}, {q.scale_dtype} scale/zero, "
-        f"BF16 sink {q.sink_tokens} + recent {q.recent_tokens} |",
+        f"BF16 sink {q.sink_tokens} + recent {q.recent_tokens}"
+        f"{', Lloyd-Max buckets (SGLANG_LLOYD_MAX=1)' if q.lloyd_max else ''} |",
         f"| calibration | {m.calibration.source}, {m.calibration.tokens or '?'} tokens of "
         f"{m.calibration.dataset or 'unknown data'} |",
     ]
@@ -66,7 +67,9 @@ def _validation_section(m: Manifest) -> list[str]:
     v = m.validation
     out = ["", "## Validation", "",
            f"Extra next-token loss vs BF16 at context {v.context_len} (sink {v.sink_tokens}, "
-           f"recent {v.recent_tokens}, group {v.group_size}, {v.eval_tokens} tokens of {v.dataset}). "
+           f"recent {v.recent_tokens}, group {v.group_size}"
+           f"{', Lloyd-Max buckets' if v.quantizer == 'lloyd_max' else ''}, "
+           f"{v.eval_tokens} tokens of {v.dataset}). "
            f"Result: **{'passed' if v.passed else 'failed'}** ({v.criterion}).", "",
            "| variant | extra loss (nats/token) | KL | attention rel. error |", "|---|---|---|---|"]
     for r in v.variants:

@@ -11,7 +11,7 @@ import torch
 
 from oscar_zoo.calibrate import capture
 from oscar_zoo.calibrate.data import load_text
-from oscar_zoo.calibrate.int2_attention import kernel_quantizer
+from oscar_zoo.calibrate.int2_attention import bundle_quantizer, kernel_quantizer
 from oscar_zoo.calibrate.validate import (BUILTIN, ValidationConfig, check_held_out, eval_windows,
                                           validate)
 from oscar_zoo.zoo.bundle import Bundle
@@ -104,6 +104,19 @@ def test_unknown_baselines_are_refused_before_the_model_runs():
     with pytest.raises(InvalidInput, match=r"unknown baselines \['hadamrd'\]"):
         validate(_bundle(), _stand_in_model(), _never,
                  ValidationConfig(context_len=512, baselines=("hadamrd", "naive")), quantizer=None)
+
+
+def _lloyd_max(b: Bundle) -> Bundle:
+    q = b.manifest.quantization.model_copy(update={"lloyd_max": True})
+    b.manifest = b.manifest.model_copy(update={"quantization": q})
+    return b
+
+
+def test_lloyd_max_buckets_apply_only_with_one_group_per_row():
+    # OSCAR's Lloyd-Max path is its single-scale kernel: a 2-group bundle is served uniform
+    assert bundle_quantizer(_bundle(2).manifest, "cpu").kind == "uniform"
+    assert bundle_quantizer(_lloyd_max(_bundle(2, group=64)).manifest, "cpu").kind == "lloyd_max"
+    assert bundle_quantizer(_lloyd_max(_bundle(2, group=32)).manifest, "cpu").kind == "uniform"
 
 
 # --- on the test model -------------------------------------------------------------------------
@@ -255,3 +268,20 @@ def test_validation_matches_a_float64_reference(truncated_model):
     # fp32 scale and zero per group of 32: 2 + 64/32 bits; 24 of 96 tokens stay BF16
     assert report.bits_int2_tier == 4.0
     assert report.bits_at_context == pytest.approx(4.0 * 72 / 96 + 16 * 24 / 96)
+
+
+@pytest.mark.model
+def test_a_lloyd_max_bundle_is_validated_with_lloyd_max_buckets(truncated_model):
+    """SGLANG_LLOYD_MAX=1 models (minimax-m2.7, qwen3.5-35b-a3b) were validated with uniform
+    buckets: the report measured a cache the engine does not hold."""
+    model, tok = truncated_model(2)
+    b = _bundle(2, SINK, RECENT, group=64)
+    cfg = ValidationConfig(context_len=T, windows=1, baselines=("naive",))
+    uniform = validate(b, model, tok, cfg, bundle_quantizer(b.manifest, "cpu"))
+    lloyd = validate(_lloyd_max(b), model, tok, cfg, bundle_quantizer(b.manifest, "cpu"))
+    assert (uniform.quantizer, lloyd.quantizer) == ("uniform", "lloyd_max")
+    assert lloyd.int2_backend == "lloyd-max torch" and uniform.int2_backend == "vectorized"
+    ours, theirs = lloyd.variants[0], uniform.variants[0]
+    assert ours.name == theirs.name == "bundle"
+    assert ours.delta_nll != theirs.delta_nll and ours.attn_rel_error != theirs.attn_rel_error
+

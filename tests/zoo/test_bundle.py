@@ -160,6 +160,17 @@ def test_model_card_has_front_matter_and_recipe(tmp_path):
     # the files `pull --format sglang` writes, not k_rotation.pt (OSCAR's loader then fails)
     assert "SGLANG_OSCAR_K_ROTATION_PATH='<dir>/k_rotation_qqt_r_h_pbr.pt'" in card
     assert "SGLANG_OSCAR_V_ROTATION_PATH='<dir>/v_rotation_sst_r_h_pbr.pt'" in card
+    assert "Lloyd-Max" not in card
+
+
+def test_a_lloyd_max_bundles_card_says_so_in_its_cache_row(tmp_path):
+    bundle = random_bundle()
+    q = bundle.manifest.quantization.model_copy(update={"lloyd_max": True})
+    bundle.manifest = bundle.manifest.model_copy(update={"quantization": q})
+    B.write(bundle, tmp_path / "b")
+    card = (tmp_path / "b" / CARD).read_text()
+    cache_row = next(line for line in card.splitlines() if line.startswith("| INT2 cache |"))
+    assert "Lloyd-Max buckets (SGLANG_LLOYD_MAX=1)" in cache_row and "SGLANG_LLOYD_MAX=1" in card
 
 
 def test_a_layers_output_is_verified_against_its_partial_json(tmp_path):

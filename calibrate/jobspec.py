@@ -74,6 +74,9 @@ class JobSpec(Strict):
     scale_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     sink_tokens: int | None = Field(None, ge=0, le=1 << 20)
     recent_tokens: int | None = Field(None, ge=0, le=1 << 20)
+    # Lloyd-Max INT2 buckets (SGLANG_LLOYD_MAX=1, oscar-spec 5) in clip search and validation,
+    # recorded in the manifest; needs group_size == head_dim. None: the catalog's.
+    lloyd_max: bool | None = None
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     publish: bool = True
     aliases: list[str] = Field(default_factory=list, max_length=16)
@@ -159,9 +162,10 @@ def int2_defaults(entry: catalog.CatalogEntry | None) -> dict:
     """The INT2 cache a model is served with (OSCAR's shipped settings for it): what clip search
     and validation must simulate. For a job spec and for `oscar-zoo calibrate` alike."""
     if entry is None:
-        return {"sink_tokens": 64, "recent_tokens": 256}
+        return {"sink_tokens": 64, "recent_tokens": 256, "lloyd_max": False}
     return {"sink_tokens": entry.sink_tokens, "recent_tokens": entry.recent_tokens,
-            "group_size": min(entry.group_size, entry.geometry.head_dim)}
+            "group_size": min(entry.group_size, entry.geometry.head_dim),
+            "lloyd_max": entry.lloyd_max}
 
 
 def check_windows(sink: int, recent: int, seq_len: int | None = None,
@@ -242,12 +246,14 @@ def _check_ray_resources(resources: dict[str, float]) -> None:
 
 
 def _check_geometry(spec: JobSpec, geometry: ModelGeometry) -> None:
-    check_int2_geometry(spec.group_size, geometry)
+    check_int2_geometry(spec.group_size, geometry, lloyd_max=bool(spec.lloyd_max))
 
 
-def check_int2_geometry(group_size: int | None, geometry: ModelGeometry) -> None:
+def check_int2_geometry(group_size: int | None, geometry: ModelGeometry,
+                        lloyd_max: bool = False) -> None:
     """What OSCAR's Hadamard step and the INT2 kernels need of a model's head dims and of the
-    group size (None: the default). Raises InvalidInput; run before the calibration passes."""
+    group size (None: the default), and Lloyd-Max of the group size. Raises InvalidInput; run
+    before the calibration passes."""
     dims = sorted({geometry.head_dim_of(i) for i in geometry.layers()})
     odd = [d for d in dims if d < 64 or d & (d - 1)]
     if odd:
@@ -262,3 +268,13 @@ def check_int2_geometry(group_size: int | None, geometry: ModelGeometry) -> None
     if g * 4 < max(dims):
         raise InvalidInput(f"group_size {g} is below head_dim/4 = {max(dims) // 4}, which the "
                            "INT2 decode kernel needs; use a larger group")
+    if lloyd_max and g != max(dims):
+        # SGLang's grouped kernels ignore SGLANG_LLOYD_MAX: a bundle calibrated for Lloyd-Max
+        # with smaller groups would be served uniform, not as it was tuned and validated.
+        fix = (f"use group_size {dims[0]}" if len(dims) == 1 else
+               f"no single group size fits head_dims {', '.join(map(str, dims))}")
+        raise InvalidInput(f"lloyd_max needs group_size == head_dim: OSCAR's Lloyd-Max path "
+                           f"(SGLANG_LLOYD_MAX=1) is its single-scale kernel, one scale per row, "
+                           f"and group_size {g} is below head_dim {max(dims)}; {fix}, or set "
+                           "lloyd_max false (--uniform) to calibrate for uniform INT2 (the "
+                           "catalog's default for this model may have turned it on)")

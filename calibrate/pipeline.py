@@ -57,6 +57,7 @@ class CalibrationConfig:
     scale_dtype: str = "float32"
     sink_tokens: int = 64
     recent_tokens: int = 256
+    lloyd_max: bool = False           # Lloyd-Max INT2 buckets, as SGLANG_LLOYD_MAX=1 (oscar-spec 5)
 
     def check(self) -> None:
         if self.k_objective not in ("qqt", "ktk", "hadamard"):
@@ -114,7 +115,8 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     model, tok = loaded if loaded is not None else load_model(src)
     capture.install(model)
     geometry = model_geometry(model)
-    jobspec.check_int2_geometry(cfg.group_size, geometry)   # before the passes, not at the first kernel
+    # before the passes, not at the first kernel
+    jobspec.check_int2_geometry(cfg.group_size, geometry, lloyd_max=cfg.lloyd_max)
     timings["loading"] = time.perf_counter() - t0
 
     text = load_text(cfg.data, "calibration", cfg.text_field)
@@ -298,7 +300,8 @@ def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_s
                 for lid in geometry.layers()}
     rows = clip_search.query_rows(cfg.seq_len, cfg.sink_tokens, cfg.recent_tokens,
                                   cfg.clip_queries, cfg.seed)
-    quantizer = kernel_quantizer(_dtype(cfg.scale_dtype), model.device)
+    # the INT2 the bundle is served with: Lloyd-Max buckets where its model is served so
+    quantizer = kernel_quantizer(_dtype(cfg.scale_dtype), model.device, lloyd_max=cfg.lloyd_max)
     out: dict[int, clip_search.LayerClips] = {}
     layers = geometry.layers()
 
@@ -359,7 +362,7 @@ def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
         method=_method(cfg),
         quantization=Quantization(group_size=group_size(cfg, geometry),
                                   scale_dtype=cfg.scale_dtype, sink_tokens=cfg.sink_tokens,
-                                  recent_tokens=cfg.recent_tokens),
+                                  recent_tokens=cfg.recent_tokens, lloyd_max=cfg.lloyd_max),
         clip=Clip(granularity=gran, searched=cfg.clip_search, k_global=k_global, v_global=v_global,
                   k_min=float(k_vals.min()), k_median=float(np.median(k_vals)), k_max=float(k_vals.max()),
                   v_min=float(v_vals.min()), v_median=float(np.median(v_vals)), v_max=float(v_vals.max())),

@@ -36,7 +36,8 @@ def calibration_config(spec: jobspec.JobSpec):
             "k_objective", "v_objective", "composition", "granularity", "key_centering",
             "clip_search", "clip_per_head", "clip_windows", "clip_queries", "k_clip", "v_clip",
             "group_size", "scale_dtype", "sink_tokens", "recent_tokens")
-    return CalibrationConfig(**{k: getattr(spec, k) for k in keys})
+    # A spec stored before lloyd_max existed (None) ran uniform INT2, and still does.
+    return CalibrationConfig(**{k: getattr(spec, k) for k in keys}, lloyd_max=bool(spec.lloyd_max))
 
 
 def validation_config(spec: jobspec.JobSpec):
@@ -61,11 +62,9 @@ def stamp(manifest, job: dict, spec: jobspec.JobSpec):
 
 def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> dict:
     """The whole job short of publishing; returns what the `done` event carries."""
-    import torch
-
     from oscar_zoo.zoo.bundle import write
 
-    from .int2_attention import kernel_quantizer
+    from .int2_attention import bundle_quantizer
     from .loading import load_model, resolve_source
     from .pipeline import calibrate
     from .validate import eval_windows, validate
@@ -99,7 +98,7 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
         t = time.perf_counter()
         # validate() reports after each forward; say at once that it started (of N steps).
         progress("validating", 0, vcfg.windows * (2 + len(vcfg.baselines)))
-        quantizer = kernel_quantizer(getattr(torch, spec.scale_dtype))
+        quantizer = bundle_quantizer(bundle.manifest)   # as the bundle is served (Lloyd-Max or uniform)
         report = validate(bundle, model, tok, vcfg, quantizer, progress=progress, held_out=held_out)
         timings["validating"] = time.perf_counter() - t
         bundle.manifest = bundle.manifest.model_copy(update={"validation": report})

@@ -78,6 +78,22 @@ def _layer_note(layers: list[int] | None) -> list[str]:
             "give each stage the files with its own layers."]
 
 
+def _lloyd_note(report: dict | None) -> str:
+    """What SGLANG_LLOYD_MAX=1 serves beside what this bundle's validation report measured (its
+    `quantizer`; a report from before that field measured uniform INT2)."""
+    served = ("SGLANG_LLOYD_MAX=1 is how OSCAR serves this model: Lloyd-Max buckets when a "
+              "prefill is quantized, uniform INT2 for decoded tokens (oscar-spec 5).")
+    if report is None:
+        return served + " This bundle has no validation report."
+    if report.get("quantizer") == "lloyd_max":
+        return (served + " oscar-zoo's validation simulated Lloyd-Max buckets for every INT2 "
+                "token, while SGLang buckets prefill tokens so and quantizes decoded tokens "
+                "uniform. Dropping the variable serves uniform INT2, which this bundle was not "
+                "validated with.")
+    return (served + " This bundle's validation report measured uniform INT2; drop the variable "
+            "to serve what it measured.")
+
+
 def _absorbs_v(m: dict) -> bool:
     """Whether SGLang may fold R_v into the weights: one rotation per layer (folding is invalid
     per KV head, oscar-spec 1.3) and model code that supports these weights."""
@@ -107,9 +123,7 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     lloyd = []
     if q.get("lloyd_max"):
         env["SGLANG_LLOYD_MAX"] = "1"
-        lloyd = ["SGLANG_LLOYD_MAX=1 is how OSCAR serves this model: Lloyd-Max buckets when a "
-                 "prefill is quantized, uniform INT2 for decoded tokens (oscar-spec 5). oscar-zoo's "
-                 "validation measures uniform INT2; drop the variable to serve what it measured."]
+        lloyd = [_lloyd_note(m.get("validation"))]
     command = ["python", "-m", "sglang.launch_server", "--model-path", m["model"]["hub_id"],
                "--kv-cache-dtype", "int2", "--kv-cache-quant-group-size", str(q["group_size"]),
                "--prefill-attention-backend", "fa3", "--decode-attention-backend", "triton"]

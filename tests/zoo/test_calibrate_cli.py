@@ -148,3 +148,61 @@ def test_lengths_that_measure_nothing_are_refused_before_the_model_loads(monkeyp
     argv = [a.format(b=b.path, o=tmp_path / "o") for a in args]
     r = CliRunner().invoke(cli, argv)
     assert r.exit_code == 1 and says in r.stderr, r.output
+
+
+@pytest.mark.parametrize("model, flags, lloyd", [
+    ("minimax-m2.7", [], True), ("qwen3.5-35b-a3b", [], True),   # OSCAR serves them so
+    ("minimax-m2.7", ["--uniform"], False),
+    ("smollm2-135m", [], False), ("smollm2-135m", ["--lloyd-max"], True)])
+def test_calibrate_takes_lloyd_max_from_the_catalog_unless_told(monkeypatch, tmp_path, model,
+                                                                 flags, lloyd):
+    """The command calibrated every model for uniform INT2, Lloyd-Max served or not."""
+    seen = _capture_config(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", model, *flags, "--out", str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop), r.output
+    assert seen[0].lloyd_max is lloyd
+
+
+def test_calibrate_refuses_lloyd_max_with_groups_before_loading(monkeypatch, tmp_path):
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the group size was checked")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    monkeypatch.setattr(pipeline, "load_model", never)
+    seen = _capture_config(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3.5-35b-a3b", "--group-size", "128", "--out",
+                                 str(tmp_path / "b")])
+    assert r.exit_code == 1 and "lloyd_max needs group_size == head_dim" in r.stderr, r.output
+    assert "--uniform" in r.stderr and not seen
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3.5-35b-a3b", "--group-size", "128",
+                                 "--uniform", "--out", str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop), r.output
+
+
+def test_validation_in_the_cli_uses_the_bundles_quantizer(monkeypatch, tmp_path):
+    """It built kernel_quantizer(scale dtype): uniform INT2 for a Lloyd-Max bundle too. The
+    stand-in bundle_quantizer records its call."""
+    import oscar_zoo.calibrate.int2_attention as int2_attention
+
+    b = bundle_mod.read(make_bundle(tmp_path / "b", model="qwen3-8b").path)
+    calls = []
+    monkeypatch.setattr(int2_attention, "bundle_quantizer",
+                        lambda manifest, device=None: calls.append((manifest, device)) or "q",
+                        raising=False)
+    assert calibrate_cmds._quantizer(b, SimpleNamespace(device="cuda:1")) == "q"
+    assert calls == [(b.manifest, "cuda:1")]
+
+
+def _report(**extra) -> dict:
+    return {"context_len": 2048, "sink_tokens": 128, "recent_tokens": 1024, "group_size": 128,
+            "scale_dtype": "float32", "bits_int2_tier": 2.5, "bits_at_context": 9.0,
+            "eval_tokens": 12288, "dataset": "builtin:pydoc", "bf16_nll": 2.0, "variants": [],
+            "passed": True, "criterion": "extra loss <= Hadamard's + 0.05 nats", **extra}
+
+
+@pytest.mark.parametrize("extra, says", [({"quantizer": "lloyd_max"}, "Lloyd-Max INT2 buckets"),
+                                         ({"quantizer": "uniform"}, "uniform INT2"),
+                                         ({}, "uniform INT2")])   # a report from before the field
+def test_the_validate_report_says_which_quantizer_it_simulated(extra, says):
+    first = calibrate_cmds._human_report(_report(**extra)).splitlines()[0]
+    assert first.startswith("context 2048 (sink 128, recent 1024") and says in first

@@ -66,3 +66,36 @@ def test_a_manifest_without_an_architecture_falls_back_to_the_catalogs():
     m = _manifest("qwen3-8b").model_dump(mode="json")
     m["model"]["architecture"] = None
     assert sglang_recipe(m, "k.pt", "v.pt").env["SGLANG_OSCAR_ABSORB_V_ROTATION"] == "1"
+
+
+def _validated(model: str, quantizer: str | None) -> dict:
+    """The manifest as bundle.json holds it, with a validation report that simulated
+    `quantizer` (None: a report written before reports said; only its field matters here)."""
+    m = _manifest(model).model_dump(mode="json")
+    m["validation"] = {"passed": True} | ({} if quantizer is None else {"quantizer": quantizer})
+    return m
+
+
+def test_a_lloyd_max_validated_bundle_is_not_told_to_drop_the_variable():
+    """The note said oscar-zoo's validation measures uniform INT2 and to drop SGLANG_LLOYD_MAX
+    to serve what it measured; a bundle validated with Lloyd-Max buckets was not."""
+    recipe = sglang_recipe(_validated("minimax-m2.7", "lloyd_max"), "k.pt", "v.pt")
+    assert recipe.env["SGLANG_LLOYD_MAX"] == "1"
+    note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
+    assert "simulated Lloyd-Max buckets for every INT2 token" in note
+    assert "decoded tokens uniform" in note and "oscar-spec 5" in note
+    assert "serves uniform INT2, which this bundle was not validated with" in note
+    assert "drop the variable to serve" not in note
+
+
+@pytest.mark.parametrize("quantizer", ["uniform", None])
+def test_a_uniform_validated_lloyd_max_bundle_says_its_report_measured_uniform(quantizer):
+    recipe = sglang_recipe(_validated("qwen3.5-35b-a3b", quantizer), "k.pt", "v.pt")
+    note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
+    assert "validation report measured uniform INT2" in note and "Lloyd-Max buckets for every" not in note
+
+
+def test_an_unvalidated_lloyd_max_bundle_claims_no_measurement():
+    recipe = sglang_recipe(_manifest("minimax-m2.7"), "k.pt", "v.pt")
+    note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
+    assert "no validation report" in note and "measure" not in note

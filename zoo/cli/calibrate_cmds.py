@@ -65,13 +65,18 @@ class PhaseBars:
 @click.option("--group-size", type=int, help="INT2 quantization group [default: the model's, at most head_dim].")
 @click.option("--scale-dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
               show_default=True, help="Scale/zero dtype of the INT2 cache (SGLang's default is float32).")
+@click.option("--lloyd-max/--uniform", "lloyd_max", default=None,
+              help="INT2 buckets to simulate (clip search, validation) and record for serving: "
+                   "Lloyd-Max, as SGLANG_LLOYD_MAX=1 (needs group size = head_dim), or uniform "
+                   "min/max [default: how OSCAR serves the model, from the catalog].")
 @click.option("--validate/--no-validate", "run_validation", default=False,
               help="Validate the bundle on held-out text right after calibrating (exit 1 if it fails).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @json_option
 def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size, seed, revision,
                       k_objective, v_objective, composition, granularity, key_centering, clip_search,
-                      clip_per_head, group_size, scale_dtype, run_validation, overwrite, as_json):
+                      clip_per_head, group_size, scale_dtype, lloyd_max, run_validation, overwrite,
+                      as_json):
     """Calibrate MODEL (catalog name, hub id, local dir or .gguf) into a rotation bundle."""
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
@@ -93,10 +98,11 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         composition=composition, granularity=granularity, key_centering=key_centering,
         clip_search=clip_search, clip_per_head=clip_per_head, scale_dtype=scale_dtype,
         group_size=group_size or int2.get("group_size"), sink_tokens=int2["sink_tokens"],
-        recent_tokens=int2["recent_tokens"])
+        recent_tokens=int2["recent_tokens"],
+        lloyd_max=int2["lloyd_max"] if lloyd_max is None else lloyd_max)
     cfg.check()  # before a load: a bad length must not cost one
     if src.entry is not None:   # a catalog model's geometry is known: a bad group costs no load
-        check_int2_geometry(cfg.group_size, src.entry.geometry)
+        check_int2_geometry(cfg.group_size, src.entry.geometry, lloyd_max=cfg.lloyd_max)
     if run_validation:
         ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
     bars = PhaseBars()
@@ -138,11 +144,10 @@ def _validate_in_place(bundle, loaded, bars):
 
 
 def _quantizer(bundle, model):
-    import torch
+    """The INT2 the bundle is served with: its scale dtype, Lloyd-Max buckets where it says so."""
+    from oscar_zoo.calibrate.int2_attention import bundle_quantizer
 
-    from oscar_zoo.calibrate.int2_attention import kernel_quantizer
-
-    return kernel_quantizer(getattr(torch, bundle.manifest.quantization.scale_dtype), model.device)
+    return bundle_quantizer(bundle.manifest, model.device)
 
 
 def _human(d: dict) -> str:
@@ -221,9 +226,15 @@ def _bundle_model(ref, model: str | None):
                             "from") from None
 
 
+# what validation simulated; reports from before the field existed all measured uniform INT2
+_QUANTIZERS = {"uniform": "uniform INT2", "lloyd_max": "Lloyd-Max INT2 buckets"}
+
+
 def _human_report(r: dict) -> str:
+    quantizer = r.get("quantizer") or "uniform"
     lines = [f"context {r['context_len']} (sink {r['sink_tokens']}, recent {r['recent_tokens']}, "
-             f"group {r['group_size']}, {r['scale_dtype']} scales; {r['bits_int2_tier']:.2f} bits in the "
+             f"group {r['group_size']}, {r['scale_dtype']} scales, {_QUANTIZERS.get(quantizer, quantizer)}; "
+             f"{r['bits_int2_tier']:.2f} bits in the "
              f"INT2 tier, {r['bits_at_context']:.2f} at this context), {r['eval_tokens']:,} tokens of {r['dataset']}",
              f"BF16 loss {r['bf16_nll']:.4f} nats/token", "",
              f"{'variant':15} {'extra loss':>11} {'set A':>9} {'set B':>9} {'KL':>8} {'attn err':>9}"]

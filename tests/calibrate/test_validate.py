@@ -119,6 +119,26 @@ def test_lloyd_max_buckets_apply_only_with_one_group_per_row():
     assert bundle_quantizer(_lloyd_max(_bundle(2, group=32)).manifest, "cpu").kind == "uniform"
 
 
+@pytest.mark.parametrize("naive, passed, says", [
+    (0.30, True, None),
+    (0.06, False, None),                       # ours above half of naive's: failed, judged
+    (-0.52, False, "naive INT2's extra loss is -0.5200 nats, no worse than BF16"),
+    (0.0, False, "naive INT2's extra loss is +0.0000 nats"),
+])
+def test_the_verdict_names_a_naive_baseline_that_costs_nothing(naive, passed, says):
+    """A cut model (BF16 loss 21 nats/token) had naive INT2 below BF16: "at most half of naive's
+    extra loss" then failed every bundle under a criterion that did not say why."""
+    from oscar_zoo.calibrate.validate import _verdict
+    from oscar_zoo.zoo.manifest import VariantResult
+
+    by = {name: VariantResult(name=name, delta_nll=d, kl=0.0, attn_rel_error=0.0)
+          for name, d in (("bundle", 0.04), ("hadamard", 0.2), ("naive", naive))}
+    ok, criterion = _verdict(by, ValidationConfig())
+    assert ok is passed
+    assert (says is None and "not judged" not in criterion) or (says in criterion
+                                                                and "more --windows" in criterion)
+
+
 # --- on the test model -------------------------------------------------------------------------
 
 SINK, RECENT, T = 8, 16, 96

@@ -22,7 +22,7 @@ bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo 
 @dataclass(frozen=True)
 class Caller:
     """The token a request came with: its actor name (created_by, the audit log), its id (who
-    owns a job: names are not unique) and whether it holds the admin scope."""
+    owns a job: a revoked token's name may be reused) and whether it holds the admin scope."""
     actor: str
     token_id: int
     admin: bool

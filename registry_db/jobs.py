@@ -20,8 +20,8 @@ attached task's alone.
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
 
-Ownership: a job records the id of the token that submitted it (names are not unique); only
-that token or an admin token may cancel it. A retry with the job's idempotency key by another
+Ownership: a job records the id of the token that submitted it (a revoked token's name may be
+taken again); only that token or an admin token may cancel it. A retry with the job's idempotency key by another
 token gets the job, not its ownership.
 
 Naming a job: the user's side (read, follow, cancel) takes the whole id or a unique prefix of at

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey,
-                        Index, Integer, MetaData, String, Text, TypeDecorator, UniqueConstraint)
+                        Index, Integer, MetaData, String, Text, TypeDecorator, UniqueConstraint,
+                        text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 STATUSES = ("draft", "published", "yanked")
@@ -209,9 +210,9 @@ class Job(Base):
     # Migration 0007: the task processes (lease_holder names) a later task's attach replaced
     # under this claim; none of them may attach again.
     fenced_holders: Mapped[list[Any] | None]
-    # Migration 0008: the token that submitted the job, by id (created_by is its name, and
-    # names are not unique): it, or an admin token, may cancel the job. NULL for jobs stored
-    # before, which only an admin token may cancel.
+    # Migration 0008: the token that submitted the job, by id (created_by is its name, which a
+    # later token may take once it is revoked): it, or an admin token, may cancel the job. NULL
+    # for jobs stored before, which only an admin token may cancel.
     created_by_token_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("api_tokens.id"))
 
 
@@ -257,6 +258,11 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(200))
     revoked_at: Mapped[datetime | None]
+
+    # a live token's name is the actor of its writes: one token per name (revoked ones keep theirs)
+    __table_args__ = (Index("uq_api_tokens_live_name", "name", unique=True,
+                            sqlite_where=text("revoked_at IS NULL"),
+                            postgresql_where=text("revoked_at IS NULL")),)
 
 
 class AuditEvent(Base):

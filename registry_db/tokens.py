@@ -13,14 +13,16 @@ import secrets
 from datetime import datetime, timezone
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..zoo.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from ..zoo.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from . import audit
 from .models import SCOPES, ApiToken
 
 PREFIX = "ozk_"
 _SHAPE = re.compile(r"ozk_[A-Za-z0-9_-]{43}")
+_AUTO_NAME = re.compile(r"token-\d+")
 ACTOR = "token:"
 ACTOR_MAX = 200                          # created_by, updated_by and the audit log's actor
 NAME_MAX = ACTOR_MAX - len(ACTOR)        # so that token:<name> fits
@@ -40,16 +42,36 @@ def create_token(session: Session, scopes: list[str], name: str = "",
     if bad or not scopes:
         raise InvalidInput(f"unknown scope(s) {bad or '(none)'}; choose from {', '.join(SCOPES)}")
     _check_name(name)
+    _check_free(session, name)
     token = PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(name=name, prefix=token[:12], token_hash=hash_token(token),
-                   scopes=sorted(set(scopes)), created_by=created_by)
+    # an unnamed token is token-<id>, known after the insert; until then a name no one can pick
+    # (names are unique among live tokens, and two unnamed ones may be made at once)
+    row = ApiToken(name=name or f"\x01{secrets.token_hex(16)}", prefix=token[:12],
+                   token_hash=hash_token(token), scopes=sorted(set(scopes)), created_by=created_by)
     session.add(row)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:              # the same name, made at the same moment
+        raise Conflict(f"a live token is already named {name!r}; choose another name") from None
     # not from the token's characters: the name is the public actor of its writes (created_by)
     row.name = name or f"token-{row.id}"
     audit.record(session, created_by, "token.create", f"token:{row.id}", name=row.name,
                  scopes=row.scopes)
     return row, token
+
+
+def _check_free(session: Session, name: str) -> None:
+    """InvalidInput unless `name` is free among live tokens (or empty: then token-<id>)."""
+    if not name:
+        return
+    if _AUTO_NAME.fullmatch(name):
+        raise InvalidInput(f"{name!r} is the form of an unnamed token's name (token-<id>); choose "
+                           "another name, or give none to get one")
+    same = session.scalar(select(ApiToken).where(ApiToken.name == name,
+                                                 ApiToken.revoked_at.is_(None)))
+    if same is not None:
+        raise InvalidInput(f"a live token is already named {name!r} (id {same.id}); choose another "
+                           f"name, or revoke it first: oscar-zoo tokens revoke {same.id}")
 
 
 def _check_name(name: str) -> None:

@@ -25,6 +25,9 @@ def test_tokens_bootstrap_and_revoke(registry_db_url, monkeypatch):
     assert token.startswith("ozk_") and len(token) == 47
     listed = runner.invoke(cli, ["tokens", "list", "--json"])
     assert '"ci"' in listed.stdout and token not in listed.stdout
+    twin = runner.invoke(cli, ["tokens", "create", "--scope", "admin", "--name", "ci"])
+    assert twin.exit_code == 1 and "a live token is already named 'ci'" in twin.stderr
+    assert "oscar-zoo tokens revoke" in twin.stderr and "ozk_" not in twin.stdout
     assert runner.invoke(cli, ["tokens", "revoke", "ci"]).exit_code == 0
     again = runner.invoke(cli, ["tokens", "revoke", "ci"])
     assert again.exit_code == 1 and "no live token" in again.stderr

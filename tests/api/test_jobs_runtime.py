@@ -31,14 +31,15 @@ def test_a_killed_servers_executor_token_is_revoked_by_the_next_serve_on_its_hos
             tokens = {key: create_token(session, ["jobs:work"], name, created_by="serve")[1]
                       for key, name in names.items()}
             # a user's token that only reads like one: not serve's to revoke
-            tokens["user's"] = create_token(session, ["jobs:work"], names["killed"],
+            names["user's"] = f"local executor of serve pid {_gone_pid()} on {host}"
+            tokens["user's"] = create_token(session, ["jobs:work"], names["user's"],
                                             created_by="token:alice")[1]
         with registry.db.write() as session:
             _revoke_orphaned_tokens(session)
         with registry.db.read() as session:
             live = {r.name: r.created_by for r in list_tokens(session) if r.revoked_at is None}
             assert live == {names["running"]: "serve", names["elsewhere"]: "serve",
-                            names["killed"]: "token:alice"}
+                            names["user's"]: "token:alice"}
             for key, token in tokens.items():
                 if key != "killed":
                     authenticate(session, token, "jobs:work")

@@ -1,5 +1,6 @@
 """Who may cancel a job: the token that submitted it, or an admin token (over real HTTP, on
-SQLite and PostgreSQL). Token names are not unique, so the job records the token's id."""
+SQLite and PostgreSQL). A revoked token's name can be given to a new one, so the job records
+the submitting token's id, not its name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from sqlalchemy import select
 
 from oscar_zoo.registry_db.models import ApiToken, Job
 from oscar_zoo.registry_db.tokens import hash_token, revoke_token
-from oscar_zoo.zoo.errors import Forbidden
+from oscar_zoo.zoo.errors import Forbidden, InvalidInput
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 
@@ -24,12 +25,14 @@ def _job_row(api, job_id: str) -> tuple[int | None, str | None]:
         return job.created_by_token_id, job.created_by
 
 
-def test_a_namesake_token_may_not_cancel_the_job_its_submitter_and_an_admin_may(jobs_api):
+def test_another_token_may_not_cancel_the_job_its_submitter_and_an_admin_may(jobs_api):
     api = jobs_api
     owner_id = _token_id(api, api.submitter.registry.token)
     mine, theirs = api.submit(), api.submit()
     assert _job_row(api, mine["id"]) == (owner_id, "token:owner")
-    namesake = api.server.token("jobs:submit", name="owner")       # same name, another token
+    with pytest.raises(InvalidInput, match="a live token is already named 'owner'"):
+        api.server.token("jobs:submit", name="owner")
+    namesake = api.server.token("jobs:submit", name="not-owner")
     with JobsClient(api.server.url, namesake) as other:
         for ref in (mine["id"], mine["id"][:8]):
             with pytest.raises(Forbidden) as refused:
@@ -81,6 +84,9 @@ def test_a_job_of_a_revoked_token_is_cancelled_by_an_admin_token_only(jobs_api):
         revoke_token(session, token)
     with pytest.raises(Forbidden, match="revoked since; only an admin token can cancel it"):
         api.submitter.cancel(job["id"])
+    with JobsClient(api.server.url, api.server.token("jobs:submit", name="ci")) as namesake, \
+            pytest.raises(Forbidden, match="revoked since"):     # the name is free again: not the job
+        namesake.cancel(job["id"])
     with JobsClient(api.server.url, api.server.token("admin")) as admin:
         assert admin.cancel(job["id"])["status"] == "cancelled"
 

@@ -117,3 +117,62 @@ def test_an_unnamed_token_is_named_by_its_id(db):
         assert list_tokens(s)[0].name == f"token-{row.id}"
     secret = token[4:]
     assert not any(secret[i:i + 6] in row.name for i in range(len(secret) - 5))
+
+
+def test_a_live_tokens_name_is_its_own(db):
+    """Two live tokens named `ci` wrote the same actor into the audit log and every created_by,
+    and `tokens revoke ci` refused to choose. A revoked token's name is free again."""
+    from sqlalchemy.exc import IntegrityError
+
+    with db.write() as s:
+        first, _ = create_token(s, ["admin"], "ci")
+        first_id = first.id
+    with db.write() as s:
+        with pytest.raises(InvalidInput, match=rf"already named 'ci' \(id {first_id}\).*"
+                                               rf"oscar-zoo tokens revoke {first_id}"):
+            create_token(s, ["admin"], "ci")
+        with pytest.raises(InvalidInput, match="the form of an unnamed token's name"):
+            create_token(s, ["admin"], "token-99")
+        a, _ = create_token(s, ["admin"])      # two unnamed ones in one transaction
+        b, _ = create_token(s, ["admin"])
+        assert (a.name, b.name) == (f"token-{a.id}", f"token-{b.id}")
+    with db.write() as s:
+        revoke_token(s, "ci")
+    with db.write() as s:
+        again, _ = create_token(s, ["admin"], "ci")
+        assert again.id != first_id
+    with pytest.raises(IntegrityError):        # the database holds the rule, not only the check
+        with db.write() as s:
+            s.add(ApiToken(name="ci", prefix="ozk_x", token_hash="0" * 64, scopes=["admin"]))
+            s.flush()
+    with db.read() as s:
+        assert sorted(t.name for t in list_tokens(s) if t.revoked_at is None) == sorted(
+            ["ci", a.name, b.name])
+
+
+def test_migration_0009_renames_live_namesakes_and_leaves_revoked_ones(registry_db_url):
+    from datetime import datetime, timezone
+
+    from oscar_zoo.registry_db import migrate
+    from oscar_zoo.registry_db.session import Database
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0008")
+    row = dict(prefix="ozk_x", scopes=["admin"], created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+               revoked_at=None)
+    with db.write() as s:
+        s.execute(ApiToken.__table__.insert(), [
+            dict(id=1, name="ci", token_hash="1" * 64, **row),
+            dict(id=2, name="ci", token_hash="2" * 64, **row),
+            dict(id=3, name="ci", token_hash="3" * 64,
+                 **{**row, "revoked_at": datetime(2026, 2, 1, tzinfo=timezone.utc)}),
+            dict(id=4, name="ci-5", token_hash="4" * 64, **row),
+            dict(id=5, name="ci", token_hash="5" * 64, **row)])
+    migrate.upgrade(db)
+    with db.read() as s:
+        assert {t.id: t.name for t in list_tokens(s)} == {1: "ci", 2: "ci-2", 3: "ci", 4: "ci-5",
+                                                           5: "ci-5-2"}
+        renames = {e.target: (e.actor, e.detail) for e in s.scalars(select(AuditEvent))}
+        assert renames == {"token:2": ("migration 0009", {"from": "ci", "to": "ci-2"}),
+                           "token:5": ("migration 0009", {"from": "ci", "to": "ci-5-2"})}
+    db.dispose()

@@ -36,10 +36,14 @@ class RegistryServer:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kwargs)
 
-    def token(self, *scopes: str, name: str = "test") -> str:
-        """A fresh token with these scopes (default admin), made directly in the database."""
+    def token(self, *scopes: str, name: str | None = None) -> str:
+        """A fresh token with these scopes (default admin), made directly in the database.
+        name: unique among live tokens; default test, test-2, test-3, ... in turn."""
         from oscar_zoo.registry_db.tokens import create_token
 
+        if name is None:
+            self._made = getattr(self, "_made", 0) + 1
+            name = "test" if self._made == 1 else f"test-{self._made}"
         with self.registry.db.write() as session:
             return create_token(session, list(scopes or ("admin",)), name=name)[1]
 

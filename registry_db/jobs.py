@@ -234,19 +234,18 @@ def list_jobs(session: Session, status: str | None = None, model: str | None = N
     return Page(rows, encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None)
 
 
-def request_cancel(session: Session, job_id: str, by: str | None, *,
-                   token_id: int | None = None, admin: bool = False) -> Job:
+def request_cancel(session: Session, job_id: str, by: str | None, *, token_id: int,
+                   admin: bool = False) -> Job:
     """A queued job is cancelled at once; a running one gets the flag its worker acts on.
 
     job_id: the whole id or a unique prefix (resolve). token_id, admin: the caller's token,
-    which must be the one that submitted the job or hold the admin scope; no token_id is a
-    caller inside the registry (no request), trusted.
+    which must be the one that submitted the job or hold the admin scope.
 
     Raises Forbidden for another token's job, Conflict for a job that already succeeded or
     failed, JobNotFound.
     """
     job = resolve(session, job_id, lock=True)
-    if token_id is not None and not admin:
+    if not admin:
         _check_submitter(session, job, token_id)
     if job.status in ("succeeded", "failed") and job.result_version_id is None:
         raise Conflict(f"job {job.id} already {job.status}; nothing to cancel")

@@ -114,7 +114,7 @@ def test_a_cancel_pending_when_the_attempt_ends_cancels_the_job(registry, end):
     job_id = submit(registry)
     _, token = claim(registry)
     with registry.db.write() as s:
-        jobs.request_cancel(s, job_id, "token:owner")
+        jobs.request_cancel(s, job_id, "token:ops", token_id=0, admin=True)
     assert status(registry, job_id) == ("running", True)
     with registry.db.write() as s:
         end(s, job_id, token)
@@ -280,7 +280,7 @@ def test_an_attach_to_a_job_with_a_cancel_pending_cancels_it(registry, attached_
     if attached_before:
         attach(registry, job_id, token, FIRST_TASK)
     with registry.db.write() as s:
-        jobs.request_cancel(s, job_id, "token:owner")
+        jobs.request_cancel(s, job_id, "token:ops", token_id=0, admin=True)
     status, attempts, error = attach(registry, job_id, token, RETRY)
     assert (status, attempts, error) == ("cancelled", 1, None)
     with registry.db.read() as s:

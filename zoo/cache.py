@@ -173,14 +173,14 @@ class Cache:
         return final
 
     def snapshots(self, name: str | None = None) -> Iterator[Snapshot]:
-        models = [self.model_dir(name)] if name else sorted((self.root / "models").glob("*"))
+        models = [self.model_dir(name)] if name else model_dirs(self)
         for mdir in models:
             for snap in sorted((mdir / "snapshots").glob("*")):
                 if snap.is_dir() and is_sha256(snap.name):
                     yield Snapshot(mdir.name, snap.name, snap)
 
     def parts(self, name: str | None = None) -> Iterator[Part]:
-        models = [self.model_dir(name)] if name else sorted((self.root / "models").glob("*"))
+        models = [self.model_dir(name)] if name else model_dirs(self)
         for mdir in models:
             for pdir in sorted((mdir / "partial").glob("*/layers-*")):
                 if pdir.is_dir() and is_sha256(pdir.parent.name):
@@ -485,8 +485,7 @@ def prune(cache: Cache, dry_run: bool = False,
 def _garbage(cache: Cache) -> list[tuple[Path, int]]:
     gone: list[tuple[Path, int]] = []
     live: set[tuple[str, str]] = set()
-    # a model dir's name is a model_key, never hidden: a .DS_Store there is not a model
-    for mdir in (p for p in _entries(cache.root / "models") if p.is_dir()):
+    for mdir in model_dirs(cache):
         refs = set(cache.refs(mdir.name).values())
         for snap in _entries(mdir / "snapshots"):
             if snap.name in refs:
@@ -608,6 +607,20 @@ def _delete(cache: Cache, path: Path) -> bool:
             shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(aside, ignore_errors=True)
     return not os.path.lexists(path)
+
+
+def model_dirs(cache: Cache) -> list[Path]:
+    """The model directories under models/: a .DS_Store, a link or a directory made by hand
+    under a name no model has (`a..b`) is not one, and is left alone rather than stop prune."""
+    out = []
+    for p in _entries(cache.root / "models"):
+        try:
+            ours = model_key(p.name) == p.name
+        except UnsafePathError:
+            ours = False
+        if ours and p.is_dir() and not p.is_symlink():
+            out.append(p)
+    return out
 
 
 def _entries(folder: Path) -> list[Path]:

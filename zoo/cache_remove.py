@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .cache import Cache, _blobs_of, _delete, _entries, _freed, _links, _ref_file, model_key
+from .cache import (Cache, _blobs_of, _delete, _entries, _freed, _links, _ref_file, model_dirs,
+                    model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
 from .files import fsync_dir, is_sha256
@@ -131,7 +132,7 @@ def _cached_model_dir(cache: Cache, name: str) -> Path:
                                   "it; remove it by hand if it is not wanted")
         if mdir.is_dir():
             return mdir
-    cached = [p.name for p in _entries(models) if p.is_dir()] if models.is_dir() else []
+    cached = [p.name for p in model_dirs(cache)]
     close = [c for c in suggest(name) if model_key(c) in cached]
     close += [c for c in difflib.get_close_matches(model_key(name), cached, n=3, cutoff=0.6)
               if c not in close]
@@ -241,8 +242,7 @@ def _plan_removal(cache: Cache, targets: list[Target]) -> Removal:
         paths += [p for p in _entries(mdir / "imports") if _read_digest(p) in digests]
         if not _digests_named(cache, mdir) - digests:   # nothing of the model is left: all of it
             paths.append(mdir)
-    left = {(m.name, d) for m in _entries(models) if m.is_dir() and not m.is_symlink()
-            for d in _digests_named(cache, m)} - gone
+    left = {(m.name, d) for m in model_dirs(cache) for d in _digests_named(cache, m)} - gone
     still = {d for _, d in left}
     paths += [cache.root / "exports" / d for d in sorted({d for _, d in gone} - still)
               if os.path.lexists(cache.root / "exports" / d)]

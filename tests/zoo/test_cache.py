@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,10 +232,16 @@ def test_prune_and_ls_pass_over_what_a_file_manager_leaves_among_the_models(hf_o
     cache = Cache()
     (cache.root / "models" / ".DS_Store").write_bytes(b"\0")
     (cache.root / "models" / ".Trash-1000").mkdir()
+    # a copy made by hand under a name no model has: prune, ls and rm stopped on it
+    odd = cache.root / "models" / "glm-4.7-fp8..old"
+    shutil.copytree(cache.model_dir("glm-4.7-fp8"), odd)
     assert prune(cache) == []
     assert pulled.path.exists() and (cache.root / "models" / ".DS_Store").exists()
     r = CliRunner().invoke(cli, ["cache", "ls", "--json"])
-    assert r.exit_code == 0 and "glm-4.7-fp8" in r.output
+    assert r.exit_code == 0 and "glm-4.7-fp8" in r.output and "..old" not in r.output
+    r = CliRunner().invoke(cli, ["cache", "rm", "glm-4.7-fp8", "--yes"])
+    assert r.exit_code == 0, r.output
+    assert not pulled.path.exists() and (odd / "refs").is_dir()
 
 
 def test_prune_ages_out_what_a_killed_download_left_in_the_blob_store():

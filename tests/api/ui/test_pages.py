@@ -288,3 +288,20 @@ def test_unknown_paths_answer_a_browser_in_html(seeded):
             assert r.status_code == 404, (path, accept)
             assert r.headers["content-type"] == "application/problem+json", (path, accept)
             assert r.json()["status"] == 404
+
+
+def test_a_lloyd_max_version_says_which_buckets_were_served_and_measured(registry_server, tmp_path):
+    from oscar_zoo.zoo.bundle import Bundle, write
+    from tests.api.ui.seeding import validation
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    m = make_manifest("smollm2-135m")
+    report = validation(30, 0).model_copy(update={"quantizer": "lloyd_max"})
+    m = m.model_copy(update={"quantization": m.quantization.model_copy(update={"lloyd_max": True}),
+                             "validation": report})
+    write(Bundle(m, *make_tensors(m)), tmp_path / "b")
+    registry_server.publish_dir(tmp_path / "b")
+    with registry_server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/1").text
+    assert re.search(r"INT2 group \d+\s+in Lloyd-Max buckets", page)      # the report's
+    assert re.search(r"recent \d+, Lloyd-Max</dd>", page)                 # the served cache's

@@ -130,6 +130,10 @@ def test_export_list_and_show_without_a_registry(seed_zoo, tmp_path):
     assert runner.invoke(cli, ["list", "--validated", "--json"]).stdout.strip() == "[]"
     text = runner.invoke(cli, ["show", "qwen3-30b-a3b"]).stdout
     assert "per KV head" in text and "48 of 48 layers" in text
+    assert "2 GPUs" in text and "Lloyd-Max" not in text
+    lloyd = runner.invoke(cli, ["show", "minimax-m2.7", "--json"]).stdout
+    assert __import__("json").loads(lloyd)["catalog"]["serving"]["lloyd_max"] is True
+    assert "recent 1024, Lloyd-Max buckets, 4 GPUs" in runner.invoke(cli, ["show", "minimax-m2.7"]).stdout
     bad = runner.invoke(cli, ["show", "qwen3-8bb"])
     assert bad.exit_code == 1 and "Did you mean: qwen3-8b" in bad.stderr
 

@@ -216,7 +216,8 @@ def show_command(spec, as_json):
                                "per_head": entry.zoo.per_head},
                            "serving": {"k_clip": entry.k_clip, "v_clip": entry.v_clip,
                                        "group_size": entry.group_size, "sink_tokens": entry.sink_tokens,
-                                       "recent_tokens": entry.recent_tokens, "gpus": entry.gpus},
+                                       "recent_tokens": entry.recent_tokens,
+                                       "lloyd_max": entry.lloyd_max, "gpus": entry.gpus},
                            "notes": entry.notes}
     client = RegistryClient()
     if client.configured and not settings.is_offline():
@@ -268,7 +269,9 @@ def _show_text(d: dict) -> str:
                   f"{g['num_q_heads']} q / {g['num_kv_heads']} KV heads, head_dim {g['head_dim']}",
                   f"  OSCAR ships  clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
                   f"group {c['serving']['group_size']}, sink {c['serving']['sink_tokens']} + "
-                  f"recent {c['serving']['recent_tokens']}, {c['serving']['gpus']} GPU(s)"]
+                  f"recent {c['serving']['recent_tokens']}"
+                  f"{', Lloyd-Max buckets' if c['serving']['lloyd_max'] else ''}, "
+                  f"{plural(c['serving']['gpus'], 'GPU')}"]
         if c["rotationzoo"]:
             z = c["rotationzoo"]
             lines.append(f"  rotationzoo  hf:{z['hf']}  modelscope:{z['modelscope']}"

@@ -117,13 +117,16 @@ _EXECUTOR_TOKEN = re.compile(r"\w+ executor of serve pid (\d+) on (\S+)")
 
 def _revoke_orphaned_tokens(session) -> None:
     """Revoke the executor tokens of serve processes on this host that are gone (killed before
-    their clean shutdown could). Other hosts' are theirs to revoke: their pids mean nothing here."""
+    their clean shutdown could). Called before this server makes its own. Other hosts' are
+    theirs to revoke: their pids mean nothing here."""
     host = _host()
     for row in list_tokens(session):
         m = _EXECUTOR_TOKEN.fullmatch(row.name or "")
         if row.revoked_at is not None or row.created_by != "serve" or not m or m[2] != host:
             continue
-        if not _running(int(m[1])):
+        # our own pid: a killed server's, restarted under it (pid 1 in a container); this
+        # server has made no token yet
+        if int(m[1]) == os.getpid() or not _running(int(m[1])):
             revoke_token(session, str(row.id), by="serve")
             log.warning("revoked token %s (%s): its server is gone", row.id, row.name)
 

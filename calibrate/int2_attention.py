@@ -68,11 +68,29 @@ def kernel_quantizer(scale_dtype: torch.dtype = torch.float32, device=None,
 
 def bundle_quantizer(manifest, device=None) -> Quantizer:
     """The quantizer a bundle is served with (its quantization section): the scale dtype, and
-    Lloyd-Max buckets where it asks for them and keeps one group per row (OSCAR applies them only
-    on its single-scale path, oscar-spec 5)."""
-    q = manifest.quantization
-    lloyd = q.lloyd_max and q.group_size >= manifest.geometry.head_dim
-    return kernel_quantizer(getattr(torch, q.scale_dtype), device, lloyd_max=lloyd)
+    Lloyd-Max buckets where it asks for them, on the layers whose rows are one group, and only
+    when its K or V clip ratio is on (OSCAR applies them only in its single-scale clip kernel,
+    oscar-spec 5)."""
+    q, c, geo = manifest.quantization, manifest.clip, manifest.geometry
+    dtype = getattr(torch, q.scale_dtype)
+    dims = {geo.head_dim, *geo.head_dim_by_layer.values()}
+    # SGLang's clip kernel runs when the K or the V ratio is above 0; without it, uniform rows
+    if not (q.lloyd_max and (c.k_global > 0 or c.v_global > 0) and q.group_size >= min(dims)):
+        return kernel_quantizer(dtype, device)
+    lloyd = kernel_quantizer(dtype, device, lloyd_max=True)
+    if q.group_size >= max(dims):
+        return lloyd
+    # mixed head dims: layers whose head_dim exceeds the group go through the grouped kernel
+    uniform = kernel_quantizer(dtype, device)
+
+    def per_layer(x, rotation, clip, group_size, mean):
+        if group_size is None or group_size >= x.shape[-1]:
+            return lloyd(x, rotation, clip, None, mean)
+        return uniform(x, rotation, clip, group_size, mean)
+
+    per_layer.backend = f"{lloyd.backend} + {uniform.backend}"
+    per_layer.kind = "lloyd_max"
+    return per_layer
 
 
 def dequantized(x: torch.Tensor, rotation: torch.Tensor, clip: torch.Tensor, group_size: int,

@@ -205,6 +205,14 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
         raise InvalidInput(f"validation.data {shared} is also calibration data: validation would "
                            f"score the bundle on the text it was fitted to; use other text (default "
                            f"{BUILTIN_DATA}, whose held-out half calibration never reads)")
+    if spec.lloyd_max and not spec.clip_search and spec.k_clip <= 0 and spec.v_clip <= 0:
+        # SGLang runs the kernel that applies SGLANG_LLOYD_MAX only when a clip ratio is on
+        raise InvalidInput("lloyd_max needs a clip: OSCAR's Lloyd-Max path (SGLANG_LLOYD_MAX=1) "
+                           "is its single-scale clip kernel, which SGLang runs only when the K or "
+                           "V clip ratio is above 0; with k_clip and v_clip 0 the bundle would be "
+                           "served uniform INT2. Set a clip ratio above 0, turn clip_search on, "
+                           "or set lloyd_max false (\"lloyd_max\": false in the job spec) to "
+                           "calibrate for uniform INT2")
     if geometry is not None:
         _check_geometry(spec, geometry)
 
@@ -276,5 +284,7 @@ def check_int2_geometry(group_size: int | None, geometry: ModelGeometry,
         raise InvalidInput(f"lloyd_max needs group_size == head_dim: OSCAR's Lloyd-Max path "
                            f"(SGLANG_LLOYD_MAX=1) is its single-scale kernel, one scale per row, "
                            f"and group_size {g} is below head_dim {max(dims)}; {fix}, or set "
-                           "lloyd_max false (--uniform) to calibrate for uniform INT2 (the "
-                           "catalog's default for this model may have turned it on)")
+                           "lloyd_max false to calibrate for uniform INT2 (\"lloyd_max\": false in "
+                           "a job spec, --spec for `oscar-zoo jobs submit`; --uniform for "
+                           "`oscar-zoo calibrate`; the catalog's default for this model may have "
+                           "turned it on)")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from oscar_zoo.zoo.errors import InvalidInput
-from ._args import check_scale_dtype, check_x, group_count
+from ._args import check_mean, check_rotation, check_scale_dtype, check_x, group_count
 from .reference import pack_codes, to_storage
 from .vectorized import rotated_clamped
 
@@ -54,6 +54,8 @@ def quantize_kv_lloyd_max(x, rotation, clip, group_size=None, scale_dtype=torch.
     scales_zeros [T, H, 2] in scale_dtype."""
     t, h, d = check_x(x)
     check_scale_dtype(scale_dtype)
+    check_rotation(rotation, h, d)
+    check_mean(mean, h, d)
     _single_scale(d, group_size)
     codes, scale, zero = _buckets(rotated_clamped(x, rotation, clip, mean), scale_dtype)
     return pack_codes(codes), torch.stack([scale, zero], dim=-1)
@@ -65,6 +67,8 @@ def fake_quantize_kv_lloyd_max(x, rotation, clip, group_size=None, mean=None,
     [T, H, d] in the rotated (centered) basis."""
     t, h, d = check_x(x)
     check_scale_dtype(scale_dtype)
+    check_rotation(rotation, h, d)
+    check_mean(mean, h, d)
     _single_scale(d, group_size)
     codes, scale, zero = _buckets(rotated_clamped(x, rotation, clip, mean), scale_dtype)
     return (codes.float() - zero.float()[..., None]) * scale.float()[..., None]

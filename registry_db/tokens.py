@@ -48,13 +48,17 @@ def create_token(session: Session, scopes: list[str], name: str = "",
     # (names are unique among live tokens, and two unnamed ones may be made at once)
     row = ApiToken(name=name or f"\x01{secrets.token_hex(16)}", prefix=token[:12],
                    token_hash=hash_token(token), scopes=sorted(set(scopes)), created_by=created_by)
-    session.add(row)
     try:
-        session.flush()
+        # a savepoint: the caller's transaction stays usable when the name is taken
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+            # not from the token's characters: the name is the public actor of its writes
+            row.name = name or f"token-{row.id}"
+            session.flush()
     except IntegrityError:              # the same name, made at the same moment
-        raise Conflict(f"a live token is already named {name!r}; choose another name") from None
-    # not from the token's characters: the name is the public actor of its writes (created_by)
-    row.name = name or f"token-{row.id}"
+        raise Conflict(f"a live token is already named {name or 'token-<its id>'!r}; choose "
+                       "another name") from None
     audit.record(session, created_by, "token.create", f"token:{row.id}", name=row.name,
                  scopes=row.scopes)
     return row, token

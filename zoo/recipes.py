@@ -94,6 +94,20 @@ def _lloyd_note(report: dict | None) -> str:
             "to serve what it measured.")
 
 
+def _lloyd_ignored(m: dict) -> str | None:
+    """Why SGLang ignores SGLANG_LLOYD_MAX=1 for this bundle, or None: it applies it only in its
+    single-scale clip kernel (oscar-spec 5), so not with groups below every head_dim, nor with
+    both clip ratios off."""
+    q, clip, geo = m["quantization"], m["clip"], m["geometry"]
+    low = min([geo["head_dim"], *(geo.get("head_dim_by_layer") or {}).values()])
+    if q["group_size"] < low:
+        return (f"its group size {q['group_size']} is below head_dim {low}, so SGLang's grouped "
+                "kernel quantizes it")
+    if clip["k_global"] <= 0 and clip["v_global"] <= 0:
+        return "both clip ratios are 0, so SGLang's kernel without clip quantizes it"
+    return None
+
+
 def _absorbs_v(m: dict) -> bool:
     """Whether SGLang may fold R_v into the weights: one rotation per layer (folding is invalid
     per KV head, oscar-spec 1.3) and model code that supports these weights."""
@@ -122,8 +136,14 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "1" if _absorbs_v(m) else "0"
     lloyd = []
     if q.get("lloyd_max"):
-        env["SGLANG_LLOYD_MAX"] = "1"
-        lloyd = [_lloyd_note(m.get("validation"))]
+        why = _lloyd_ignored(m)
+        if why:
+            lloyd = [f"OSCAR serves this model with SGLANG_LLOYD_MAX=1, which SGLang applies only "
+                     f"in its single-scale clip kernel (oscar-spec 5); this bundle is served "
+                     f"uniform INT2 whatever the variable says, as {why}. So it is left unset."]
+        else:
+            env["SGLANG_LLOYD_MAX"] = "1"
+            lloyd = [_lloyd_note(m.get("validation"))]
     command = ["python", "-m", "sglang.launch_server", "--model-path", m["model"]["hub_id"],
                "--kv-cache-dtype", "int2", "--kv-cache-quant-group-size", str(q["group_size"]),
                "--prefill-attention-backend", "fa3", "--decode-attention-backend", "triton"]

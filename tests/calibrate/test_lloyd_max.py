@@ -63,6 +63,8 @@ def test_lloyd_max_with_a_group_below_head_dim_is_refused_at_submit(body, says):
         jobspec.check(spec, jobspec.identity(spec)[2].geometry)
     assert says in str(e.value) and "single-scale kernel" in str(e.value)
     assert "lloyd_max false" in str(e.value)      # the way out
+    # in the words of a job spec: `oscar-zoo jobs submit` has no --uniform (review)
+    assert '"lloyd_max": false in a job spec' in str(e.value)
 
 
 @pytest.mark.parametrize("body", [
@@ -185,3 +187,57 @@ def test_calibrate_refuses_lloyd_max_with_groups_before_the_passes(monkeypatch):
     cfg = CalibrationConfig(model="smollm2-135m", tokens=512, group_size=64, lloyd_max=True)
     with pytest.raises(InvalidInput, match="lloyd_max needs group_size == head_dim"):
         pipeline.calibrate(cfg, loaded=(model, None))
+
+
+# --- bundle_quantizer: Lloyd-Max exactly where SGLang applies it (review) -----------------------
+
+def _lm_manifest(group_size=128, head_dim=128, by_layer=None, k=0.96, v=0.92, lloyd=True):
+    return SimpleNamespace(
+        quantization=SimpleNamespace(lloyd_max=lloyd, group_size=group_size, scale_dtype="float32"),
+        geometry=SimpleNamespace(head_dim=head_dim, head_dim_by_layer=by_layer or {}),
+        clip=SimpleNamespace(k_global=k, v_global=v))
+
+
+def _is_lloyd(q, d, group_size):
+    from oscar_zoo import kernels
+
+    x = torch.randn(16, 2, d, generator=torch.Generator().manual_seed(d))
+    got = q(x, None, torch.tensor([0.9, 0.9]), group_size, None)
+    return torch.equal(got, kernels.fake_quantize_kv_lloyd_max(x, None, torch.tensor([0.9, 0.9]), None))
+
+
+def test_bundle_quantizer_is_uniform_when_both_clip_ratios_are_off():
+    """oscar-spec 5: SGLang applies SGLANG_LLOYD_MAX=1 only in its clip kernel (K or V ratio > 0);
+    with both ratios 0 it quantizes uniform, and validation must simulate that."""
+    q = int2_attention.bundle_quantizer(_lm_manifest(k=0.0, v=0.0), "cpu")
+    assert q.kind == "uniform" and not _is_lloyd(q, 128, 128)
+    q = int2_attention.bundle_quantizer(_lm_manifest(k=0.0, v=0.92), "cpu")
+    assert q.kind == "lloyd_max" and _is_lloyd(q, 128, 128)
+
+
+def test_bundle_quantizer_with_mixed_head_dims_buckets_the_single_scale_layers_only():
+    """Group 256 on a model with 256- and 512-dim layers: SGLang's single-scale kernel (Lloyd-Max)
+    serves the 256 layers, its grouped kernel (uniform) the 512 ones. The quantizer raised
+    InvalidInput on the 512 layers."""
+    q = int2_attention.bundle_quantizer(_lm_manifest(256, 256, {"5": 512}), "cpu")
+    assert q.kind == "lloyd_max"
+    assert _is_lloyd(q, 256, 256)
+    assert not _is_lloyd(q, 512, 256)
+
+
+def test_bundle_quantizer_is_uniform_with_groups_below_every_head_dim():
+    q = int2_attention.bundle_quantizer(_lm_manifest(64, 128), "cpu")
+    assert q.kind == "uniform" and not _is_lloyd(q, 128, 64)
+
+
+def test_a_lloyd_max_spec_with_both_clips_off_is_refused_at_submit():
+    spec = _completed({"model": "minimax-m2.7", "clip_search": False, "k_clip": 0, "v_clip": 0})
+    assert spec.lloyd_max is True
+    with pytest.raises(InvalidInput, match="clip kernel") as e:
+        jobspec.check(spec, jobspec.identity(spec)[2].geometry)
+    assert "lloyd_max false" in str(e.value)
+    ok = _completed({"model": "minimax-m2.7", "clip_search": False, "k_clip": 0, "v_clip": 0.92})
+    jobspec.check(ok, jobspec.identity(ok)[2].geometry)
+    uniform = _completed({"model": "minimax-m2.7", "clip_search": False, "k_clip": 0, "v_clip": 0,
+                          "lloyd_max": False})
+    jobspec.check(uniform, jobspec.identity(uniform)[2].geometry)

@@ -82,3 +82,13 @@ def test_on_gaussian_rows_the_buckets_hold_lloyd_max_probabilities(device):
 def test_smaller_groups_are_refused_with_the_reason():
     with pytest.raises(InvalidInput, match="single-scale path: group_size must be head_dim"):
         quantize_kv_lloyd_max(torch.randn(4, 1, 64), None, 0.9, 32)
+
+
+@pytest.mark.parametrize("fn", [quantize_kv_lloyd_max, fake_quantize_kv_lloyd_max])
+def test_a_rotation_or_mean_of_the_wrong_shape_is_refused_as_quantize_kv_refuses_it(fn):
+    # it was a RuntimeError from the matrix product (mean: a silent broadcast or one as well)
+    x = torch.randn(4, 2, 64)
+    with pytest.raises(InvalidInput, match="rotation must be"):
+        fn(x, torch.eye(32), 0.9)
+    with pytest.raises(InvalidInput, match="mean must be"):
+        fn(x, None, 0.9, mean=torch.zeros(64))

@@ -176,3 +176,66 @@ def test_migration_0009_renames_live_namesakes_and_leaves_revoked_ones(registry_
         assert renames == {"token:2": ("migration 0009", {"from": "ci", "to": "ci-2"}),
                            "token:5": ("migration 0009", {"from": "ci", "to": "ci-5-2"})}
     db.dispose()
+
+
+def test_a_name_taken_at_the_same_moment_is_a_conflict_and_the_transaction_goes_on(db, monkeypatch):
+    """The race _check_free cannot see (another writer's insert between its query and ours) is
+    the unique index's IntegrityError: a Conflict, and the caller's transaction stays usable."""
+    from oscar_zoo.registry_db import tokens as tokens_mod
+    from oscar_zoo.zoo.errors import Conflict
+
+    with db.write() as s:
+        create_token(s, ["admin"], "ci")
+    monkeypatch.setattr(tokens_mod, "_check_free", lambda session, name: None)   # lost the race
+    with db.write() as s:
+        with pytest.raises(Conflict, match="already named 'ci'"):
+            create_token(s, ["admin"], "ci")
+        other, _ = create_token(s, ["admin"], "other")     # the same transaction goes on
+    with db.read() as s:
+        assert sorted(t.name for t in list_tokens(s)) == ["ci", "other"]
+
+
+def test_migration_0009_frees_the_unnamed_form_for_the_ids_it_names(registry_db_url):
+    """A live token named token-<n> before names were checked (n not its id) took the name the
+    token with id n gets when it is made unnamed: that insert failed on the unique index."""
+    from datetime import datetime, timezone
+
+    from oscar_zoo.registry_db import migrate
+    from oscar_zoo.registry_db.session import Database
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0008")
+    with db.write() as s:
+        s.execute(ApiToken.__table__.insert(), [
+            dict(name="token-2", prefix="ozk_x", token_hash="1" * 64, scopes=["admin"],
+                 created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), revoked_at=None)])
+    migrate.upgrade(db)
+    with db.write() as s:
+        row, _ = create_token(s, ["admin"])
+        assert row.id == 2          # the id after the one stored (no explicit ids: PostgreSQL)
+    with db.read() as s:
+        names = {t.id: t.name for t in list_tokens(s)}
+        assert names[2] == "token-2" and names[1] == "token-2-1"
+    db.dispose()
+
+
+def test_migration_0009_renames_an_old_default_name_by_its_id_not_its_secret(registry_db_url):
+    """The old default name token-<prefix[4:10]> is a piece of the secret; all digits, it has the
+    unnamed form. Renamed, it becomes token-<id> (how it was shown), never <secret piece>-<id>."""
+    from datetime import datetime, timezone
+
+    from oscar_zoo.registry_db import migrate
+    from oscar_zoo.registry_db.session import Database
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0008")
+    with db.write() as s:
+        s.execute(ApiToken.__table__.insert(), [
+            dict(name="token-904211", prefix="ozk_904211ab", token_hash="1" * 64, scopes=["admin"],
+                 created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), revoked_at=None)])
+    migrate.upgrade(db)
+    with db.read() as s:
+        row = list_tokens(s)[0]
+        assert row.name == f"token-{row.id}"
+        assert all("904211" not in str(e.detail) for e in s.scalars(select(AuditEvent)))
+    db.dispose()

@@ -99,3 +99,21 @@ def test_an_unvalidated_lloyd_max_bundle_claims_no_measurement():
     recipe = sglang_recipe(_manifest("minimax-m2.7"), "k.pt", "v.pt")
     note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
     assert "no validation report" in note and "measure" not in note
+
+
+@pytest.mark.parametrize("update, why", [
+    ({"quantization": {"group_size": 64}}, "group size 64 is below head_dim 128"),
+    ({"clip": {"k_global": 0.0, "v_global": 0.0}}, "both clip ratios are 0"),
+])
+def test_a_lloyd_max_bundle_sglang_would_serve_uniform_is_not_told_it_serves_lloyd_max(update, why):
+    """oscar-spec 5: SGLang applies SGLANG_LLOYD_MAX=1 only in its single-scale clip kernel. A
+    bundle with smaller groups, or no clip, is served uniform INT2 whatever the variable says;
+    the note claimed Lloyd-Max buckets and (with a uniform report) told to drop the variable."""
+    m = _validated("minimax-m2.7", "uniform")
+    for section, fields in update.items():
+        m[section].update(fields)
+    recipe = sglang_recipe(m, "k.pt", "v.pt")
+    assert "SGLANG_LLOYD_MAX" not in recipe.env
+    note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
+    assert why in note and "served uniform INT2" in note
+    assert "Lloyd-Max buckets when a prefill" not in note and "drop the variable" not in note

@@ -10,7 +10,7 @@ import yaml
 
 from .interop.convert import oscar_names
 from .manifest import Manifest
-from .recipes import sglang_recipe
+from .recipes import lloyd_max_ignored, sglang_recipe
 
 
 def front_matter(m: Manifest) -> dict:
@@ -32,6 +32,7 @@ def front_matter(m: Manifest) -> dict:
 def render_card(m: Manifest) -> str:
     geo, q, c = m.geometry, m.quantization, m.clip
     layers = len(geo.attention_layers) or geo.num_layers
+    lloyd = q.lloyd_max and lloyd_max_ignored(m) is None     # as SGLang serves it
     lines = [
         "---", yaml.safe_dump(front_matter(m), sort_keys=True).strip(), "---", "",
         f"# OSCAR INT2 KV-cache rotations for {m.model.hub_id}", "",
@@ -49,7 +50,7 @@ def render_card(m: Manifest) -> str:
         f"{', searched' if c.searched else ''}) |",
         f"| INT2 cache | group {q.group_size}, {q.scale_dtype} scale/zero, "
         f"BF16 sink {q.sink_tokens} + recent {q.recent_tokens}"
-        f"{', Lloyd-Max buckets (SGLANG_LLOYD_MAX=1)' if q.lloyd_max else ''} |",
+        f"{', Lloyd-Max buckets (SGLANG_LLOYD_MAX=1)' if lloyd else ''} |",
         f"| calibration | {m.calibration.source}, {m.calibration.tokens or '?'} tokens of "
         f"{m.calibration.dataset or 'unknown data'} |",
     ]

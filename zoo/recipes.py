@@ -94,10 +94,11 @@ def _lloyd_note(report: dict | None) -> str:
             "to serve what it measured.")
 
 
-def _lloyd_ignored(m: dict) -> str | None:
+def lloyd_max_ignored(m) -> str | None:
     """Why SGLang ignores SGLANG_LLOYD_MAX=1 for this bundle, or None: it applies it only in its
     single-scale clip kernel (oscar-spec 5), so not with groups below every head_dim, nor with
     both clip ratios off."""
+    m = _as_dict(m)
     q, clip, geo = m["quantization"], m["clip"], m["geometry"]
     low = min([geo["head_dim"], *(geo.get("head_dim_by_layer") or {}).values()])
     if q["group_size"] < low:
@@ -136,7 +137,7 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     env["SGLANG_OSCAR_ABSORB_V_ROTATION"] = "1" if _absorbs_v(m) else "0"
     lloyd = []
     if q.get("lloyd_max"):
-        why = _lloyd_ignored(m)
+        why = lloyd_max_ignored(m)
         if why:
             lloyd = [f"OSCAR serves this model with SGLANG_LLOYD_MAX=1, which SGLang applies only "
                      f"in its single-scale clip kernel (oscar-spec 5); this bundle is served "

@@ -171,6 +171,14 @@ def test_a_lloyd_max_bundles_card_says_so_in_its_cache_row(tmp_path):
     card = (tmp_path / "b" / CARD).read_text()
     cache_row = next(line for line in card.splitlines() if line.startswith("| INT2 cache |"))
     assert "Lloyd-Max buckets (SGLANG_LLOYD_MAX=1)" in cache_row and "SGLANG_LLOYD_MAX=1" in card
+    # groups below head_dim: SGLang's grouped kernel ignores the variable, and the card says so
+    q = q.model_copy(update={"group_size": bundle.manifest.geometry.head_dim // 2})
+    bundle.manifest = bundle.manifest.model_copy(update={"quantization": q})
+    B.write(bundle, tmp_path / "c")
+    card = (tmp_path / "c" / CARD).read_text()
+    cache_row = next(line for line in card.splitlines() if line.startswith("| INT2 cache |"))
+    assert "Lloyd-Max" not in cache_row and "export SGLANG_LLOYD_MAX" not in card
+    assert "served uniform INT2 whatever the variable says" in card
 
 
 def test_a_layers_output_is_verified_against_its_partial_json(tmp_path):

@@ -67,7 +67,8 @@ _TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
 def model_key(name: str) -> str:
     """Directory name for a model: hub ids keep their org, HF style (org--name)."""
     key = name.strip().lower().replace("/", "--")
-    if not key or key.startswith(".") or any(c in key for c in "\\\x00") or ".." in key:
+    # ':' too: on Windows models/ joined with "d:" or "d:x" is a path on drive D, not in the cache
+    if not key or key.startswith(".") or any(c in key for c in "\\:\x00") or ".." in key:
         raise UnsafePathError(f"model name {name!r} cannot be used as a cache directory")
     return key
 
@@ -340,7 +341,7 @@ def _sha(digest: str) -> str:
 
 def _ref_file(ref: str) -> str:
     ref = ref.strip()
-    if not ref or ref.startswith(".") or "/" in ref or "\\" in ref or "\x00" in ref:
+    if not ref or ref.startswith(".") or any(c in ref for c in "/\\:\x00"):
         raise UnsafePathError(f"ref {ref!r} cannot be used as a file name")
     return ref
 

@@ -45,7 +45,9 @@ class Removal:
 
     @property
     def bytes(self) -> int:
-        return sum(n for _, n in self.paths)
+        """Freed (or, planned, to be freed): a path still there after the removal frees nothing."""
+        failed = set(self.failed)
+        return sum(n for p, n in self.paths if p not in failed)
 
 
 def resolve_removal(cache: Cache, specs: Iterable[str]) -> list[Target]:
@@ -100,7 +102,8 @@ def _resolve(cache: Cache, spec: str) -> Target:
             raise InvalidInput(f"{spec!r}: {len(found)} bundles cached for {model} say they are "
                                f"v{parsed.version} ({', '.join(sorted(d[:12] for d in found))}); "
                                f"name one by digest: {name}@DIGEST")
-    hexed = digest_prefix if digest_prefix is not None else (parsed.alias or "")
+    # as typed: a prefix of decimal digits (0123456789ab) reads as a version number to parse_spec
+    hexed = digest_prefix if digest_prefix is not None else ref.lower()
     if len(hexed) >= 6 and all(c in "0123456789abcdef" for c in hexed):
         found = {d for d in named if d.startswith(hexed)}
         if len(found) == 1:
@@ -200,8 +203,17 @@ def remove(cache: Cache, targets: list[Target], dry_run: bool = False,
                 (cache.root / "models" / model / "refs" / _ref_file(ref)).unlink(missing_ok=True)
             for model in sorted({m for m, _, _ in plan.refs}):
                 fsync_dir(cache.root / "models" / model / "refs")
-            plan.failed = [p for p, _ in plan.paths if not _delete(cache, p)]
+            plan.failed = [p for p, _ in plan.paths if not _removed(cache, p)]
     return plan
+
+
+def _removed(cache: Cache, path: Path) -> bool:
+    """_delete, with a file that will not go (an unlink refused) reported as a directory that
+    will not go is: in `failed`, the rest of the plan still done."""
+    try:
+        return _delete(cache, path)
+    except OSError:
+        return not os.path.lexists(path)
 
 
 def _ref_goes(cache: Cache, ref: tuple[str, str, str], going: set[Path]) -> bool:

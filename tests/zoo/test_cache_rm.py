@@ -373,3 +373,104 @@ def test_killed_mid_removal_leaves_a_whole_snapshot_or_none(bundles, filled, mon
     assert set(aside) <= pruned and not list((cache.root / "tmp").iterdir())
     assert not blob_of(bundles, "A", "README.md").exists()
     assert blob_of(bundles, "A", "rotations.safetensors").exists()
+
+
+def test_an_export_from_the_cache_holds_off_cache_rm_while_it_builds(filled, monkeypatch, tmp_path):
+    """`oscar-zoo export NAME` reads a cached snapshot as `pull --format` does, and waits as it
+    does: a `cache rm` meanwhile used to delete the snapshot under it (the export failed with
+    "no bundle.json in it")."""
+    import threading
+
+    from oscar_zoo.zoo import export as export_mod
+
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    building, release, seen = threading.Event(), threading.Event(), {}
+    real_build = export_mod._build
+
+    def slow_build(*args):
+        building.set()
+        release.wait(20)
+        return real_build(*args)
+
+    monkeypatch.setattr(export_mod, "_build", slow_build)
+    out = tmp_path / "out"
+    exporter = threading.Thread(target=lambda: seen.update(r=CliRunner().invoke(
+        cli, ["export", f"{SMOL}@2", "--format", "sglang", "--out", str(out), "--json"])))
+    exporter.start()
+    cache = Cache()
+    try:
+        assert building.wait(20)
+        with pytest.raises(LockTimeout, match="still running"):
+            remove(cache, resolve_removal(cache, [f"{SMOL}@2"]))
+    finally:
+        release.set()
+        exporter.join(30)
+    assert seen["r"].exit_code == 0, seen["r"].output
+    assert cache.snapshot(SMOL, filled["B"]) is not None and any(out.iterdir())
+    # once it is done, the removal goes through
+    assert remove(cache, resolve_removal(cache, [f"{SMOL}@2"])).failed == []
+    assert cache.snapshot(SMOL, filled["B"]) is None
+
+
+def test_a_digest_prefix_of_decimal_digits_names_the_bundle(filled):
+    """`cache ls` shows 12 hex digits; about one digest in 300 starts with 12 decimal ones, which
+    pull's syntax reads as a version number: the prefix still names the bundle."""
+    cache = Cache()
+    digits = "0123456789" + "ab" * 27
+    cache.write_ref("digits-model", "v1", digits)
+    cache.write_meta("digits-model", digits, {"model": "digits-model", "digest": digits, "version": 1})
+    for spec in ("digits-model@0123456789", "digits-model@012345", f"digits-model@{digits}"):
+        (target,) = resolve_removal(cache, [spec])
+        assert target.digests == {digits}, spec
+    with pytest.raises(VersionNotFound):   # a version that is no digest's prefix either
+        resolve_removal(cache, ["digits-model@98765"])
+    result = CliRunner().invoke(cli, ["cache", "rm", "digits-model@0123456789ab", "--yes", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["refs"] == ["digits-model/v1"]
+    assert cache.refs("digits-model") == {}
+
+
+def test_a_file_that_cannot_be_removed_is_reported_and_the_rest_goes(bundles, filled, monkeypatch):
+    """A blob whose unlink fails (permissions, a read-only file where that stops it) is named
+    in `failed`, with a warning and exit status 1, as a directory is; the removal went on past
+    it, and the bytes it still holds are not counted as freed (it stopped the removal with a
+    bare OSError, the rest of the plan not done)."""
+    cache = Cache()
+    stuck = blob_of(bundles, "A", "README.md")
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self == stuck:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    planned = remove(cache, resolve_removal(cache, [f"{SMOL}@1"]), dry_run=True)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    result = CliRunner().invoke(cli, ["cache", "rm", f"{SMOL}@1", "--yes", "--json"])
+    assert result.exit_code == 1, result.output
+    assert f"could not remove all of {stuck}" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["failed"] == [str(stuck)] and stuck.exists()
+    assert data["bytes"] == planned.bytes - stuck.stat().st_size
+    assert not any(Path(p).exists() for p in data["removed"] if p != str(stuck))
+    assert not blob_of(bundles, "A", "bundle.json").exists()
+
+
+@pytest.mark.parametrize("name", ["d:", "d:projects", "C:x"])
+def test_a_name_with_a_drive_letter_is_no_cache_directory(filled, name):
+    """On Windows models/ joined with `d:` is the current directory of drive D, not a folder of
+    the cache: `cache rm d:` would have taken it for a model and deleted it. No model or ref
+    name has a ':' (registry, hub ids, the catalog), so none is used as a cache path."""
+    from pathlib import PureWindowsPath
+
+    from oscar_zoo.zoo.cache import model_key
+
+    assert not str(PureWindowsPath("C:/cache/models") / "d:").startswith("C:")   # the premise
+    with pytest.raises(UnsafePathError):
+        model_key(name)
+    with pytest.raises(UnsafePathError):
+        resolve_removal(Cache(), [name])
+    with pytest.raises(UnsafePathError):     # an alias a registry sent, written as a ref
+        Cache().write_ref(SMOL, name, filled["A"])
+    result = CliRunner().invoke(cli, ["cache", "rm", name, "--yes"])
+    assert result.exit_code == 1 and "cannot be used" in result.stderr

@@ -555,6 +555,8 @@ def whoami_command(as_json):
 def export_command(target, fmt, out, layers, as_json):
     """Write engine files for a cached bundle (or a bundle directory); no network."""
     _small_blas()
+    from contextlib import nullcontext
+
     from ..cache import Cache
     from ..catalog import find
     from ..export import export
@@ -563,17 +565,21 @@ def export_command(target, fmt, out, layers, as_json):
     from ..sources.base import parse_spec
 
     cache = Cache()
+    bdir = None
     if Path(target).is_dir():
         from ..bundle import verify_bundle
 
         verify_bundle(target)
         bdir, digest = Path(target), sha256_file(Path(target) / "bundle.json")
-    else:
-        name, ref = parse_spec(target)
-        result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
-        bdir, digest = result.path, result.digest
-    chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
-    result = export(cache, digest, bdir, fmt, chosen, out)
+    # as pull --format does: prune and cache rm wait, instead of taking away the snapshot (or
+    # the exports/ dir) this reads and writes
+    with cache.gc_guard() if cache.root.exists() else nullcontext():
+        if bdir is None:
+            name, ref = parse_spec(target)
+            result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
+            bdir, digest = result.path, result.digest
+        chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
+        result = export(cache, digest, bdir, fmt, chosen, out)
     emit(result.to_dict(), as_json, lambda d: _recipe_text(result))
 
 

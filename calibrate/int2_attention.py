@@ -71,11 +71,12 @@ def bundle_quantizer(manifest, device=None) -> Quantizer:
     Lloyd-Max buckets where it asks for them, on the layers whose rows are one group, and only
     when its K or V clip ratio is on (OSCAR applies them only in its single-scale clip kernel,
     oscar-spec 5)."""
+    from oscar_zoo.zoo.recipes import lloyd_max_ignored_for
+
     q, c, geo = manifest.quantization, manifest.clip, manifest.geometry
     dtype = getattr(torch, q.scale_dtype)
     dims = {geo.head_dim, *geo.head_dim_by_layer.values()}
-    # SGLang's clip kernel runs when the K or the V ratio is above 0; without it, uniform rows
-    if not (q.lloyd_max and (c.k_global > 0 or c.v_global > 0) and q.group_size >= min(dims)):
+    if not q.lloyd_max or lloyd_max_ignored_for(q.group_size, dims, c.k_global, c.v_global):
         return kernel_quantizer(dtype, device)
     lloyd = kernel_quantizer(dtype, device, lloyd_max=True)
     if q.group_size >= max(dims):

@@ -95,16 +95,23 @@ def _lloyd_note(report: dict | None) -> str:
 
 
 def lloyd_max_ignored(m) -> str | None:
-    """Why SGLang ignores SGLANG_LLOYD_MAX=1 for this bundle, or None: it applies it only in its
-    single-scale clip kernel (oscar-spec 5), so not with groups below every head_dim, nor with
-    both clip ratios off."""
+    """Why SGLang ignores SGLANG_LLOYD_MAX=1 for this bundle, or None (lloyd_max_ignored_for)."""
     m = _as_dict(m)
     q, clip, geo = m["quantization"], m["clip"], m["geometry"]
-    low = min([geo["head_dim"], *(geo.get("head_dim_by_layer") or {}).values()])
-    if q["group_size"] < low:
-        return (f"its group size {q['group_size']} is below head_dim {low}, so SGLang's grouped "
+    dims = [geo["head_dim"], *(geo.get("head_dim_by_layer") or {}).values()]
+    return lloyd_max_ignored_for(q["group_size"], dims, clip["k_global"], clip["v_global"])
+
+
+def lloyd_max_ignored_for(group_size: int, head_dims, k_clip: float, v_clip: float) -> str | None:
+    """Why SGLang ignores SGLANG_LLOYD_MAX=1 for a cache of these settings, or None: it applies
+    it only in its single-scale clip kernel (oscar-spec 5), so not with groups below every
+    head_dim, nor with both clip ratios off. The one statement of the rule: the recipe, the
+    model card and validation's quantizer (calibrate/int2_attention.py) all ask it."""
+    low = min(head_dims)
+    if group_size < low:
+        return (f"its group size {group_size} is below head_dim {low}, so SGLang's grouped "
                 "kernel quantizes it")
-    if clip["k_global"] <= 0 and clip["v_global"] <= 0:
+    if k_clip <= 0 and v_clip <= 0:
         return "both clip ratios are 0, so SGLang's kernel without clip quantizes it"
     return None
 

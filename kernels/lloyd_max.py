@@ -48,16 +48,21 @@ def _buckets(xc: torch.Tensor, scale_dtype: torch.dtype):
     return codes, scale, zero
 
 
-def quantize_kv_lloyd_max(x, rotation, clip, group_size=None, scale_dtype=torch.float32,
-                          mean=None):
-    """quantize_kv's arguments and output format (G = 1): packed uint8 [T, H, d/4] and
-    scales_zeros [T, H, 2] in scale_dtype."""
+def _checked_buckets(x, rotation, clip, group_size, mean, scale_dtype):
+    """quantize_kv's argument checks, then the buckets of the rotated, clamped rows."""
     t, h, d = check_x(x)
     check_scale_dtype(scale_dtype)
     check_rotation(rotation, h, d)
     check_mean(mean, h, d)
     _single_scale(d, group_size)
-    codes, scale, zero = _buckets(rotated_clamped(x, rotation, clip, mean), scale_dtype)
+    return _buckets(rotated_clamped(x, rotation, clip, mean), scale_dtype)
+
+
+def quantize_kv_lloyd_max(x, rotation, clip, group_size=None, scale_dtype=torch.float32,
+                          mean=None):
+    """quantize_kv's arguments and output format (G = 1): packed uint8 [T, H, d/4] and
+    scales_zeros [T, H, 2] in scale_dtype."""
+    codes, scale, zero = _checked_buckets(x, rotation, clip, group_size, mean, scale_dtype)
     return pack_codes(codes), torch.stack([scale, zero], dim=-1)
 
 
@@ -65,10 +70,5 @@ def fake_quantize_kv_lloyd_max(x, rotation, clip, group_size=None, mean=None,
                                scale_dtype=torch.float32) -> torch.Tensor:
     """quantize_kv_lloyd_max then the uniform dequant, in float32 as dequantize_kv computes it:
     [T, H, d] in the rotated (centered) basis."""
-    t, h, d = check_x(x)
-    check_scale_dtype(scale_dtype)
-    check_rotation(rotation, h, d)
-    check_mean(mean, h, d)
-    _single_scale(d, group_size)
-    codes, scale, zero = _buckets(rotated_clamped(x, rotation, clip, mean), scale_dtype)
+    codes, scale, zero = _checked_buckets(x, rotation, clip, group_size, mean, scale_dtype)
     return (codes.float() - zero.float()[..., None]) * scale.float()[..., None]

@@ -150,7 +150,9 @@ def test_a_live_tokens_name_is_its_own(db):
             ["ci", a.name, b.name])
 
 
-def test_migration_0009_renames_live_namesakes_and_leaves_revoked_ones(registry_db_url):
+def _migrated_with(registry_db_url, *tokens: dict):
+    """A database at 0008 given these token rows (prefix, scopes, dates filled in), then
+    upgraded through 0009 to the head: the Database."""
     from datetime import datetime, timezone
 
     from oscar_zoo.registry_db import migrate
@@ -158,17 +160,25 @@ def test_migration_0009_renames_live_namesakes_and_leaves_revoked_ones(registry_
 
     db = Database(registry_db_url)
     migrate.upgrade(db, "0008")
-    row = dict(prefix="ozk_x", scopes=["admin"], created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
-               revoked_at=None)
+    base = dict(prefix="ozk_x", scopes=["admin"], revoked_at=None,
+                created_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
     with db.write() as s:
-        s.execute(ApiToken.__table__.insert(), [
-            dict(id=1, name="ci", token_hash="1" * 64, **row),
-            dict(id=2, name="ci", token_hash="2" * 64, **row),
-            dict(id=3, name="ci", token_hash="3" * 64,
-                 **{**row, "revoked_at": datetime(2026, 2, 1, tzinfo=timezone.utc)}),
-            dict(id=4, name="ci-5", token_hash="4" * 64, **row),
-            dict(id=5, name="ci", token_hash="5" * 64, **row)])
+        s.execute(ApiToken.__table__.insert(), [{**base, **t} for t in tokens])
     migrate.upgrade(db)
+    return db
+
+
+def test_migration_0009_renames_live_namesakes_and_leaves_revoked_ones(registry_db_url):
+    from datetime import datetime, timezone
+
+    db = _migrated_with(
+        registry_db_url,
+        dict(id=1, name="ci", token_hash="1" * 64),
+        dict(id=2, name="ci", token_hash="2" * 64),
+        dict(id=3, name="ci", token_hash="3" * 64,
+             revoked_at=datetime(2026, 2, 1, tzinfo=timezone.utc)),
+        dict(id=4, name="ci-5", token_hash="4" * 64),
+        dict(id=5, name="ci", token_hash="5" * 64))
     with db.read() as s:
         assert {t.id: t.name for t in list_tokens(s)} == {1: "ci", 2: "ci-2", 3: "ci", 4: "ci-5",
                                                            5: "ci-5-2"}
@@ -198,18 +208,7 @@ def test_a_name_taken_at_the_same_moment_is_a_conflict_and_the_transaction_goes_
 def test_migration_0009_frees_the_unnamed_form_for_the_ids_it_names(registry_db_url):
     """A live token named token-<n> before names were checked (n not its id) took the name the
     token with id n gets when it is made unnamed: that insert failed on the unique index."""
-    from datetime import datetime, timezone
-
-    from oscar_zoo.registry_db import migrate
-    from oscar_zoo.registry_db.session import Database
-
-    db = Database(registry_db_url)
-    migrate.upgrade(db, "0008")
-    with db.write() as s:
-        s.execute(ApiToken.__table__.insert(), [
-            dict(name="token-2", prefix="ozk_x", token_hash="1" * 64, scopes=["admin"],
-                 created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), revoked_at=None)])
-    migrate.upgrade(db)
+    db = _migrated_with(registry_db_url, dict(name="token-2", token_hash="1" * 64))
     with db.write() as s:
         row, _ = create_token(s, ["admin"])
         assert row.id == 2          # the id after the one stored (no explicit ids: PostgreSQL)
@@ -222,18 +221,8 @@ def test_migration_0009_frees_the_unnamed_form_for_the_ids_it_names(registry_db_
 def test_migration_0009_renames_an_old_default_name_by_its_id_not_its_secret(registry_db_url):
     """The old default name token-<prefix[4:10]> is a piece of the secret; all digits, it has the
     unnamed form. Renamed, it becomes token-<id> (how it was shown), never <secret piece>-<id>."""
-    from datetime import datetime, timezone
-
-    from oscar_zoo.registry_db import migrate
-    from oscar_zoo.registry_db.session import Database
-
-    db = Database(registry_db_url)
-    migrate.upgrade(db, "0008")
-    with db.write() as s:
-        s.execute(ApiToken.__table__.insert(), [
-            dict(name="token-904211", prefix="ozk_904211ab", token_hash="1" * 64, scopes=["admin"],
-                 created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), revoked_at=None)])
-    migrate.upgrade(db)
+    db = _migrated_with(registry_db_url,
+                        dict(name="token-904211", prefix="ozk_904211ab", token_hash="1" * 64))
     with db.read() as s:
         row = list_tokens(s)[0]
         assert row.name == f"token-{row.id}"

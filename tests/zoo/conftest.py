@@ -191,3 +191,22 @@ def env_for_subprocess(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update(extra or {})
     return env
+
+
+def paused_export_build(monkeypatch):
+    """Exports stop inside their build until `release` is set; `building` says one got there.
+    For tests of what may happen to the cache while an export is being built."""
+    import threading
+
+    from oscar_zoo.zoo import export as export_mod
+
+    building, release = threading.Event(), threading.Event()
+    real_build = export_mod._build
+
+    def slow_build(*args):
+        building.set()
+        release.wait(20)
+        return real_build(*args)
+
+    monkeypatch.setattr(export_mod, "_build", slow_build)
+    return building, release

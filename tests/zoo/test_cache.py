@@ -22,7 +22,7 @@ from oscar_zoo.zoo.errors import LockTimeout, OfflineError
 from oscar_zoo.zoo.export import WRITER
 from oscar_zoo.zoo.pull import pull
 
-from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt
+from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt, paused_export_build
 
 OSCAR_ZOO = [sys.executable, "-m", "oscar_zoo.zoo.cli.main"]
 # what verify re-hashes: a bundle's bundle.json, rotations.safetensors and README.md, and with an
@@ -425,20 +425,12 @@ def test_cache_ls_and_login(hf_only, sandbox):
 def test_a_pull_holds_off_prune_and_cache_rm_while_it_builds_its_export(hf_only, monkeypatch):
     """The snapshot an export reads stays until the export is built: a `cache rm` (or a prune
     after another pull moved the ref) waits for it instead of deleting the files under it."""
-    from oscar_zoo.zoo import export as export_mod
     from oscar_zoo.zoo.cache_remove import remove, resolve_removal
 
     pull("glm-4.7-fp8")
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
-    building, release, seen = threading.Event(), threading.Event(), {}
-    real_build = export_mod._build
-
-    def slow_build(*args):
-        building.set()
-        release.wait(20)
-        return real_build(*args)
-
-    monkeypatch.setattr(export_mod, "_build", slow_build)
+    building, release = paused_export_build(monkeypatch)
+    seen = {}
     puller = threading.Thread(target=lambda: seen.update(r=pull("glm-4.7-fp8", fmt="sglang")))
     puller.start()
     try:

@@ -37,6 +37,8 @@ from oscar_zoo.zoo.sources.base import Plan
 from oscar_zoo.zoo.sources.download import RemoteFile
 from tests.utils.bundles import make_manifest, make_tensors
 
+from .conftest import paused_export_build
+
 SMOL, FORK, FORK_DIR = "smollm2-135m", "org/SmolLM2-Fork", "org--smollm2-fork"
 FILES = ("bundle.json", "README.md", "rotations.safetensors")
 
@@ -381,18 +383,9 @@ def test_an_export_from_the_cache_holds_off_cache_rm_while_it_builds(filled, mon
     "no bundle.json in it")."""
     import threading
 
-    from oscar_zoo.zoo import export as export_mod
-
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
-    building, release, seen = threading.Event(), threading.Event(), {}
-    real_build = export_mod._build
-
-    def slow_build(*args):
-        building.set()
-        release.wait(20)
-        return real_build(*args)
-
-    monkeypatch.setattr(export_mod, "_build", slow_build)
+    building, release = paused_export_build(monkeypatch)
+    seen = {}
     out = tmp_path / "out"
     exporter = threading.Thread(target=lambda: seen.update(r=CliRunner().invoke(
         cli, ["export", f"{SMOL}@2", "--format", "sglang", "--out", str(out), "--json"])))

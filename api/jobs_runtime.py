@@ -7,8 +7,9 @@ and takes a write transaction only when a lease has expired.
 
 The executor gets a token of its own (scope jobs:work), created at startup and revoked at a
 clean shutdown. A server that was killed could not revoke its token: the next `serve` on the
-same host revokes every executor token of a serve process there that no longer runs. On shutdown the local executor's workers stop, give their jobs back and wait
-until their GPU work is gone; jobs they still held are requeued without spending an attempt.
+same host revokes every executor token of a serve process there that no longer runs. On
+shutdown the local executor's workers stop, give their jobs back and wait until their GPU work
+is gone; jobs they still held are requeued without spending an attempt.
 """
 
 from __future__ import annotations

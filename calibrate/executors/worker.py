@@ -43,10 +43,6 @@ from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
-
-
-class _UnreadableBeat(Exception):
-    """A heartbeat reply that could not be read: retried like an unreachable registry."""
 POLL_S = 1.0
 CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle worker asks rarely
 PROGRESS_EVERY_S = 0.5
@@ -55,6 +51,10 @@ UPLOAD_TRIES = 3         # a result refused by a version-number race: tried this
 EXIT_CANCELLED = 3
 WORKDIR_PREFIX = "oscar-zoo-job-"
 WORKDIR_LOCK = ".held"   # flocked by the attempt's process while it lives (see sweep_workdirs)
+
+
+class _UnreadableBeat(Exception):
+    """A heartbeat reply that could not be read: retried like an unreachable registry."""
 
 
 def new_worker_id(kind: str = "worker") -> str:

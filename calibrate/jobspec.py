@@ -26,8 +26,8 @@ from oscar_zoo.zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from oscar_zoo.zoo.geometry import ModelGeometry
 
 BUILTIN_DATA = "builtin:pydoc"
-_ALIAS = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
-_MIRROR = re.compile(r"^(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ALIAS = re.compile(r"[a-z][a-z0-9._-]{0,63}")
+_MIRROR = re.compile(r"(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class Strict(BaseModel):
@@ -192,11 +192,11 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
                   seq_len=spec.seq_len if spec.clip_search else None,
                   context_len=spec.validation.context_len if spec.validation.enabled else None)
     for alias in spec.aliases:
-        if not _ALIAS.match(alias) or alias == "latest":
+        if not _ALIAS.fullmatch(alias) or alias == "latest":   # fullmatch: `$` lets "prod\n" by
             raise InvalidInput(f"alias {alias!r}: use a lower-case name such as recommended "
                                "(`latest` moves by itself)")
     for target in spec.mirror:
-        if not _MIRROR.match(target):
+        if not _MIRROR.fullmatch(target):
             raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
     _check_ray_resources(spec.ray_resources)
     check_paths(spec)

@@ -47,8 +47,8 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
         _lock_status(session, version)
     lock_model(session, model)
     if version is not None and version.status != "published":
-        raise Conflict(f"version {version.number} is {version.status}; aliases point at published "
-                       "versions only")
+        raise Conflict(f"version {version.number} is {_unaliasable(model, version)}; aliases "
+                       "point at published versions only")
     now = datetime.now(timezone.utc)
     new = version.id if version else None
     row = _alias_row(session, model, name)
@@ -69,6 +69,14 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
                  version=version.number if version else None, reason=reason)
     session.flush()
     return True
+
+
+def _unaliasable(model: Model, version: BundleVersion) -> str:
+    """Why `version` (not published) takes no alias, and what to do instead."""
+    if version.status == "draft":
+        return (f"a draft: publish it first (`oscar-zoo promote {model.name}@{version.number}`, "
+                f"POST .../versions/{version.number}/publish)")
+    return f"yanked ({version.yank_reason}): point the alias at another version"
 
 
 def lock_model(session: Session, model: Model) -> None:

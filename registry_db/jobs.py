@@ -241,8 +241,9 @@ def request_cancel(session: Session, job_id: str, by: str | None, *, token_id: i
     job_id: the whole id or a unique prefix (resolve). token_id, admin: the caller's token,
     which must be the one that submitted the job or hold the admin scope.
 
-    Raises Forbidden for another token's job, Conflict for a job that already succeeded or
-    failed, JobNotFound.
+    Cancelling a cancelled job (or one whose cancel is pending) changes nothing and answers as
+    the first request did. Raises Forbidden for another token's job, Conflict for a job that
+    already succeeded or failed, JobNotFound.
     """
     job = resolve(session, job_id, lock=True)
     if not admin:
@@ -257,6 +258,8 @@ def request_cancel(session: Session, job_id: str, by: str | None, *, token_id: i
         raise Conflict(f"job {job.id} already recorded its result as {job.model}@{version.number} "
                        f"and {state}; to withdraw that version: oscar-zoo yank "
                        f"{job.model}@{version.number} --reason ...")
+    if job.status == "cancelled" or job.cancel_requested:
+        return job      # a retried request: already done, so no second audit row
     if job.status == "queued":
         _finish(job, "cancelled", None, now_utc())
     elif job.status == "running":

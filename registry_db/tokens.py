@@ -107,7 +107,9 @@ def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
     """
     row = identify(session, token)
     if scope not in row.scopes and "admin" not in row.scopes:
-        raise Forbidden(f"token {row.name!r} has scopes {row.scopes}; this needs {scope!r}")
+        # named as its writes are (actor_of): a legacy default name holds characters of the secret
+        raise Forbidden(f"token {actor_of(row)} has scopes {row.scopes}; this needs {scope!r}: "
+                        f"use a token with it (`oscar-zoo tokens create --scope {scope}`)")
     return row
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from .errors import ModelNotFound
 from .geometry import ModelGeometry, geometry_from_config_file
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
 
 def is_hub_id(model: str) -> bool:
     """org/name as the Hugging Face Hub spells repository ids."""
-    return bool(_HUB_ID.match(model))
+    return bool(_HUB_ID.fullmatch(model))
 
 
 @dataclass(frozen=True)

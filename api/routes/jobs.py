@@ -220,8 +220,9 @@ def get_job(job_id: str, request: Request):
                      "its process group is killed after a grace period",
              responses={403: {"description": "another token submitted the job: that token or "
                                              "an admin token may cancel it"},
-                        409: {"description": "the job already ended, or recorded its result; "
-                                             "or the prefix starts several jobs' ids"}})
+                        409: {"description": "the job already succeeded or failed, or recorded "
+                                             "its result; or the prefix starts several jobs' ids "
+                                             "(cancelling a cancelled job answers 202 again)"}})
 def cancel(job_id: str, request: Request, who: Caller = Depends(caller("jobs:submit"))):
     with request.app.state.registry.db.write() as session:
         return detail_of(session, jobs_db.request_cancel(

@@ -147,8 +147,11 @@ def parse_layers(spec: str, available: list[int]) -> list[int]:
                 or (_ and not hi)):
             raise InvalidInput(f"bad layer spec {item!r}: use numbers and ranges like 0-45,60")
         a, b = int(lo), int(hi) if hi else int(lo)
-        if a > b or b > MAX_LAYER:
+        if a > b:
             raise InvalidInput(f"bad layer range {item!r}: start must not exceed end")
+        if b > MAX_LAYER:
+            raise InvalidInput(f"bad layer range {item!r}: layer numbers go up to {MAX_LAYER}; "
+                               f"this version's layers are {available[0]} to {available[-1]}")
         if not hi and a not in have:
             raise LayerNotFound(f"this version has no layer {a}")
         chosen |= {i for i in available if a <= i <= b}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
 
 from ...registry_db import queries
+from ...zoo.errors import ModelNotFound, NotFound
 from .. import serialize
 from ..deps import reading
 from ..schemas import ModelDetail, ModelList
@@ -37,10 +39,36 @@ def list_models(
                    summary="Model detail", description=f"`name`: {NAME_DOC}.")
 def model_detail(name: str, request: Request):
     with reading(request) as session:
-        model = queries.resolve_model(session, name)
+        model = _detail_model(session, name)
         stats = queries.model_stats(session, [model.id])[model.id]
         versions = queries.list_versions(session, model, limit=20).items
         aliases = queries.aliases_of(session, [v.id for v in versions])
         return {**serialize.model_item(model, stats),
                 "version_aliases": queries.alias_map(session, model),
                 "versions": [serialize.version_summary(v, aliases[v.id]) for v in versions]}
+
+
+def _detail_model(session: Session, name: str):
+    """The model `name` names. This route takes every /v1/models/... path no other route took
+    (a hub id holds a slash), so a mistyped sub-path of a known model (`.../version/1`,
+    `.../versions/`) would read as an unknown model called `qwen3-8b/version/1`: say which
+    model exists and which paths it has instead.
+
+    Raises ModelNotFound, or NotFound for a path under a known model that no endpoint serves.
+    """
+    try:
+        return queries.resolve_model(session, name)
+    except ModelNotFound:
+        parts = name.split("/")
+        # a model's name has no slash and its hub id one: a hub id first, then a name
+        for n in (n for n in (2, 1) if n < len(parts)):
+            try:
+                model = queries.resolve_model(session, "/".join(parts[:n]))
+            except ModelNotFound:
+                continue
+            base = f"/v1/models/{model.name}"
+            raise NotFound(f"no endpoint at /v1/models/{name}: {model.name} is a model; its paths "
+                           f"are {base}/versions, {base}/versions/{{version or alias}}[/files/"
+                           f"{{name}}|/layers/{{layer}}] and {base}/aliases (all of them at "
+                           "/docs)") from None
+        raise

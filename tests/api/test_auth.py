@@ -83,3 +83,21 @@ def test_tokens_revoke_takes_the_leaked_token_and_does_not_print_it(registry_db_
     assert '"revoked_at": null' not in listed
     for output in (revoked.output, again.output, listed):
         assert token not in output and token[4:10] not in output.replace(token[:12], "")
+
+
+def test_a_wrong_scope_says_how_to_get_it_without_the_tokens_characters(registry_server, tmp_path):
+    """The 403 named the token by its stored name, which for a token named the old way is
+    `token-` + characters 4..10 of the secret (the actor shows it by id instead), and said
+    which scope was missing but not how to get a token holding it."""
+    from sqlalchemy import update
+
+    token = registry_server.token("jobs:submit", name="")
+    with registry_server.registry.db.write() as session:
+        session.execute(update(ApiToken).values(name=f"token-{token[4:10]}"))
+    make_bundle(tmp_path / "b")
+    with registry_server.client(token) as http:
+        r = upload_bundle(http, tmp_path / "b")
+    assert r.status_code == 403, r.text
+    detail = r.json()["detail"]
+    assert token[4:10] not in detail and "token:token-" in detail, detail
+    assert "oscar-zoo tokens create --scope bundles:publish" in detail, detail

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pytest
+
 from oscar_zoo.zoo.catalog import CATALOG
 from tests.utils.bundles import make_bundle
 
@@ -109,3 +111,20 @@ def test_service_routes(registry_server):
         assert r.status_code == 405 and r.headers["content-type"] == "application/problem+json"
         r = http.get("/v2/anything")
         assert r.status_code == 404 and "/docs" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["smollm2-135m/version/1", "smollm2-135m/versions/",
+                                  "HuggingFaceTB/SmolLM2-135M-Instruct/layers/0"])
+def test_a_mistyped_path_under_a_known_model_says_the_model_exists(registry_server, path):
+    """The detail route takes every path no other route took: `.../version/1` answered
+    "unknown model 'smollm2-135m/version/1'. Did you mean: smollm2-135m?", about a model that
+    exists."""
+    with registry_server.client() as http:
+        r = http.get(f"/v1/models/{path}")
+        assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
+        detail = r.json()["detail"]
+        assert f"no endpoint at /v1/models/{path}: smollm2-135m is a model" in detail, detail
+        assert "/v1/models/smollm2-135m/versions/{version or alias}" in detail
+        # a model that does not exist is still one, with its suggestions
+        r = http.get("/v1/models/smolm2-135m/versions/")
+        assert r.json()["title"] == "Model not found" and "smollm2-135m" in r.json()["suggestions"]

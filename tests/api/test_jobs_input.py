@@ -76,3 +76,22 @@ def test_custom_ray_resources_are_accepted(jobs_http):
     r = sub.post("/v1/jobs", json={"model": "smollm2-135m",
                                   "ray_resources": {"worker_node": 1, "shared": 0.5, "slots": 2}})
     assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("alias", ["prod\n", "latest\n"])
+def test_an_alias_the_registry_cannot_hold_is_refused_at_submit(jobs_http, alias):
+    """The spec's alias check let `prod\\n` through (`$` matches before a final newline): the job
+    was queued and calibrated, and its result upload then answered 422 at the alias move, so
+    the calibrated bundle could never be recorded."""
+    sub, work = jobs_http
+    r = sub.post("/v1/jobs", json={"model": "smollm2-135m", "aliases": [alias]})
+    assert r.status_code == 422, r.text
+    assert repr(alias) in r.json()["detail"] and "lower-case" in r.json()["detail"]
+    assert sub.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_mirror_target_with_a_trailing_newline_is_refused_at_submit(jobs_http):
+    sub, _ = jobs_http
+    r = sub.post("/v1/jobs", json={"model": "smollm2-135m", "mirror": ["hf:org/repo\n"]})
+    assert r.status_code == 422, r.text
+    assert "hf:ORG/REPO" in r.json()["detail"]

@@ -101,3 +101,17 @@ def test_full_index(indexed):
     ranges = {(i["side"], i["layer"], i["kv_head"]): tuple(i["byte_range"]) for i in body["items"]}
     # Per-head bundles give each head its own bytes; per-layer ones share one matrix.
     assert (ranges["k", 0, 0] != ranges["k", 0, 1]) == per_head
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("0-1000000", "layer numbers go up to 100000; this version's layers are 0 to 29"),
+    ("5-3", "start must not exceed end"),
+])
+def test_a_bad_layer_range_says_what_is_wrong_with_it(spec, says):
+    """A range past the largest layer number was refused as if its start exceeded its end."""
+    from oscar_zoo.api.routes.layers import parse_layers
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as e:
+        parse_layers(spec, list(range(30)))
+    assert says in str(e.value)

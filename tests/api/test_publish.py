@@ -206,3 +206,19 @@ def test_a_token_named_before_names_were_limited_can_still_publish(registry_serv
         r = upload_bundle(http, tmp_path / "b")
     assert r.status_code == 201, r.text
     assert r.json()["created_by"] == ("token:ci-" + "x" * 197)[:200]
+
+
+def test_an_alias_refused_for_a_draft_or_a_yanked_version_says_what_to_do(publisher, tmp_path):
+    """The 409 said only that aliases point at published versions: not that a draft is
+    published with `oscar-zoo promote`, nor that a yanked version is never aliased again."""
+    server, http = publisher
+    make_bundle(tmp_path / "b")
+    make_bundle(tmp_path / "c", seed=1)
+    assert upload_bundle(http, tmp_path / "b", status="draft").status_code == 201
+    assert upload_bundle(http, tmp_path / "c").status_code == 201
+    r = http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 1})
+    assert r.status_code == 409 and "oscar-zoo promote smollm2-135m@1" in r.json()["detail"]
+    http.post("/v1/models/smollm2-135m/versions/2/yank", json={"reason": "bad clips"})
+    r = http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 2})
+    assert r.status_code == 409, r.text
+    assert "yanked (bad clips)" in r.json()["detail"] and "another version" in r.json()["detail"]

@@ -285,3 +285,25 @@ def test_an_attach_to_a_job_with_a_cancel_pending_cancels_it(registry, attached_
     assert (status, attempts, error) == ("cancelled", 1, None)
     with registry.db.read() as s:
         assert jobs.get(s, job_id).lease_token is None
+
+
+def _cancel_events(registry, job_id) -> int:
+    from sqlalchemy import func, select
+
+    from oscar_zoo.registry_db.models import AuditEvent
+    with registry.db.read() as s:
+        return s.scalar(select(func.count()).select_from(AuditEvent).where(
+            AuditEvent.action == "job.cancel", AuditEvent.target == f"job:{job_id}"))
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["queued", "running"])
+def test_a_repeated_cancel_changes_nothing_and_records_one_event(registry, running):
+    """A client retrying its cancel (a timeout, a second click) got 202 and a second audit row."""
+    job_id = submit(registry)
+    if running:
+        claim(registry)
+    for _ in range(2):
+        with registry.db.write() as s:
+            jobs.request_cancel(s, job_id, "token:ops", token_id=0, admin=True)
+    assert status(registry, job_id) == (("running", True) if running else ("cancelled", False))
+    assert _cancel_events(registry, job_id) == 1

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from oscar_zoo.zoo.catalog import CATALOG, lookup, resolve, suggest
+from oscar_zoo.zoo.catalog import CATALOG, is_hub_id, lookup, resolve, suggest
 from oscar_zoo.zoo.errors import ModelNotFound, UnsupportedModelError
 from oscar_zoo.zoo.geometry import geometry_from_config
 
@@ -77,3 +77,10 @@ def test_unknown_model_geometry_comes_from_config_json(tmp_path):
     assert entry.hub_id == "acme/tiny-lm" and entry.geometry.num_kv_heads == 2
     with pytest.raises(ModelNotFound, match="config.json"):
         resolve("acme/tiny-lm")
+
+
+@pytest.mark.parametrize("model,hub", [("Qwen/Qwen3-8B", True), ("qwen3-8b", False),
+                                       ("Qwen/Qwen3-8B\n", False), ("a/b/c", False)])
+def test_is_hub_id_takes_the_whole_string(model, hub):
+    # `$` would match before a final newline, and a hub id with one names no repository
+    assert is_hub_id(model) is hub

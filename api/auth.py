@@ -22,20 +22,27 @@ bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo 
 @dataclass(frozen=True)
 class Caller:
     """The token a request came with: its actor name (created_by, the audit log), its id (who
-    owns a job: a revoked token's name may be reused) and whether it holds the admin scope."""
+    owns a job: a revoked token's name may be reused) and its scopes."""
     actor: str
     token_id: int
-    admin: bool
+    scopes: tuple[str, ...]
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def holds(self, scope: str) -> bool:
+        return scope in self.scopes or self.admin
 
 
 def caller(scope: str) -> Callable[..., Caller]:
-    """require(scope), keeping the token's id and admin scope besides its actor name."""
+    """require(scope), keeping the token's id and scopes besides its actor name."""
     def dependency(request: Request,
                    credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
         token = credentials.credentials if credentials else None
         with request.app.state.registry.db.read() as session:
             row = authenticate(session, token, scope)
-            return Caller(actor_of(row), row.id, "admin" in row.scopes)
+            return Caller(actor_of(row), row.id, tuple(row.scopes))
 
     dependency.__name__ = f"caller_{scope.replace(':', '_')}"
     return dependency

@@ -1,6 +1,7 @@
 """Calibration jobs, the user's side: submit, list, follow (server-sent events), cancel.
 
-    POST /v1/jobs                    {spec}, scope jobs:submit; `Idempotency-Key` header (or
+    POST /v1/jobs                    {spec}, scope jobs:submit (and bundles:publish for a spec
+                                     that moves aliases); `Idempotency-Key` header (or
                                      "idempotency_key" in the body): same key -> same job (and
                                      its submitting token: a retry by another token owns nothing)
     GET  /v1/jobs?status=&model=&limit=&cursor=
@@ -34,7 +35,7 @@ from ...registry_db import jobs as jobs_db
 from ...registry_db import queries
 from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
-from ...zoo.errors import InvalidInput, ModelNotFound
+from ...zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
 from ..auth import Caller, caller
 from ..serialize import iso
@@ -148,6 +149,7 @@ def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE
     registry = request.app.state.registry
     with registry.db.read() as session:
         spec, name = prepare_spec(session, body.model_dump(exclude={"idempotency_key"}))
+    _check_alias_scope(spec, who)
     with registry.db.write() as session:
         job, created = jobs_db.submit(
             session, spec.model_dump(mode="json"), model=name, gpus=spec.gpus,
@@ -157,6 +159,17 @@ def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE
         detail = detail_of(session, job)
     return JSONResponse(detail, status_code=201 if created else 200,
                         headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def _check_alias_scope(spec: jobspec.JobSpec, who: Caller) -> None:
+    """Moving an alias is publishing (`recommended` is what `pull NAME` serves): a job may move
+    them only for a token that could move them itself."""
+    if spec.aliases and not who.holds("bundles:publish"):
+        raise Forbidden(f"moving aliases {spec.aliases} needs scope 'bundles:publish' beside "
+                        f"'jobs:submit', which {who.actor} lacks: submit with a token that has "
+                        "both (`oscar-zoo tokens create --scope jobs:submit --scope "
+                        "bundles:publish`), or leave the aliases out and move them after the job "
+                        "with `oscar-zoo alias NAME@VERSION ALIAS`")
 
 
 def given_fields(spec: BaseModel) -> dict:

@@ -1,7 +1,8 @@
 """Jobs test fixtures.
 
 - `jobs_api`: the real registry over HTTP (SQLite and PostgreSQL) with a short lease setting,
-  and two JobsClients: `submitter` (scope jobs:submit) and `worker` (scope jobs:work). Tests
+  and two JobsClients: `submitter` (scopes jobs:submit and bundles:publish: its specs may move
+  aliases) and `worker` (scope jobs:work). Tests
   drive the worker protocol through the real client; no model is loaded.
 - `four_layers`: the test model cut to its first 4 blocks (a GGUF path), for the fault tests.
 - tests/jobs/serve.py runs `oscar-zoo serve` as a process, with its local workers (the tests
@@ -45,6 +46,6 @@ def jobs_api(monkeypatch, registry_db_url, tmp_path):
     from tests.utils.registry_server import run_registry
 
     with run_registry(registry_db_url, tmp_path / "registry-data") as server:
-        with JobsClient(server.url, server.token("jobs:submit", name="owner")) as submitter, \
+        with JobsClient(server.url, server.token("jobs:submit", "bundles:publish", name="owner")) as submitter, \
                 JobsClient(server.url, server.token("jobs:work", name="gpu-worker")) as worker:
             yield JobsApi(server, submitter, worker)

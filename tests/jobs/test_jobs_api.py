@@ -133,6 +133,17 @@ def test_a_path_inside_the_job_paths_is_taken_and_a_symlink_out_of_them_is_not(j
         jobs_api.submitter.submit({"model": "smollm2-135m", "data": [str(tmp_path / "etc" / "x.txt")]})
 
 
+def test_a_spec_moving_aliases_needs_a_token_that_may_move_them(jobs_api):
+    """A jobs:submit token could point `recommended`, what `pull NAME` serves, at a bundle of its
+    choosing (require_pass false), which the alias endpoint refuses it."""
+    with JobsClient(jobs_api.server.url, jobs_api.server.token("jobs:submit", name="ci")) as ci:
+        with pytest.raises(Forbidden, match="bundles:publish.*oscar-zoo alias"):
+            ci.submit({"model": "smollm2-135m", "aliases": ["recommended"]})
+        assert _count(jobs_api.server, Job) == 0
+        job, created = ci.submit({"model": "smollm2-135m"})     # without aliases it may submit
+        assert created and job["spec"]["aliases"] == []
+
+
 def test_unknown_model_is_404_problem_with_suggestions(jobs_api):
     r = httpx.post(f"{jobs_api.server.url}/v1/jobs", json={"model": "qwen3-8"},
                    headers=jobs_api.submitter.registry.auth_headers)

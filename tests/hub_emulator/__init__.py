@@ -10,6 +10,7 @@ The real `huggingface_hub` and `modelscope-hub` clients talk to it unchanged (co
         hub.truncate(r"/resolve/.*k\\.pt", after=1000)          # cut a body short (stall= to hang)
         hub.corrupt(r"/resolve/")                               # flip a byte of the next body
         hub.delay("PUT", r"/_lfs/", seconds=30)                 # hang an upload
+        hub.lose_response("POST", r"/commit/", status=504)      # commit, then answer 504
         hub.tokens = {"hf_test", "ms_test"}                    # writes need one of these
         hub.log                                # [(method, path), ...]
 

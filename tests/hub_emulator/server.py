@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import re
 import threading
@@ -41,6 +42,7 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    description: str | None = None           # ModelScope's repo description (set at create)
 
     @property
     def default_branch(self) -> str:
@@ -77,6 +79,7 @@ class Fault:
     corrupt: bool = False           # or flip one byte of the body
     delay: float | None = None      # or wait this long before answering (any method)
     stall: float | None = None      # or send `truncate` bytes then sleep this long
+    lost: int | None = None         # or do the request, then answer this status instead
     times: int | None = None        # None: forever
     hub: str | None = None          # "hf" | "ms" | None (both)
 
@@ -179,6 +182,12 @@ class HubEmulator:
               hub: str | None = None) -> None:
         self.faults.append(Fault(method, re.compile(pattern), delay=seconds, times=times, hub=hub))
 
+    def lose_response(self, method: str, pattern: str, status: int = 504, times: int | None = 1,
+                      hub: str | None = None) -> None:
+        """Carry the request out (a commit lands), then answer `status`: a gateway that timed
+        out while the backend finished, so the client cannot tell it worked."""
+        self.faults.append(Fault(method, re.compile(pattern), lost=status, times=times, hub=hub))
+
     def corrupt(self, pattern: str, times: int | None = 1, hub: str | None = None) -> None:
         self.faults.append(Fault("GET", re.compile(pattern), corrupt=True, times=times, hub=hub))
 
@@ -257,7 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.emu.generation != generation:  # the test is over: answer nothing
                     self.close_connection = True
                     return
-            if hub == "ms":
+            if fault is not None and fault.lost is not None:
+                self._answer_lost(hub, method, fault.lost)
+            elif hub == "ms":
                 self._modelscope(method)
             else:
                 self._hf(method)
@@ -265,6 +276,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(hub, e)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _answer_lost(self, hub: str, method: str, status: int):
+        """Run the request with its answer thrown away, then answer `status`."""
+        real, self.wfile = self.wfile, io.BytesIO()
+        try:
+            (self._modelscope if hub == "ms" else self._hf)(method)
+        except HttpError:
+            pass
+        finally:
+            self.wfile = real
+        raise HttpError(status, f"injected {status} (the request was carried out)")
 
     # helpers
 
@@ -658,7 +680,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.emu.lock:
             if self.emu.repo("ms", repo_id) is not None:
                 raise HttpError(400, f"model {repo_id} already exists")
-            self.emu.repo("ms", repo_id, create=True)
+            self.emu.repo("ms", repo_id, create=True).description = body.get("Description")
         self._ms_ok({"Path": body["Path"], "Name": body["Name"]})
 
     def _ms_rev(self, repo: Repo) -> str:
@@ -671,7 +693,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _ms_model(self, method: str, repo: Repo, rest: str):
         if rest == "" and method == "GET":
             return self._ms_ok({"Name": repo.repo_id.split("/")[1], "Path": repo.repo_id.split("/")[0],
-                                "Id": repo.repo_id, "Visibility": 5})
+                                "Id": repo.repo_id, "Visibility": 5,
+                                "Description": repo.description})
         if rest == "/revisions" and method == "GET":
             def rows(refs):
                 return [{"Revision": n, "CommitId": o, "CreatedAt": int(repo.commits[o].created)}

@@ -62,3 +62,15 @@ def test_a_token_that_cannot_create_repos_still_mirrors_into_one_that_exists(hub
         r = mirror_bundle(b.path, 1, f"{kind}:oscar-zoo/elsewhere")
         assert r.status == "failed" and "403" in r.error, r.error
     assert hub.repo("hf", "oscar-zoo/elsewhere") is None and hub.repo("ms", "oscar-zoo/elsewhere") is None
+
+
+def test_a_rate_limit_that_outlasts_the_retries_says_to_wait_and_rerun(hub, tmp_path):
+    """"429 from the hub (Too Many Requests)" alone does not say that the fix is to wait, nor
+    that running the mirror again will not duplicate what landed."""
+    hub.tokens = {"hf_test", "ms_test"}
+    b = make_bundle(tmp_path / "b")
+    hub.fail("POST", r"/commit/", status=429)
+    for target in (HF, MS):
+        r = mirror_bundle(b.path, 1, target)
+        assert r.status == "failed" and "429" in r.error, r.error
+        assert "rate-limiting" in r.error and "oscar-zoo mirror smollm2-135m@1" in r.error

@@ -77,8 +77,7 @@ def test_yanking_the_only_version_empties_its_folder_on_main(hub_w, bundles, tar
     assert mark_yanked(target, MODEL, 1, "bad rotations").committed
     assert not [p for p in repo.files() if p.startswith("SmolLM2-135M-Instruct/")]
     assert folder_on(repo, TAG) == at_tag and set(repo.tags) == {TAG}
-    if kind == "hf":
-        assert len(repo.commits) == n + 1   # ModelScope deletes in a commit of its own
+    assert len(repo.commits) == n + 1   # index, README and deletions together, on both hubs
     assert hub_slot(repo)["latest"] is None
     readme = repo.files()["README.md"][0].decode()
     assert f"| smollm2-135m | 1 (yanked) | `{FOLDER}` (removed from main" in readme
@@ -147,16 +146,15 @@ def test_a_per_head_version_yanked_leaves_no_per_head_files_beside_the_restored_
         assert mark_yanked(target, MODEL, 2, "per-head collapse").committed
         assert folder_on(repo) == folder_on(repo, TAG)
         assert sorted(n for n in folder_on(repo) if n.endswith(".pt")) == sorted(PT_FILES)
-        if kind == "hf":
-            assert len(repo.commits) == n + 1
+        assert len(repo.commits) == n + 1   # no moment with both pairs, or neither
         assert not mark_yanked(target, MODEL, 2, "per-head collapse").committed
 
 
 @pytest.mark.parametrize("target,kind", TARGETS)
 def test_a_yank_recorded_without_fixing_main_is_finished_by_a_rerun(hub_w, bundles, second,
                                                                     target, kind):
-    """An index that already says yanked (an older oscar-zoo, or a run cut short on ModelScope
-    between its upload and delete commits) with main still serving the yanked files."""
+    """An index that already says yanked (an older oscar-zoo, which on ModelScope deleted in a
+    second commit, and was cut short before it) with main still serving the yanked files."""
     mirrored(target, (1, bundles[0]), (2, second))
     repo = hub_w.repo(kind, REPO)
     index = layout.load_index(repo.files()["oscar-zoo.json"][0])

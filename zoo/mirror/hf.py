@@ -33,6 +33,11 @@ class HFTarget:
             self.api().create_repo(self.repo, repo_type="model", exist_ok=True)
         return True
 
+    def unfinished(self) -> bool:
+        """The Hub starts a repo with a .gitattributes only (runner.SEED_FILES), which a rerun
+        into a repo an earlier run created and left before its first commit accepts anyway."""
+        return False
+
     def tags(self) -> dict[str, str]:
         with self.hub.errors(self.repo, None):
             refs = self.api().list_repo_refs(self.repo)
@@ -99,8 +104,17 @@ class HFTarget:
         ops = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=f.data) for f in files]
         ops += [CommitOperationDelete(path_in_repo=path) for path in delete]
         with self.hub.errors(self.repo, "main"):
-            info = self.api().create_commit(self.repo, operations=ops, commit_message=message,
-                                            parent_commit=parent, repo_type="model")
+            try:
+                info = self.api().create_commit(self.repo, operations=ops,
+                                                commit_message=message, parent_commit=parent,
+                                                repo_type="model")
+            except RuntimeError as e:
+                # A failed LFS upload comes wrapped in a bare RuntimeError ("Error while
+                # uploading X to the Hub"); its cause says what the storage answered (a 403, a
+                # 5xx worth another try, no connection), which the errors above word and retry.
+                if isinstance(e.__cause__, Exception):
+                    raise e.__cause__ from None
+                raise
         return info.oid
 
     def tag(self, tag: str, revision: str, message: str) -> None:

@@ -1,21 +1,25 @@
-"""ModelScope as a mirror target, through modelscope-hub's HubApi: one upload_folder per version
-(of only the files that differ, staged in a temp dir laid out like the repo), then a tag.
+"""ModelScope as a mirror target, through modelscope-hub's HubApi: one commit per version (of
+only the files that differ, and the deletions, in one request; see `commit`), then a tag.
 
-Its upload cache is off (`use_cache=False`): the tracker it would write is keyed by path, size
-and mtime, not by endpoint or revision, and could skip files silently (hubs.md 2.2). ModelScope
-has no parent-commit check, so concurrent writers of one repo are serialized by the registry's
-mirror runner (a lock per repo on the registry host, zoo/mirror/runner.py), not by the hub.
+ModelScope has no parent-commit check, so concurrent writers of one repo are serialized by the
+registry's mirror runner (a lock per repo on the registry host, zoo/mirror/runner.py), not by
+the hub.
 """
 
 from __future__ import annotations
 
+import base64
 import tempfile
-from contextlib import redirect_stdout
 from pathlib import Path
 
-from ..errors import RemoteError
 from .layout import RepoFile
 from ..sources.hubs import MSHub
+
+
+# The description of a repo oscar-zoo creates. Set in the create request itself, so it is there
+# even when the run dies before its first commit: a rerun tells its own repo (holding only what
+# ModelScope put in it) from someone else's by it (`unfinished`).
+CREATED_BY = "OSCAR rotation bundles (KV-cache INT2), mirrored by oscar-zoo"
 
 
 class ModelScopeTarget:
@@ -34,10 +38,20 @@ class ModelScopeTarget:
             if self.hub.api().repo_exists(self.repo, "model"):
                 return False
             try:
-                self.hub.api().create_repo(self.repo, "model", visibility="public")
+                self.hub.api().create_repo(self.repo, "model", visibility="public",
+                                           description=CREATED_BY)
             except ms.AlreadyExistsError:
                 return False
         return True
+
+    def unfinished(self) -> bool:
+        """Whether an earlier run created this repo and stopped before its first version
+        landed (killed between the create and the commit): the repo says oscar-zoo created it
+        and has no tag. Whatever it holds is then the hub's starter content, as for a repo
+        this run created (runner._push)."""
+        with self.hub.errors(self.repo, None):
+            info = self.hub.api().get_repo(self.repo, "model")
+        return info.description == CREATED_BY and not self.tags()
 
     def tags(self) -> dict[str, str]:
         return self.hub.tags(self.repo)
@@ -71,32 +85,36 @@ class ModelScopeTarget:
 
     def commit(self, files: list[RepoFile], message: str, parent: str | None,
                delete: list[str] = ()) -> str:
-        result = None
-        with tempfile.TemporaryDirectory() as tmp, self.hub.errors(self.repo, "master"):
-            for f in files:
-                dest = Path(tmp, f.path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(f.data)
-            if files:
-                with _stdout_to_stderr():
-                    result = self.hub.api().upload_folder(
-                        self.repo, "model", tmp, commit_message=message, revision="master",
-                        use_cache=False, disable_tqdm=True)
-            if delete:
-                # A second commit (upload_folder cannot delete); a crash between the two
-                # leaves the stale files for the next run to find and delete.
-                with _stdout_to_stderr():
-                    gone = self.hub.api().delete_files(self.repo, "model", list(delete),
-                                                       commit_message=message,
-                                                       revision="master")
-                if gone.get("failed_files"):
-                    raise RemoteError(f"modelscope:{self.repo}: could not delete "
-                                      f"{gone['failed_files']}")
-        if isinstance(result, list):
-            result = result[-1] if result else None
-        if isinstance(result, dict):
-            return str(result.get("CommitId") or result.get("oid") or "master")
+        """One commit of the whole change, added and deleted files together, or none.
+
+        Not upload_folder: it commits the files that uploaded when another's blob fails (main
+        would serve half a version, its index already listing it), it retries a commit whose
+        answer was lost (a second commit; ModelScope has no parent check), and deleting takes
+        a commit of its own (a crash between the two left a yanked version on main). Blobs go
+        up first; the commit is then a single request that lands whole or not at all, and a
+        re-run compares hashes before committing again (runner._push).
+        """
+        api = self.hub.api()
+        with self.hub.errors(self.repo, "master"):
+            self._upload_blobs(api, [f for f in files if _is_lfs(f)])
+            actions = [_action(f, _is_lfs(f)) for f in files]
+            actions += [_deletion(path) for path in delete]
+            data = api.legacy.create_commit(self.repo, "model", actions, message,
+                                            revision="master")
+        if isinstance(data, dict):
+            return str(data.get("CommitId") or data.get("oid") or "master")
         return "master"
+
+    def _upload_blobs(self, api, files: list[RepoFile]) -> None:
+        """Upload the LFS blobs the hub lacks."""
+        unique = {f.sha256: f for f in files}
+        if not unique:
+            return
+        urls = api.legacy.validate_blobs(
+            self.repo, "model", [{"oid": sha, "size": len(f.data)} for sha, f in unique.items()])
+        for sha, f in unique.items():
+            if urls.get(sha):   # None or left out: the hub has it (hubs.md 2.3)
+                api.legacy.upload_blob(urls[sha], f.data, len(f.data))
 
     def tag(self, tag: str, revision: str, message: str) -> None:
         with self.hub.errors(self.repo, revision):
@@ -107,9 +125,26 @@ class ModelScopeTarget:
         return f"{self.hub.endpoint}/models/{self.repo}/files?Revision={revision}&FilePath={path}"
 
 
-def _stdout_to_stderr():
-    """modelscope-hub prints an "Upload Report" to stdout; stdout is for our output (the JSON
-    of `oscar-zoo mirror --json`)."""
-    import sys
+def _is_lfs(f: RepoFile) -> bool:
+    """The client's own rule (modelscope_hub._upload._is_lfs), so the hub stores each file as
+    upload_folder would: metadata it parses inline; large or binary-suffixed files as LFS."""
+    from modelscope_hub import constants as c
 
-    return redirect_stdout(sys.stderr)
+    name = f.path.rsplit("/", 1)[-1]
+    if name.upper() in c.UPLOAD_INLINE_METADATA_PATHS:
+        return False
+    suffix = Path(name).suffix.lower()
+    return len(f.data) > c.UPLOAD_LFS_FORCE_THRESHOLD_BYTES or suffix in c.MODEL_LFS_SUFFIX
+
+
+def _action(f: RepoFile, lfs: bool) -> dict:
+    if lfs:
+        return {"action": "create", "path": f.path, "type": "lfs", "size": len(f.data),
+                "sha256": f.sha256, "content": "", "encoding": ""}
+    return {"action": "create", "path": f.path, "type": "normal", "size": len(f.data),
+            "sha256": "", "content": base64.b64encode(f.data).decode(), "encoding": "base64"}
+
+
+def _deletion(path: str) -> dict:
+    return {"action": "delete", "path": path, "type": "normal", "size": 0, "sha256": "",
+            "content": "", "encoding": ""}

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import settings
-from ..errors import Conflict, ConfigError, NotFound, OscarZooError
+from ..errors import Conflict, ConfigError, NotFound, OscarZooError, RemoteError
 from ..sources.download import retry_transient
 from . import layout
 
@@ -109,7 +109,7 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
         created = _with_retries(hub.ensure_repo)
         return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number, model, created))
     except Exception as e:  # one hub's failure is recorded, never raised to the other
-        reason = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
+        reason = _reason(e, model, number)
         log.warning("mirroring %s v%s to %s failed: %s", model, number, target, reason)
         return MirrorResult(kind, repo, "failed", error=reason)
 
@@ -126,10 +126,22 @@ def mark_yanked(target: str, model: str, number: int, reason: str) -> MirrorResu
     try:
         return _with_retries(lambda: _push_yank(hub, model, number, reason))
     except Exception as e:
-        reason_ = str(e) if isinstance(e, OscarZooError) else f"{type(e).__name__}: {e}"
+        reason_ = _reason(e, model, number)
         log.warning("recording the yank of %s v%s on %s failed: %s", model, number, target,
                     reason_)
         return MirrorResult(kind, repo, "failed", error=reason_)
+
+
+def _reason(e: Exception, model: str, number: int) -> str:
+    """What a failed run records and prints. A 429 still there after the retries is the hub
+    throttling this token, for minutes: say so, and that a later re-run is safe."""
+    if not isinstance(e, OscarZooError):
+        return f"{type(e).__name__}: {e}"
+    if isinstance(e, RemoteError) and getattr(e, "status", None) == 429:
+        return (f"{e}; the hub is rate-limiting this token: wait a few minutes, then run "
+                f"`oscar-zoo mirror {model}@{number}` again (it uploads and commits only what "
+                "the hub lacks)")
+    return str(e)
 
 
 def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
@@ -250,13 +262,14 @@ def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> b
 
 def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
           model: str, created: bool) -> MirrorResult:
-    """created: this run made the repo, so whatever it holds is the hub's starter content
-    (ModelScope may add a model card), which the mirror's own README.md replaces."""
+    """created: this run made the repo (or hub.unfinished(): an earlier run did, and was killed
+    before its first commit), so whatever it holds is the hub's starter content (ModelScope may
+    add a model card), which the mirror's own README.md replaces."""
     tag = layout.tag_name(model, number)
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)
-        if index_bytes is None and not created:
+        if index_bytes is None and not (created or hub.unfinished()):
             _refuse_foreign(hub, head)
         index = _loaded(hub, index_bytes)
         folder = _folder_for(index, manifest, number, model)
@@ -328,8 +341,9 @@ def _refuse_foreign(hub, head: str) -> None:
             f"{hub.kind}:{hub.repo} is not an oscar-zoo mirror: it holds files ({shown}) but no "
             f"{layout.INDEX}, and mirroring would overwrite its README.md; nothing was changed. "
             "Check the target (--to, OSCAR_ZOO_MIRROR_TARGETS or the job's `mirror`), or mirror "
-            "into a new or empty repo (if oscar-zoo created this one and stopped before its "
-            "first commit, delete the files the hub put there, or the repo, and mirror again)")
+            "into a new or empty repo (if an older oscar-zoo created this one and stopped "
+            "before its first commit, delete the files the hub put there, or the repo, and "
+            "mirror again)")
 
 
 def _stale_rotations(listed: list[str], folder: str, wanted: list[layout.RepoFile]) -> list[str]:

@@ -19,17 +19,19 @@
                                             cache rm renamed here to delete it
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
-      .locks/gc.lock                        shared by pulls, exclusive for prune and cache rm
-      .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune
-                                            and cache rm
+      .locks/gc.lock                        shared by pulls and exports, exclusive for prune,
+                                            cache rm and verify
+      .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune,
+                                            cache rm and verify
 
 A snapshot directory appears only by rename after every file in it is verified, so its existence
 means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
 the same bundle serialize on a per-blob / per-snapshot lock, and the second finds the work done.
-A pull holds gc.lock shared from its first blob to its last ref, prune holds it exclusive: prune
-never sees a pull's blobs or snapshot before the ref that keeps them. `cache rm` (cache_remove.py)
-holds it exclusive too, drops a bundle's refs before its snapshot, and removes a directory by
-renaming it into tmp/ first: no pull finds half a snapshot, and a crash leaves what prune cleans up.
+A pull holds gc.lock shared from its first request to its last export file, prune holds it
+exclusive: prune never sees a pull's blobs or snapshot before the ref that keeps them, nor removes
+a snapshot an export is about to read. `cache rm` (cache_remove.py) and verify's repair hold it
+exclusive too, and remove a directory by renaming it into tmp/ first (cache rm drops a bundle's
+refs before its snapshot): no pull finds half a snapshot, and a crash leaves what prune cleans up.
 """
 
 from __future__ import annotations
@@ -401,13 +403,24 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     the engine files exported from them.
 
     Returns (files checked, problems). With repair, a corrupt or missing blob is deleted along
-    with every snapshot that uses it, so the next `pull` fetches it again; a corrupt export is
-    deleted, so the next pull or export builds it again.
+    with every snapshot (or part) that uses it, so the next `pull` fetches it again; a corrupt
+    export is deleted, so the next pull or export builds it again.
+
+    Holds gc.lock exclusively, as prune does: a pull in progress has published its snapshot
+    before its meta, and would otherwise see it deleted as "not recorded", under its export.
     """
-    checked, problems, bad_blobs = 0, [], set()
+    if not cache.root.exists():
+        return 0, []
+    with cache.gc_guard(exclusive=True):
+        return _verify(cache, model, repair)
+
+
+def _verify(cache: Cache, model: str | None, repair: bool) -> tuple[int, list[Problem]]:
+    checked, problems, bad_blobs, bad_dirs = 0, [], set(), set()
     dirs = [(h.model, h.digest, h.path) for h in cache.held(model)]
     hashes: dict[Path, str] = {}
     for name, digest, path in dirs:
+        before = len(problems)
         want_of = dict(cache.read_meta(name, digest).get("files") or {})
         if (path / ".partial.json").exists():
             want_of = json.loads((path / ".partial.json").read_text())
@@ -429,7 +442,8 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
                 bad_blobs.add(target)
             elif not os.path.samefile(f, target) and sha256_file(f) != want:
                 problems.append(Problem(name, digest, f.name, "the snapshot's copy was modified"))
-    bad_snapshots = {(p.model, p.digest) for p in problems}
+        if len(problems) > before:  # this directory only: a part's bad blob spares the snapshot
+            bad_dirs.add(path)
     bad_exports: set[Path] = set()
     for digest, name in {d: n for n, d, _ in reversed(dirs)}.items():  # first holder's name
         for edir, n, found in _verify_exports(cache, name, digest):
@@ -441,11 +455,11 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
         for blob in bad_blobs:
             if blob.parent == cache.blobs:
                 blob.unlink(missing_ok=True)
-        for name, digest, path in dirs:
-            if (name, digest) in bad_snapshots:
-                shutil.rmtree(path, ignore_errors=True)
+        # renamed aside first (_delete): a snapshot killed half-deleted would be trusted whole
+        for path in sorted(bad_dirs):
+            _delete(cache, path)
         for edir in bad_exports:   # built again from the snapshot on its next use
-            shutil.rmtree(edir, ignore_errors=True)
+            _delete(cache, edir)
     return checked, problems
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,20 +81,24 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
     if fmt is not None:
         check_format(fmt, None)  # an unknown format, too, before any network
     entry = catalog.find(name)
-    if settings.is_offline():
-        result = from_cache(cache, entry, name, ref, "offline mode is on (OSCAR_ZOO_OFFLINE or "
-                                                     "HF_HUB_OFFLINE)", layers)
-    else:
-        result = _pull_online(cache, entry, name, ref, layers, progress, sources, fmt)
-    if layers and result.layers is None:  # a whole bundle (hub files are whole): slice locally
-        result.layers = _layers_of(result.path, layers)
-        if result.imported and not result.cached:
-            result.notes.append(f"RotationZoo files hold every layer, so all of them were "
-                                f"fetched; the export keeps layers {layer_spec(result.layers)}")
-    if fmt is not None:
-        # prune and cache rm wait: a ref moved by another pull meanwhile, or a `cache rm`, would
-        # otherwise take the snapshot away while its export reads it
-        with cache.gc_guard():
+    offline = settings.is_offline()
+    if not offline:
+        cache.ensure()
+    # One hold of the gc lock from the first request to the last export file: prune and cache rm
+    # wait for all of it. Released in between, a `cache rm` (or a prune, after another pull moved
+    # the ref) could take the snapshot away just before the export read it.
+    with cache.gc_guard() if cache.root.exists() else nullcontext():
+        if offline:
+            result = from_cache(cache, entry, name, ref, "offline mode is on (OSCAR_ZOO_OFFLINE "
+                                                         "or HF_HUB_OFFLINE)", layers)
+        else:
+            result = _pull_online(cache, entry, name, ref, layers, progress, sources, fmt)
+        if layers and result.layers is None:  # a whole bundle (hub files are whole): slice locally
+            result.layers = _layers_of(result.path, layers)
+            if result.imported and not result.cached:
+                result.notes.append(f"RotationZoo files hold every layer, so all of them were "
+                                    f"fetched; the export keeps layers {layer_spec(result.layers)}")
+        if fmt is not None:
             result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
     return result
 
@@ -139,7 +144,12 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
     for source in sources:
         try:
             plan = source.plan(entry, name, ref)
-            return materialize(plan, cache, layers, progress, fmt)
+            if ref.alias and ref.alias not in plan.refs:
+                # the alias asked for, as HF's refs/<revision>: the RotationZoo and the mirrors
+                # answer @latest and @recommended without naming them, and offline the same
+                # request looks them up (Ref.cache_refs)
+                plan.refs.append(ref.alias)
+            return _materialize(plan, cache, layers, progress, fmt)  # pull() holds the gc lock
         except _FALLBACK as e:
             failures.append((source.name, e))
     if all(isinstance(e, (OfflineError, RemoteError)) for _, e in failures):
@@ -183,6 +193,8 @@ def materialize(plan: Plan, cache: Cache, layers: str | None = None, progress: b
     """Download what the plan names (unless cached), verify it, link the snapshot, record refs.
 
     With `fmt`, a bundle that format cannot carry is refused before its rotations are fetched.
+    Takes the gc lock; pull() holds it already (it is not reentrant: a prune waiting between
+    two holds would deadlock them) and calls _materialize.
     """
     cache.ensure()
     with cache.gc_guard():  # a prune now would take our new blobs for garbage

@@ -442,3 +442,65 @@ def test_a_pull_holds_off_prune_and_cache_rm_while_it_builds_its_export(hf_only,
         release.set()
         puller.join(30)
     assert seen["r"].export.files["k"].exists() and seen["r"].path.exists()
+
+
+@pytest.mark.parametrize("mode, step", [("online", "_pull_online"), ("offline", "from_cache")])
+def test_cache_rm_cannot_get_in_between_a_pulls_download_and_its_export(hf_only, monkeypatch,
+                                                                      mode, step):
+    """pull took the gc lock for the download and again for the export: a `cache rm` (or a
+    prune) in between removed the snapshot, and the export then failed on a missing
+    bundle.json. Paused right after the bundle is in the cache (`step` returned), the pull
+    still holds prune and cache rm off until its export is built."""
+    from oscar_zoo.zoo import pull as pull_mod
+    from oscar_zoo.zoo.cache_remove import remove, resolve_removal
+
+    pull("glm-4.7-fp8")
+    if mode == "offline":
+        monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    fetched, release = threading.Event(), threading.Event()
+    real_step = getattr(pull_mod, step)
+
+    def then_pause(*args, **kwargs):
+        result = real_step(*args, **kwargs)
+        fetched.set()
+        release.wait(20)
+        return result
+
+    monkeypatch.setattr(pull_mod, step, then_pause)
+    seen = {}
+
+    def puller():
+        try:
+            seen["r"] = pull("glm-4.7-fp8", fmt="sglang")
+        except Exception as e:  # reported below, with the test's own failure
+            seen["error"] = e
+
+    thread = threading.Thread(target=puller)
+    thread.start()
+    cache = Cache()
+    try:
+        assert fetched.wait(20)
+        with pytest.raises(LockTimeout, match="a pull is still running"):
+            remove(cache, resolve_removal(cache, ["glm-4.7-fp8"]))
+        with pytest.raises(LockTimeout, match="a pull is still running"):
+            prune(cache)
+    finally:
+        release.set()
+        thread.join(30)
+    assert "error" not in seen, seen.get("error")
+    assert seen["r"].path.exists() and seen["r"].export.files["k"].exists()
+    assert remove(cache, resolve_removal(cache, ["glm-4.7-fp8"])).failed == []   # now it goes
+
+
+def test_prune_json_has_the_same_keys_with_nothing_to_prune():
+    """`prune --json` left out dry_run when there was nothing to remove: a script reading it
+    failed on a clean cache only."""
+    cache = Cache()
+    for dry in (False, True):
+        result = CliRunner().invoke(cli, ["prune", "--json", "--yes"] + (["--dry-run"] if dry else []))
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {"removed": [], "bytes": 0, "dry_run": dry}
+    stale = _leftover(cache, "1", ".incomplete", time.time() - 7200)
+    result = CliRunner().invoke(cli, ["prune", "--json", "--dry-run"])
+    assert json.loads(result.stdout).keys() == {"removed", "bytes", "dry_run"} and stale.exists()

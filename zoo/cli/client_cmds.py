@@ -376,8 +376,8 @@ def prune_command(dry_run, yes, as_json):
     cache = Cache()
     plan = prune(cache, dry_run=True)
     total = sum(n for _, n in plan)
-    if not plan:
-        emit({"removed": [], "bytes": 0}, as_json, lambda d: "nothing to prune")
+    if not plan:   # the same keys as below: a script reads dry_run either way
+        emit({"removed": [], "bytes": 0, "dry_run": dry_run}, as_json, lambda d: "nothing to prune")
         return
     if not dry_run and not yes:
         info("\n".join(f"  {p} ({_size(n)})" for p, n in plan))
@@ -401,7 +401,7 @@ def cache_ls(as_json):
     from ..cache import Cache, _size as dir_size
 
     cache = Cache()
-    rows = [_cache_row(cache, h) for h in cache.held()]
+    rows = [r for r in (_cache_row(cache, h) for h in cache.held()) if r is not None]
     rows.sort(key=lambda r: (r["model"], r["digest"], _first_layer(r["layers"])))
     exports = cache.root / "exports"
     data = {"root": str(cache.root), "bundles": rows,
@@ -409,11 +409,15 @@ def cache_ls(as_json):
     emit(data, as_json, _cache_table)
 
 
-def _cache_row(cache, h) -> dict:
-    """One snapshot (layers None) or --layers part; a part shares its bundle's refs and meta."""
+def _cache_row(cache, h) -> dict | None:
+    """One snapshot (layers None) or --layers part; a part shares its bundle's refs and meta.
+    None for one a `cache rm` or prune removed while ls looked (ls takes no lock)."""
     meta = cache.read_meta(h.model, h.digest)
     refs = [r for r, d in cache.refs(h.model).items() if d == h.digest]
-    size = sum(p.stat().st_size for p in h.path.iterdir() if p.exists())
+    try:
+        size = sum(p.stat().st_size for p in h.path.iterdir() if p.exists())
+    except FileNotFoundError:
+        return None
     return {"model": h.model, "digest": h.digest, "refs": refs, "layers": h.layers,
             "version": meta.get("version"), "source": meta.get("source"), "origin": meta.get("origin"),
             "size": size, "path": str(h.path), "pulled_at": meta.get("pulled_at")}

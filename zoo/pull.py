@@ -103,7 +103,7 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
     return result
 
 
-def _sources(names: list[str] | None):
+def _sources(names: list[str] | None, cache: Cache):
     out = []
     for name in names if names is not None else settings.get("sources"):
         if name == "registry":
@@ -116,7 +116,7 @@ def _sources(names: list[str] | None):
         elif name in ("hf", "modelscope"):
             from .sources.rotationzoo import RotationZooSource
 
-            out.extend(_mirror_sources(name))
+            out.extend(_mirror_sources(name, cache))
             out.append(RotationZooSource(name))
         else:
             raise ConfigError(f"unknown source {name!r} in OSCAR_ZOO_SOURCES; use registry, hf, "
@@ -124,17 +124,17 @@ def _sources(names: list[str] | None):
     return out
 
 
-def _mirror_sources(kind: str) -> list:
+def _mirror_sources(kind: str, cache: Cache) -> list:
     repo = settings.get("hf_mirror_repo" if kind == "hf" else "modelscope_mirror_repo")
     if not repo:
         return []
     from .sources.mirror import MirrorSource
 
-    return [MirrorSource(kind, repo)]
+    return [MirrorSource(kind, repo, cache)]
 
 
 def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=None) -> PullResult:
-    sources = _sources(source_names)
+    sources = _sources(source_names, cache)
     if not sources:
         raise ConfigError("no source to pull from: OSCAR_ZOO_SOURCES lists none that is "
                           "configured (registry needs OSCAR_ZOO_ENDPOINT)")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from oscar_zoo.zoo.bundle import verify_bundle
+from oscar_zoo.zoo.cache import Cache
 from oscar_zoo.registry_db.mirrors import configured_targets, mirror_after_publish, mirror_version
 from oscar_zoo.zoo.pull import pull
 from tests.utils.bundles import make_bundle
@@ -352,3 +353,17 @@ def test_publishing_over_http_mirrors_to_configured_targets(registry, bundles, h
             records = client.get("/v1/models/smollm2-135m/versions/1/mirrors").json()["items"]
     assert TAG in hub.repo("hf", REPO).tags
     assert [r["target"] for r in records] == ["hf"]
+
+
+def test_a_pull_from_the_mirror_into_another_cache_leaves_the_default_one_alone(
+        registry, bundles, monkeypatch, tmp_path):
+    """The mirror's index was fetched into the default cache whatever cache the pull used."""
+    registry.publish_dir(bundles[0].path)
+    mirror_version(registry.registry, "smollm2-135m", 1, [HF])
+    monkeypatch.setenv("OSCAR_ZOO_HF_MIRROR_REPO", REPO)
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+    default, other = Cache(), Cache(tmp_path / "other-cache")
+    before = sorted(default.root.rglob("*")) if default.root.exists() else []
+    got = pull("smollm2-135m", cache=other)
+    assert got.source == "hf" and got.path.is_relative_to(other.root)
+    assert (sorted(default.root.rglob("*")) if default.root.exists() else []) == before

@@ -17,20 +17,19 @@ MANIFEST = "bundle.json"
 
 
 class MirrorSource:
-    def __init__(self, kind: str, repo: str):
+    def __init__(self, kind: str, repo: str, cache):
         self.name = kind
         self.repo = repo
         self.hub = hub(kind)
+        self.cache = cache     # the pull's: its index blob is fetched into it
 
     def plan(self, entry: CatalogEntry | None, name: str, ref: Ref) -> Plan:
-        from ..cache import Cache
-
         where = f"{self.name}:{self.repo}"
         branch = "main" if self.name == "hf" else "master"
         listing = self.hub.listing(self.repo, [INDEX], branch)
         if INDEX not in listing.files:
             raise NotFound(f"{where}: no {INDEX}, so this is not an oscar-zoo mirror")
-        cache = Cache()
+        cache = self.cache
         meta = listing.files[INDEX]
         sha = fetch(self.hub.remote(self.repo, meta, listing.commit or branch, INDEX), cache, False)
         try:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 import ipaddress
 import os
@@ -210,3 +212,42 @@ def paused_export_build(monkeypatch):
 
     monkeypatch.setattr(export_mod, "_build", slow_build)
     return building, release
+
+
+@contextlib.contextmanager
+def pull_paused_after(monkeypatch, step: str, *args, **kwargs):
+    """pull(*args, **kwargs) in a thread, stopped right after zoo.pull's `step` returns (the
+    bundle is in the cache, its export not built yet). Yields a dict that holds the PullResult
+    under "r" once the block ends (the pull is then let go and must have succeeded). For tests
+    of what may happen to the cache while a pull is between its download and its export."""
+    import threading
+
+    from oscar_zoo.zoo import pull as pull_mod
+
+    fetched, release = threading.Event(), threading.Event()
+    real = getattr(pull_mod, step)
+
+    def then_pause(*a, **kw):
+        result = real(*a, **kw)
+        fetched.set()
+        release.wait(20)
+        return result
+
+    monkeypatch.setattr(pull_mod, step, then_pause)
+    seen = {}
+
+    def puller():
+        try:
+            seen["r"] = pull_mod.pull(*args, **kwargs)
+        except Exception as e:  # reported below, after the test's own checks
+            seen["error"] = e
+
+    thread = threading.Thread(target=puller)
+    thread.start()
+    try:
+        assert fetched.wait(30), "the pull never got to its pause"
+        yield seen
+    finally:
+        release.set()
+        thread.join(30)
+    assert "error" not in seen, seen.get("error")

@@ -22,7 +22,8 @@ from oscar_zoo.zoo.errors import LockTimeout, OfflineError
 from oscar_zoo.zoo.export import WRITER
 from oscar_zoo.zoo.pull import pull
 
-from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt, paused_export_build
+from .conftest import (GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt, paused_export_build,
+                       pull_paused_after)
 
 OSCAR_ZOO = [sys.executable, "-m", "oscar_zoo.zoo.cli.main"]
 # what verify re-hashes: a bundle's bundle.json, rotations.safetensors and README.md, and with an
@@ -451,44 +452,18 @@ def test_cache_rm_cannot_get_in_between_a_pulls_download_and_its_export(hf_only,
     prune) in between removed the snapshot, and the export then failed on a missing
     bundle.json. Paused right after the bundle is in the cache (`step` returned), the pull
     still holds prune and cache rm off until its export is built."""
-    from oscar_zoo.zoo import pull as pull_mod
     from oscar_zoo.zoo.cache_remove import remove, resolve_removal
 
     pull("glm-4.7-fp8")
     if mode == "offline":
         monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
-    fetched, release = threading.Event(), threading.Event()
-    real_step = getattr(pull_mod, step)
-
-    def then_pause(*args, **kwargs):
-        result = real_step(*args, **kwargs)
-        fetched.set()
-        release.wait(20)
-        return result
-
-    monkeypatch.setattr(pull_mod, step, then_pause)
-    seen = {}
-
-    def puller():
-        try:
-            seen["r"] = pull("glm-4.7-fp8", fmt="sglang")
-        except Exception as e:  # reported below, with the test's own failure
-            seen["error"] = e
-
-    thread = threading.Thread(target=puller)
-    thread.start()
     cache = Cache()
-    try:
-        assert fetched.wait(20)
+    with pull_paused_after(monkeypatch, step, "glm-4.7-fp8", fmt="sglang") as seen:
         with pytest.raises(LockTimeout, match="a pull is still running"):
             remove(cache, resolve_removal(cache, ["glm-4.7-fp8"]))
         with pytest.raises(LockTimeout, match="a pull is still running"):
             prune(cache)
-    finally:
-        release.set()
-        thread.join(30)
-    assert "error" not in seen, seen.get("error")
     assert seen["r"].path.exists() and seen["r"].export.files["k"].exists()
     assert remove(cache, resolve_removal(cache, ["glm-4.7-fp8"])).failed == []   # now it goes
 

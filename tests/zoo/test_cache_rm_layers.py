@@ -6,18 +6,18 @@ and a pull of those layers in progress holds the removal off until its export is
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from oscar_zoo.zoo import pull as pull_mod
 from oscar_zoo.zoo.cache import Cache, prune, verify_cache
 from oscar_zoo.zoo.cache_remove import remove, resolve_removal
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.errors import LockTimeout
 from oscar_zoo.zoo.pull import pull
+
+from .conftest import pull_paused_after
 
 GLM = "glm-4.7-fp8"
 
@@ -89,35 +89,10 @@ def test_a_layers_pull_holds_off_cache_rm_from_its_download_to_its_export(regist
     and remove the part, and the export failed on the missing bundle.json."""
     registry.publish_dir(glm_bundles[0].path)
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
-    fetched, release = threading.Event(), threading.Event()
-    real = pull_mod._pull_online
-
-    def then_pause(*args, **kwargs):
-        result = real(*args, **kwargs)
-        fetched.set()
-        release.wait(20)
-        return result
-
-    monkeypatch.setattr(pull_mod, "_pull_online", then_pause)
-    seen = {}
-
-    def puller():
-        try:
-            seen["r"] = pull(GLM, layers="0-3", fmt="sglang")
-        except Exception as e:  # reported below
-            seen["error"] = e
-
-    thread = threading.Thread(target=puller)
-    thread.start()
     cache = Cache()
-    try:
-        assert fetched.wait(30)
+    with pull_paused_after(monkeypatch, "_pull_online", GLM, layers="0-3", fmt="sglang") as seen:
         with pytest.raises(LockTimeout, match="a pull is still running"):
             remove(cache, resolve_removal(cache, [GLM]))
-    finally:
-        release.set()
-        thread.join(30)
-    assert "error" not in seen, seen.get("error")
     assert seen["r"].path.exists() and seen["r"].export.files["k"].exists()
     assert rm(GLM)["failed"] == [] and files(cache.root) == {"CACHEDIR.TAG"}
 

@@ -30,13 +30,19 @@ def test_an_unnamed_token_leaks_none_of_its_characters(registry_server, tmp_path
         assert not any(secret[i:i + 6] in text for i in range(len(secret) - 5)), text
 
 
-def test_a_legacy_default_name_is_not_the_actor(registry_server, tmp_path):
-    """Tokens named the old way keep their name, but their writes from now on show the id."""
+def _legacy_named(registry_server, scope: str) -> str:
+    """A token named as tokens were by default before: `token-` + characters 4..10 of it."""
     from sqlalchemy import update
 
-    token = registry_server.token("bundles:publish", name="")
+    token = registry_server.token(scope, name="")
     with registry_server.registry.db.write() as session:
         session.execute(update(ApiToken).values(name=f"token-{token[4:10]}"))
+    return token
+
+
+def test_a_legacy_default_name_is_not_the_actor(registry_server, tmp_path):
+    """Tokens named the old way keep their name, but their writes from now on show the id."""
+    token = _legacy_named(registry_server, "bundles:publish")
     make_bundle(tmp_path / "b")
     with registry_server.client(token) as http:
         r = upload_bundle(http, tmp_path / "b")
@@ -89,11 +95,7 @@ def test_a_wrong_scope_says_how_to_get_it_without_the_tokens_characters(registry
     """The 403 named the token by its stored name, which for a token named the old way is
     `token-` + characters 4..10 of the secret (the actor shows it by id instead), and said
     which scope was missing but not how to get a token holding it."""
-    from sqlalchemy import update
-
-    token = registry_server.token("jobs:submit", name="")
-    with registry_server.registry.db.write() as session:
-        session.execute(update(ApiToken).values(name=f"token-{token[4:10]}"))
+    token = _legacy_named(registry_server, "jobs:submit")
     make_bundle(tmp_path / "b")
     with registry_server.client(token) as http:
         r = upload_bundle(http, tmp_path / "b")

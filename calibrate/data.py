@@ -35,9 +35,14 @@ def load_text(specs: list[str] | str | None, split: str = "calibration",
     """One text from one or more sources. `split` picks a half of the built-in corpus."""
     specs = [specs] if isinstance(specs, str) else list(specs or [BUILTIN])
     parts = [_one(spec, split, text_field) for spec in specs]
-    text = "\n\n".join(p for p in parts if p)
-    if not text.strip():
-        raise InvalidInput(f"calibration data {specs} is empty")
+    # each source by name: one empty file among several would otherwise add nothing, silently,
+    # and validation's text was called "calibration data"
+    empty = [spec for spec, part in zip(specs, parts) if not part.strip()]
+    if empty:
+        what = "held-out" if split == "heldout" else "calibration"
+        raise InvalidInput(f"{what} data {', '.join(empty)} holds no text (an empty file, or JSON "
+                           "lines whose text fields are all empty): give a file with text in it")
+    text = "\n\n".join(parts)
     name = ",".join(specs) + (f"#{split}" if BUILTIN in specs else "")
     return TextSource(name, text, hashlib.sha256(text.encode()).hexdigest())
 
@@ -74,7 +79,7 @@ def _pydoc(split: str) -> str:
 
 def _jsonl(path: Path, raw: bytes, field: str) -> str:
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")   # a BOM (Windows tools write one) is no JSON
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise InvalidInput(f"{path}:{line}: not UTF-8 (JSON lines must be UTF-8 text)") from None

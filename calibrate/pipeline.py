@@ -110,16 +110,19 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     src = resolve_source(cfg.model, cfg.revision)
+    text = load_text(cfg.data, "calibration", cfg.text_field)   # bad --data costs no load
     if loaded is None:     # a runner that loaded the model has reported the loading already
         progress(phase="loading", done=0, total=1)
-    model, tok = loaded if loaded is not None else load_model(src)
+        model, tok = load_model(src)
+        progress(phase="loading", done=1, total=1)   # else its bar stays at 0% once closed
+    else:
+        model, tok = loaded
     capture.install(model)
     geometry = model_geometry(model)
     # before the passes, not at the first kernel
     jobspec.check_int2_geometry(cfg.group_size, geometry, lloyd_max=cfg.lloyd_max)
     timings["loading"] = time.perf_counter() - t0
 
-    text = load_text(cfg.data, "calibration", cfg.text_field)
     n_clip = cfg.clip_windows if cfg.clip_search else 0
     windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed)
     calib, held_out = windows[:len(windows) - n_clip], windows[len(windows) - n_clip:]

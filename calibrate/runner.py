@@ -64,6 +64,7 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     """The whole job short of publishing; returns what the `done` event carries."""
     from oscar_zoo.zoo.bundle import write
 
+    from .data import load_text
     from .int2_attention import bundle_quantizer
     from .loading import load_model, resolve_source
     from .pipeline import calibrate
@@ -81,6 +82,10 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
             raise JobCancelled(f"job {job['id']} was cancelled during {phase}")
         emit("progress", phase=phase, done=done, total=total, layer=layer, **extra)
 
+    # before the load: a missing file or a JSON line without the text field must not cost one
+    load_text(spec.data, "calibration", spec.text_field)
+    if spec.validation.enabled:
+        load_text(spec.validation.data, "heldout", spec.text_field)
     progress("loading", 0, 1)
     t0 = time.perf_counter()
     model, tok = load_model(resolve_source(spec.model, spec.revision))
@@ -96,8 +101,6 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     report = None
     if vcfg is not None:
         t = time.perf_counter()
-        # validate() reports after each forward; say at once that it started (of N steps).
-        progress("validating", 0, vcfg.windows * (2 + len(vcfg.baselines)))
         quantizer = bundle_quantizer(bundle.manifest)   # as the bundle is served (Lloyd-Max or uniform)
         report = validate(bundle, model, tok, vcfg, quantizer, progress=progress, held_out=held_out)
         timings["validating"] = time.perf_counter() - t

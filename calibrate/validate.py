@@ -62,7 +62,12 @@ class ValidationConfig:
 def check_geometry(bundle: Bundle, model) -> None:
     """InvalidInput naming what differs when the bundle was calibrated for another geometry:
     its rotations would meet layers (or heads) they were not made for."""
-    want, have = bundle.manifest.geometry.to_geometry(), model_geometry(model)
+    check_geometry_of(bundle, model_geometry(model))
+
+
+def check_geometry_of(bundle: Bundle, have) -> None:
+    """check_geometry against a ModelGeometry: a catalog model's is known before its load."""
+    want = bundle.manifest.geometry.to_geometry()
     diffs = [f"{name} {getattr(want, name)} in the bundle, {getattr(have, name)} in the model"
              for name in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim")
              if getattr(want, name) != getattr(have, name)]
@@ -99,6 +104,15 @@ def check_held_out(bundle: Bundle, data: list[str], text_field: str, src) -> Non
                            f"{BUILTIN}, whose held-out half calibration never reads)")
 
 
+def held_out_text(bundle: Bundle, cfg: ValidationConfig):
+    """The held-out text, read and checked against the bundle's calibration text. Needs no
+    model: callers run it before loading one, so a missing file or a JSON line without the
+    text field is refused at once, not after minutes of loading."""
+    src = load_text(cfg.data, "heldout", cfg.text_field)
+    check_held_out(bundle, cfg.data, cfg.text_field, src)
+    return src
+
+
 def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: int):
     """n evenly spaced windows of held-out text (the second half of the built-in corpus)."""
     src = load_text(data, "heldout", text_field)
@@ -107,8 +121,8 @@ def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: i
     body = seq_len - len(bos)
     if len(ids) < n * body:
         raise InvalidInput(f"validation data {src.name} has {len(ids):,} tokens, {n} x {seq_len} "
-                           "needed: lower validation.windows or validation.context_len, or add "
-                           "validation data")
+                           "needed: lower --windows or --context-len (validation.windows or "
+                           "validation.context_len in a job spec), or add validation --data")
     stride = (len(ids) - body) // max(n - 1, 1)
     return src, [bos + ids[i * stride:i * stride + body] for i in range(n)]
 
@@ -239,7 +253,10 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     nll = {name: [0.0, 0.0] for name in ["bf16", *specs]}
     kl = {name: [0.0, 0.0] for name in specs}
     tokens = [0, 0]
+    # the count only this function knows (a searched bundle adds its served-clip variant):
+    # said at once, as the first forward takes a while
     steps = len(windows) * (1 + len(specs))
+    progress(phase="validating", done=0, total=steps)
     for w, window in enumerate(windows):
         s = w % 2
         targets = torch.tensor(window[1:], device=model.device)

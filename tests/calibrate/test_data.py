@@ -75,3 +75,21 @@ def test_binary_and_non_utf8_data_files_are_refused_with_the_file_named(tmp_path
         load_text(str(tmp_path / "latin1.jsonl"))
     (tmp_path / "crlf.txt").write_bytes(b"a\r\nb\rc\xff")      # text as before: newlines, U+FFFD
     assert load_text(str(tmp_path / "crlf.txt")).text == "a\nb\nc\ufffd"
+
+
+def test_an_empty_source_is_named_even_beside_others(tmp_path):
+    """An empty file among several added nothing, silently; alone it was reported as
+    "calibration data ['...'] is empty" when it was validation's held-out text."""
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": " "}\n')
+    (tmp_path / "prose.txt").write_text("some prose")
+    with pytest.raises(InvalidInput, match=r"calibration data .*empty.txt holds no text"):
+        load_text([str(tmp_path / "prose.txt"), str(tmp_path / "empty.txt")])
+    with pytest.raises(InvalidInput, match=r"held-out data .*blank.jsonl holds no text"):
+        load_text([str(tmp_path / "blank.jsonl")], "heldout")
+
+
+def test_jsonl_with_a_byte_order_mark_reads(tmp_path):
+    # Windows tools write one; json.loads refused line 1 ("Unexpected UTF-8 BOM")
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"text": "alpha"}\n{"text": "beta"}\n')
+    assert load_text(str(tmp_path / "bom.jsonl")).text == "alpha\n\nbeta"

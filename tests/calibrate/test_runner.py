@@ -24,3 +24,19 @@ def test_too_little_validation_text_fails_before_any_calibration_work(truncated_
                    lambda kind, **e: events.append(e), lambda: False)
     assert {e["phase"] for e in events} == {"loading"}      # no pass ran, nothing was lost
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field", ["data", "validation"])
+def test_bad_data_fails_before_the_model_loads(monkeypatch, tmp_path, field):
+    """The runner read the text only after loading the model: a GPU worker spent the load
+    (minutes for a large model) on a job whose JSON lines had no text field."""
+    def never(src):
+        raise AssertionError("the model was loaded before the data was read")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    (tmp_path / "rows.jsonl").write_text('{"body": "prose"}\n')
+    bad = [str(tmp_path / "rows.jsonl")]
+    spec = {"model": "smollm2-135m", **({"data": bad} if field == "data" else
+                                        {"validation": {"data": bad}})}
+    with pytest.raises(InvalidInput, match=r"rows.jsonl:1: no string field 'text'"):
+        runner.run({"id": "job-1", "spec": spec}, tmp_path / "out", lambda kind, **e: None, lambda: False)

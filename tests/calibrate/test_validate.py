@@ -305,3 +305,27 @@ def test_a_lloyd_max_bundle_is_validated_with_lloyd_max_buckets(truncated_model)
     assert ours.name == theirs.name == "bundle"
     assert ours.delta_nll != theirs.delta_nll and ours.attn_rel_error != theirs.attn_rel_error
 
+
+
+@pytest.mark.model
+def test_progress_starts_at_zero_with_the_total_it_ends_at(truncated_model):
+    """The job runner announced windows x (2 + baselines) steps: a searched bundle's served-clip
+    variant made validation run more, so the bar's total jumped mid-run (30 to 36 by default)."""
+    model, tok = truncated_model(2)
+    b = _bundle(2, SINK, RECENT)
+    b.manifest = b.manifest.model_copy(update={"clip": b.manifest.clip.model_copy(update={
+        "granularity": "layer", "searched": True, "k_global": 0.96, "v_global": 0.92})})
+    events = []
+    validate(b, model, tok, ValidationConfig(context_len=T, windows=1, baselines=("hadamard", "naive")),
+             kernel_quantizer(), progress=lambda **e: events.append(e))
+    assert (events[0]["done"], events[-1]["done"]) == (0, 5)      # bf16, bundle, served, 2 baselines
+    assert {e["total"] for e in events} == {5} and {e["phase"] for e in events} == {"validating"}
+
+
+def test_too_little_held_out_text_names_the_flags_that_fix_it(tmp_path):
+    """The message named only job-spec fields (validation.windows) to a CLI user."""
+    (tmp_path / "tiny.txt").write_text("a few words")
+    tok = lambda text, add_special_tokens=False: {"input_ids": list(range(len(text)))}  # noqa: E731
+    with pytest.raises(InvalidInput, match=r"tiny.txt has 11 tokens, 2 x 64 needed: lower --windows "
+                                           r"or --context-len \(validation.windows"):
+        eval_windows(tok, [str(tmp_path / "tiny.txt")], "text", 64, 2)

@@ -7,6 +7,7 @@ the command passes them, what it writes and when."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -54,7 +55,7 @@ def test_calibrate_simulates_the_cache_the_model_is_served_with(monkeypatch, tmp
     assert seen[1].group_size == other
 
 
-@pytest.mark.parametrize("flag", ["--tokens", "--seq-len"])
+@pytest.mark.parametrize("flag", ["--tokens", "--seq-len", "--group-size"])
 def test_a_zero_budget_is_refused_not_replaced_by_the_default(monkeypatch, tmp_path, flag):
     seen = _capture_config(monkeypatch)
     r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", flag, "0", "--out", str(tmp_path / "b")])
@@ -127,9 +128,11 @@ def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path)
         raise Stop
 
     monkeypatch.setattr(validate_mod, "validate", validate)
-    r = CliRunner().invoke(cli, ["validate", str(b.path), "--data", "d.jsonl", "--text-field", "content"])
+    (tmp_path / "d.jsonl").write_text('{"content": "held-out prose"}\n')
+    data = str(tmp_path / "d.jsonl")
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--data", data, "--text-field", "content"])
     assert isinstance(r.exception, Stop), r.output
-    assert seen[0].text_field == "content" and seen[0].data == ["d.jsonl"]
+    assert seen[0].text_field == "content" and seen[0].data == [data]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -206,3 +209,73 @@ def _report(**extra) -> dict:
 def test_the_validate_report_says_which_quantizer_it_simulated(extra, says):
     first = calibrate_cmds._human_report(_report(**extra)).splitlines()[0]
     assert first.startswith("context 2048 (sink 128, recent 1024") and says in first
+
+
+@pytest.mark.parametrize("command", ["calibrate", "validate"])
+@pytest.mark.parametrize("content, says", [
+    (None, "no such file"),
+    ('{"body": "prose"}\n', r"d.jsonl:1: no string field 'text' \(set --text-field\)"),
+    ("", "d.jsonl holds no text")])
+def test_bad_data_is_refused_before_the_model_loads(monkeypatch, tmp_path, command, content, says):
+    """The text was read only after the model had loaded (minutes for an 8B model), and for
+    `calibrate --validate` after the load that both steps share."""
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the data was read")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    monkeypatch.setattr(pipeline, "load_model", never)
+    data = tmp_path / "d.jsonl"
+    if content is not None:
+        data.write_text(content)
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")
+    args = (["calibrate", "qwen3-8b", "--validate", "--out", str(tmp_path / "o")]
+            if command == "calibrate" else ["validate", str(b.path)])
+    r = CliRunner().invoke(cli, [*args, "--data", str(data)])
+    assert r.exit_code == 1 and r.stderr and re.search(says, r.stderr), r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_overwrite_replaces_only_a_bundle(monkeypatch, tmp_path):
+    """--overwrite swapped out whatever directory --out named (`--out .`, a typo'd home
+    directory) for the bundle, after the calibration, and its files were gone."""
+    seen = _capture_config(monkeypatch)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--out", str(tmp_path / "work"), "--overwrite"])
+    assert r.exit_code == 2 and "is not a bundle" in r.output and not seen
+    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
+    b = make_bundle(tmp_path / "b", model="qwen3-8b")   # a bundle is replaced as before
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--out", str(b.path), "--overwrite"])
+    assert isinstance(r.exception, Stop), r.output
+
+
+def test_the_loading_bar_ends_full(monkeypatch):
+    """It was left at 0/1 once the passes began: on the terminal, loading never finished."""
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
+    seen = []
+    assert calibrate_cmds._load("src", lambda **e: seen.append(e)) == ("M", "T")
+    assert seen[-1] == {"phase": "loading", "done": 1, "total": 1}
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_calibrating(monkeypatch, tmp_path):
+    """The bundle is written at the end: a file in --out's path failed only after the passes."""
+    seen = _capture_config(monkeypatch)
+    (tmp_path / "notes.txt").write_text("a file, not a directory")
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--out", str(tmp_path / "notes.txt" / "b")])
+    assert r.exit_code == 2 and "cannot write a bundle there" in r.output and not seen
+    r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--out", str(tmp_path / "new" / "b")])
+    assert isinstance(r.exception, Stop), r.output
+    assert [p.name for p in (tmp_path / "new").iterdir()] == []     # no staging dir left behind
+
+
+def test_validate_refuses_a_catalog_model_of_another_geometry_before_loading_it(monkeypatch,
+                                                                               tmp_path):
+    """`validate SMOL_BUNDLE --model qwen3-8b` downloaded and loaded the 8B model, then said
+    the geometry differs."""
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before its geometry was compared")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    b = make_bundle(tmp_path / "b", model="smollm2-135m")
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--model", "qwen3-8b", "--context-len", "512"])
+    assert r.exit_code == 1 and "calibrated for smollm2-135m, whose geometry" in r.stderr, r.output

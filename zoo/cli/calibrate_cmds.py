@@ -62,7 +62,8 @@ class PhaseBars:
 @click.option("--clip-search/--no-clip-search", default=True, show_default=True,
               help="Search clip ratios per layer; off = OSCAR's shipped K 0.96 / V 0.92.")
 @click.option("--clip-per-head", is_flag=True, help="Search clip ratios per KV head too.")
-@click.option("--group-size", type=int, help="INT2 quantization group [default: the model's, at most head_dim].")
+@click.option("--group-size", type=click.IntRange(min=1),
+              help="INT2 quantization group [default: the model's, at most head_dim].")
 @click.option("--scale-dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
               show_default=True, help="Scale/zero dtype of the INT2 cache (SGLang's default is float32).")
 @click.option("--lloyd-max/--uniform", "lloyd_max", default=None,
@@ -80,7 +81,11 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     """Calibrate MODEL (catalog name, hub id, local dir or .gguf) into a rotation bundle."""
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
-    from oscar_zoo.calibrate.data import BUILTIN
+    if out.exists() and not (out / "bundle.json").is_file():
+        # the write swaps the whole directory out: a typo'd --out would lose its files
+        raise click.UsageError(f"{out} exists and is not a bundle (no bundle.json in it); "
+                               "--overwrite replaces only a bundle: choose another --out")
+    from oscar_zoo.calibrate.data import BUILTIN, load_text
     from oscar_zoo.calibrate.jobspec import check_int2_geometry, int2_defaults
     from oscar_zoo.calibrate.loading import resolve_source
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
@@ -105,6 +110,8 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         check_int2_geometry(cfg.group_size, src.entry.geometry, lloyd_max=cfg.lloyd_max)
     if run_validation:
         ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
+    load_text(cfg.data, "calibration", cfg.text_field)   # bad --data must not cost a load
+    _check_writable(out)
     bars = PhaseBars()
     t0 = time.perf_counter()
     loaded = _load(src, bars) if run_validation else None  # one load for both steps
@@ -127,11 +134,26 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         _exit_unless_passed(written.manifest.validation, out)
 
 
+def _check_writable(out: Path) -> None:
+    """The bundle is written after the calibration: an --out that cannot be written (a file
+    in its path, a read-only or full disk) must fail now, not after the passes."""
+    from ..files import staging_dir
+
+    try:
+        with staging_dir(out):   # what the write makes first (and removes unless renamed)
+            pass
+    except OSError as e:
+        raise click.UsageError(f"--out {out}: cannot write a bundle there ({e.strerror or e}); "
+                               "choose a writable directory") from None
+
+
 def _load(src, bars):
     from oscar_zoo.calibrate.loading import load_model
 
     bars(phase="loading", done=0, total=1)
-    return load_model(src)
+    loaded = load_model(src)
+    bars(phase="loading", done=1, total=1)   # else its bar stays at 0% once closed
+    return loaded
 
 
 def _validate_in_place(bundle, loaded, bars):
@@ -182,7 +204,8 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
 
     Exits 1 when the bundle does not pass (the report is still printed and stored)."""
     from oscar_zoo.calibrate.loading import load_model
-    from oscar_zoo.calibrate.validate import ValidationConfig, validate
+    from oscar_zoo.calibrate.validate import (ValidationConfig, check_geometry_of, held_out_text,
+                                              validate)
 
     from .. import bundle as bundle_mod
 
@@ -191,7 +214,11 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
                            context_len=context_len, windows=windows, tolerance=tolerance)
     q = bundle.manifest.quantization
     cfg.check(q.sink_tokens, q.recent_tokens)  # before the load
-    loaded = load_model(_bundle_model(bundle.manifest.model, model))
+    held_out_text(bundle, cfg)                 # and the text: bad --data must not cost a load
+    src = _bundle_model(bundle.manifest.model, model)
+    if src.entry is not None and src.entry.geometry_verified:   # known: a wrong --model costs no load
+        check_geometry_of(bundle, src.entry.geometry)
+    loaded = load_model(src)
     bars = PhaseBars()
     report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars)
     bars.close()

@@ -104,7 +104,12 @@ def _hf_dataset(ref: str, field: str) -> str:
         raise InvalidInput("hf: datasets need the `datasets` package: pip install datasets") from None
     ref, _, split = ref.partition("@")
     name, _, config = ref.partition(":")
-    ds = datasets.load_dataset(name, config or None, split=split or "train")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split or "train")
+    except getattr(getattr(datasets, "exceptions", None), "DatasetNotFoundError", ()) as e:
+        # a FileNotFoundError, which a job would otherwise retry as an I/O error
+        raise InvalidInput(f"hf:{ref}: {e} (check the name, or set HF_TOKEN for a gated "
+                           "dataset)") from None
     if field not in ds.column_names:
         raise InvalidInput(f"dataset {name} has no column {field!r}; columns: {ds.column_names}")
     return "\n\n".join(t for t in ds[field] if t)

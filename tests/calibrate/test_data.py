@@ -93,3 +93,24 @@ def test_jsonl_with_a_byte_order_mark_reads(tmp_path):
     # Windows tools write one; json.loads refused line 1 ("Unexpected UTF-8 BOM")
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"text": "alpha"}\n{"text": "beta"}\n')
     assert load_text(str(tmp_path / "bom.jsonl")).text == "alpha\n\nbeta"
+
+
+def test_a_missing_hf_dataset_is_bad_input_not_a_retryable_io_error(monkeypatch):
+    """`datasets` raises DatasetNotFoundError, a FileNotFoundError, which the job runner retried
+    as an I/O error. `datasets` is not installed here (and would need the network), so a stand-in
+    module with the same exception is put in its place: that is the only mock in this file."""
+    import sys
+    import types
+
+    class DatasetNotFoundError(FileNotFoundError):
+        pass
+
+    def load_dataset(*args, **kwargs):
+        raise DatasetNotFoundError("Dataset 'org/nope' doesn't exist on the Hub")
+
+    fake = types.ModuleType("datasets")
+    fake.exceptions = types.SimpleNamespace(DatasetNotFoundError=DatasetNotFoundError)
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(InvalidInput, match="hf:org/nope.*doesn't exist.*HF_TOKEN"):
+        load_text(["hf:org/nope"])

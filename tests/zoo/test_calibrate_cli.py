@@ -279,3 +279,11 @@ def test_validate_refuses_a_catalog_model_of_another_geometry_before_loading_it(
     b = make_bundle(tmp_path / "b", model="smollm2-135m")
     r = CliRunner().invoke(cli, ["validate", str(b.path), "--model", "qwen3-8b", "--context-len", "512"])
     assert r.exit_code == 1 and "calibrated for smollm2-135m, whose geometry" in r.stderr, r.output
+
+
+def test_validate_refuses_a_negative_tolerance(tmp_path):
+    """A negative tolerance would fail a bundle that beats the Hadamard baseline (the job spec
+    already refuses one)."""
+    b = make_bundle(tmp_path / "b", model="qwen3-8b").path
+    r = CliRunner().invoke(cli, ["validate", str(b), "--tolerance", "-0.1"])
+    assert r.exit_code == 2 and "--tolerance" in r.output

@@ -193,7 +193,7 @@ def _human(d: dict) -> str:
 @click.option("--context-len", type=int, default=2048, show_default=True)
 @click.option("--windows", type=int, default=6, show_default=True,
               help="Evaluation windows, split alternately into two sets for a noise estimate.")
-@click.option("--tolerance", type=float, default=0.05, show_default=True,
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Nats/token the bundle may lose to the Hadamard baseline and still pass.")
 @click.option("--write/--no-write", "write_back", default=True, show_default=True,
               help="Store the report in the bundle's manifest (rewritten atomically).")

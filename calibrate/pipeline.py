@@ -104,19 +104,20 @@ class CalibrationResult:
     tokens_per_pass: int
 
 
-def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -> CalibrationResult:
-    """Run the whole calibration; `loaded` = (model, tokenizer) to reuse a loaded model."""
+def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None,
+              text=None) -> CalibrationResult:
+    """Run the whole calibration; `loaded` = (model, tokenizer) to reuse a loaded model, `text`
+    = load_text(cfg.data, ...) where the caller read it already (before loading the model)."""
     cfg.check()
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     src = resolve_source(cfg.model, cfg.revision)
-    text = None
     if loaded is None:     # a runner that loaded the model has reported the loading already
-        text = load_text(cfg.data, "calibration", cfg.text_field)   # bad --data costs no load
+        text = text or load_text(cfg.data, "calibration", cfg.text_field)   # bad --data: no load
         progress(phase="loading", done=0, total=1)
         model, tok = load_model(src)
         progress(phase="loading", done=1, total=1)   # else its bar stays at 0% once closed
-    else:                  # and has read the text before loading (CLI, job runner)
+    else:
         model, tok = loaded
     capture.install(model)
     geometry = model_geometry(model)
@@ -124,8 +125,7 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None) -
     jobspec.check_int2_geometry(cfg.group_size, geometry, lloyd_max=cfg.lloyd_max)
     timings["loading"] = time.perf_counter() - t0
 
-    if text is None:
-        text = load_text(cfg.data, "calibration", cfg.text_field)
+    text = text or load_text(cfg.data, "calibration", cfg.text_field)
     n_clip = cfg.clip_windows if cfg.clip_search else 0
     windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed)
     calib, held_out = windows[:len(windows) - n_clip], windows[len(windows) - n_clip:]

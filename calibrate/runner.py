@@ -83,18 +83,17 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
         emit("progress", phase=phase, done=done, total=total, layer=layer, **extra)
 
     # before the load: a missing file or a JSON line without the text field must not cost one
-    load_text(spec.data, "calibration", spec.text_field)
-    if spec.validation.enabled:
-        load_text(spec.validation.data, "heldout", spec.text_field)
+    text = load_text(spec.data, "calibration", spec.text_field)
+    vcfg = validation_config(spec) if spec.validation.enabled else None
+    held_text = load_text(vcfg.data, "heldout", vcfg.text_field) if vcfg is not None else None
     progress("loading", 0, 1)
     t0 = time.perf_counter()
     model, tok = load_model(resolve_source(spec.model, spec.revision))
     timings = {"loading": time.perf_counter() - t0}
     progress("loading", 1, 1)
-    vcfg = validation_config(spec) if spec.validation.enabled else None
     if vcfg is not None:     # too little held-out text would show only after calibrating
-        held_out = eval_windows(tok, vcfg.data, vcfg.text_field, vcfg.context_len, vcfg.windows)
-    result = calibrate(calibration_config(spec), progress=progress, loaded=(model, tok))
+        held_out = eval_windows(tok, held_text, vcfg.context_len, vcfg.windows)
+    result = calibrate(calibration_config(spec), progress=progress, loaded=(model, tok), text=text)
     timings.update({k: v for k, v in result.timings.items() if k not in ("loading", "total")})
     bundle = result.bundle
     bundle.manifest = stamp(bundle.manifest, job, spec)

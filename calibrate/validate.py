@@ -113,9 +113,9 @@ def held_out_text(bundle: Bundle, cfg: ValidationConfig):
     return src
 
 
-def eval_windows(tokenizer, data: list[str], text_field: str, seq_len: int, n: int):
-    """n evenly spaced windows of held-out text (the second half of the built-in corpus)."""
-    src = load_text(data, "heldout", text_field)
+def eval_windows(tokenizer, src, seq_len: int, n: int):
+    """(src, n evenly spaced windows of it): src is the held-out text, load_text(data,
+    "heldout", ...) (of the built-in corpus, its second half)."""
     ids = tokenizer(src.text, add_special_tokens=False)["input_ids"]
     bos = [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
     body = seq_len - len(bos)
@@ -237,15 +237,17 @@ def _logprobs(model, window) -> torch.Tensor:
 
 
 def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer: Quantizer,
-             progress=lambda **kw: None, held_out=None) -> Validation:
+             progress=lambda **kw: None, held_out=None, text=None) -> Validation:
     """held_out: eval_windows(...) of cfg, where the caller made them already (the job runner
-    checks them before calibrating)."""
+    checks them before calibrating); else text: load_text(cfg.data, "heldout", ...), where the
+    caller read it already (before loading the model)."""
     m = bundle.manifest
     sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
     cfg.check(sink, recent)
     check_geometry(bundle, model)
-    src, windows = held_out or eval_windows(tokenizer, cfg.data, cfg.text_field, cfg.context_len,
-                                            cfg.windows)
+    src, windows = held_out or eval_windows(
+        tokenizer, text or load_text(cfg.data, "heldout", cfg.text_field), cfg.context_len,
+        cfg.windows)
     check_held_out(bundle, cfg.data, cfg.text_field, src)
     specs = variant_specs(bundle, cfg.baselines)
     capture.install(model)

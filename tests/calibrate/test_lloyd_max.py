@@ -108,7 +108,7 @@ def test_the_runner_validates_with_the_bundles_own_quantizer(monkeypatch, tmp_pa
     calls = []
     monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
     monkeypatch.setattr(validate_mod, "eval_windows", lambda *a, **k: ["held out"])
-    monkeypatch.setattr(pipeline, "calibrate", lambda cfg, progress=None, loaded=None: (
+    monkeypatch.setattr(pipeline, "calibrate", lambda cfg, progress=None, loaded=None, text=None: (
         calls.append(("calibrate", cfg.lloyd_max))
         or SimpleNamespace(bundle=made, timings={}, tokens_per_pass=1)))
 

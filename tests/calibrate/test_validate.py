@@ -35,8 +35,9 @@ class _NoBos:
 @pytest.mark.model
 def test_windows_take_a_bos_only_where_the_tokenizer_has_one(smollm2):
     _, tok = smollm2
-    _, plain = eval_windows(tok, [BUILTIN], "text", 64, 3)
-    _, no_bos = eval_windows(_NoBos(tok), [BUILTIN], "text", 64, 3)
+    held = load_text([BUILTIN], "heldout")
+    _, plain = eval_windows(tok, held, 64, 3)
+    _, no_bos = eval_windows(_NoBos(tok), held, 64, 3)
     assert [len(w) for w in no_bos] == [64] * 3 and all(isinstance(i, int) for w in no_bos for i in w)
     assert no_bos == plain      # the test model's own config adds no BOS either
 
@@ -244,7 +245,7 @@ def test_validation_matches_a_float64_reference(truncated_model):
         bundle.v[lid].clip[:] = (0.7 + 0.3 * torch.rand(3, generator=g)).numpy()
     cfg = ValidationConfig(context_len=T, windows=1, baselines=("naive",))
     report = validate(bundle, model, tok, cfg, kernel_quantizer())
-    _, (window,) = eval_windows(tok, cfg.data, "text", T, 1)
+    _, (window,) = eval_windows(tok, load_text(cfg.data, "heldout"), T, 1)
 
     eye = torch.eye(64)
     sides = {"bundle": lambda lid: [(torch.from_numpy(s[lid].rotation), torch.from_numpy(s[lid].clip),
@@ -328,4 +329,4 @@ def test_too_little_held_out_text_names_the_flags_that_fix_it(tmp_path):
     tok = lambda text, add_special_tokens=False: {"input_ids": list(range(len(text)))}  # noqa: E731
     with pytest.raises(InvalidInput, match=r"tiny.txt has 11 tokens, 2 x 64 needed: lower --windows "
                                            r"or --context-len \(validation.windows"):
-        eval_windows(tok, [str(tmp_path / "tiny.txt")], "text", 64, 2)
+        eval_windows(tok, load_text([str(tmp_path / "tiny.txt")], "heldout"), 64, 2)

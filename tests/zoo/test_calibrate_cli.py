@@ -30,7 +30,7 @@ class Stop(Exception):
 def _capture_config(monkeypatch) -> list:
     seen = []
 
-    def calibrate(cfg, progress=None, loaded=None):
+    def calibrate(cfg, progress=None, loaded=None, text=None):
         seen.append(cfg)
         raise Stop
 
@@ -71,11 +71,11 @@ def test_calibrate_validate_loads_once_and_keeps_the_bundle_when_validation_fail
     loads, calls = [], []
     monkeypatch.setattr(loading, "load_model", lambda src: loads.append(src) or ("M", "T"))
 
-    def calibrate(cfg, progress=None, loaded=None):
+    def calibrate(cfg, progress=None, loaded=None, text=None):
         calls.append(loaded)
         return SimpleNamespace(bundle=made, tokens_per_pass=1, timings={"total": 1.0})
 
-    def validate(bundle, model, tok, cfg, quantizer, progress=None):
+    def validate(bundle, model, tok, cfg, quantizer, progress=None, text=None):
         calls.append((model, tok))
         raise InvalidInput("held-out text too short")
 
@@ -123,7 +123,7 @@ def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path)
     monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
     monkeypatch.setattr(calibrate_cmds, "_quantizer", lambda bundle, model: None)
 
-    def validate(bundle, model, tok, cfg, quantizer, progress=None):
+    def validate(bundle, model, tok, cfg, quantizer, progress=None, text=None):
         seen.append(cfg)
         raise Stop
 

@@ -110,13 +110,13 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         check_int2_geometry(cfg.group_size, src.entry.geometry, lloyd_max=cfg.lloyd_max)
     if run_validation:
         ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
-    load_text(cfg.data, "calibration", cfg.text_field)   # bad --data must not cost a load
+    text = load_text(cfg.data, "calibration", cfg.text_field)   # bad --data must not cost a load
     _check_writable(out)
     bars = PhaseBars()
     t0 = time.perf_counter()
     loaded = _load(src, bars) if run_validation else None  # one load for both steps
     load_s = time.perf_counter() - t0
-    result = calibrate(cfg, progress=bars, loaded=loaded)
+    result = calibrate(cfg, progress=bars, loaded=loaded, text=text)
     for phase in ("loading", "total"):  # calibrate() times a load only when it does it
         result.timings[phase] = result.timings.get(phase, 0.0) + load_s
     bars.close()
@@ -214,13 +214,13 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
                            context_len=context_len, windows=windows, tolerance=tolerance)
     q = bundle.manifest.quantization
     cfg.check(q.sink_tokens, q.recent_tokens)  # before the load
-    held_out_text(bundle, cfg)                 # and the text: bad --data must not cost a load
+    text = held_out_text(bundle, cfg)          # and the text: bad --data must not cost a load
     src = _bundle_model(bundle.manifest.model, model)
     if src.entry is not None and src.entry.geometry_verified:   # known: a wrong --model costs no load
         check_geometry_of(bundle, src.entry.geometry)
     loaded = load_model(src)
     bars = PhaseBars()
-    report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars)
+    report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars, text=text)
     bars.close()
     if write_back:
         bundle.manifest = bundle.manifest.model_copy(update={"validation": report})

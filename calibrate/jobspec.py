@@ -26,7 +26,6 @@ from oscar_zoo.zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from oscar_zoo.zoo.geometry import ModelGeometry
 
 BUILTIN_DATA = "builtin:pydoc"
-_ALIAS = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 _MIRROR = re.compile(r"(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -192,7 +191,7 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
                   seq_len=spec.seq_len if spec.clip_search else None,
                   context_len=spec.validation.context_len if spec.validation.enabled else None)
     for alias in spec.aliases:
-        if not _ALIAS.fullmatch(alias) or alias == "latest":   # fullmatch: `$` lets "prod\n" by
+        if not catalog.ALIAS_NAME.fullmatch(alias) or alias == "latest":
             raise InvalidInput(f"alias {alias!r}: use a lower-case name such as recommended "
                                "(`latest` moves by itself)")
     for target in spec.mirror:

@@ -13,10 +13,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session, lazyload
 
+from ..zoo.catalog import ALIAS_NAME
 from ..zoo.errors import Conflict, InvalidInput
 from . import audit
 from .models import Alias, AliasEvent, BundleVersion, Model
-from .queries import ALIAS_NAME
 
 LATEST = "latest"
 

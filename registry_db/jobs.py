@@ -21,8 +21,8 @@ Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent cla
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
 
 Ownership: a job records the id of the token that submitted it (a revoked token's name may be
-taken again); only that token or an admin token may cancel it. A retry with the job's idempotency key by another
-token gets the job, not its ownership.
+taken again); only that token or an admin token may cancel it. A retry with the job's
+idempotency key by another token gets the job, not its ownership.
 
 Naming a job: the user's side (read, follow, cancel) takes the whole id or a unique prefix of at
 least SHORT_ID characters, as `jobs list` shows them (resolve); the worker side, whose ids come
@@ -155,9 +155,7 @@ def _differences(old: dict, new: dict, given: dict | None) -> list[str]:
 def get(session: Session, job_id: str, lock: bool = False) -> Job:
     """The job of this whole id (the worker side: its ids come from its claim). Raises
     JobNotFound."""
-    job = None
-    if _JOB_ID.fullmatch(job_id):     # ids are UUIDs: anything else (NUL included) is not looked up
-        job = session.get(Job, job_id, with_for_update=lock or None)
+    job = _by_id(session, job_id, lock)
     if job is None:
         raise JobNotFound(f"no job {job_id!r}: job ids are given whole; list them with "
                           "`oscar-zoo jobs list` (GET /v1/jobs)")
@@ -168,10 +166,9 @@ def resolve(session: Session, ref: str, lock: bool = False) -> Job:
     """The job a user names: its whole id, or a prefix of it of at least SHORT_ID characters
     that no other job's id starts with. Raises JobNotFound, or Conflict for an ambiguous
     prefix, naming a few of the jobs it starts."""
-    if _JOB_ID.fullmatch(ref):
-        job = session.get(Job, ref, with_for_update=lock or None)
-        if job is not None:
-            return job
+    job = _by_id(session, ref, lock)
+    if job is not None:
+        return job
     text = ref.lower()
     ids = _ids_starting(session, text.rstrip("-")) if _is_id_prefix(text) else []
     if len(ids) > 1:
@@ -181,7 +178,14 @@ def resolve(session: Session, ref: str, lock: bool = False) -> Job:
     if not ids:
         raise JobNotFound(f"no job {ref!r}: name a job by its id or the id's first {SHORT_ID} or "
                           "more characters; list them with `oscar-zoo jobs list` (GET /v1/jobs)")
-    return session.get(Job, ids[0], with_for_update=lock or None)
+    return _by_id(session, ids[0], lock)
+
+
+def _by_id(session: Session, job_id: str, lock: bool) -> Job | None:
+    # ids are UUIDs: anything else (NUL included) is not looked up
+    if not _JOB_ID.fullmatch(job_id):
+        return None
+    return session.get(Job, job_id, with_for_update=lock or None)
 
 
 def _is_id_prefix(text: str) -> bool:

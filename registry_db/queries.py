@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import difflib
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,6 @@ from ..zoo.errors import (AliasNotFound, InvalidInput, LayerNotFound, ModelNotFo
 from .models import Alias, AliasEvent, BundleVersion, LayerIndex, MirrorRecord, Model
 
 MAX_LIMIT = 200
-ALIAS_NAME = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 
 
 # --- pagination ------------------------------------------------------------------------------
@@ -158,7 +156,7 @@ def model_stats(session: Session, model_ids: list[int]) -> dict[int, dict]:
 
 def _removed(session: Session, model: Model, ref: str) -> str:
     """Why an alias that once existed is gone (a deploy pinned to it asks exactly that)."""
-    if not ALIAS_NAME.fullmatch(ref.lower()):
+    if not catalog.ALIAS_NAME.fullmatch(ref.lower()):
         return ""
     last = session.scalar(select(AliasEvent).where(AliasEvent.model_id == model.id,
                                                    AliasEvent.alias == ref.lower())
@@ -181,7 +179,7 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
         row = None if len(ref) > 10 or int(ref) >= 2**31 else session.scalar(
             select(BundleVersion).where(BundleVersion.model_id == model.id,
                                         BundleVersion.number == int(ref)))
-    elif not ALIAS_NAME.fullmatch(ref.lower()):
+    elif not catalog.ALIAS_NAME.fullmatch(ref.lower()):
         row = None  # no alias can have this name
     else:
         alias = session.scalar(select(Alias).where(Alias.model_id == model.id,

@@ -16,6 +16,9 @@ from .errors import ModelNotFound
 from .geometry import ModelGeometry, geometry_from_config_file
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# A registry alias (recommended, prod): the registry's rule, which a job spec's aliases meet
+# before the job is queued. Starting with a letter, it is never a version number.
+ALIAS_NAME = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 
 
 def is_hub_id(model: str) -> bool:

@@ -45,6 +45,7 @@ from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo.errors import Conflict, Forbidden, InvalidInput, JobCancelled, JobNotFound, LeaseLost
+from ..zoo.jobs_client import SHORT_ID, TERMINAL
 from . import audit
 from .aliases import move_alias
 from .models import ApiToken, BundleVersion, Job
@@ -53,12 +54,10 @@ from .queries import Page, check_limit, decode_cursor, encode_cursor
 from .tokens import actor_of
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-TERMINAL = ("succeeded", "failed", "cancelled")
 # What a running job reports, in order (clip_search sits between fitting and validating).
 RUN_PHASES = ("loading", "pass1", "pass2", "fitting", "clip_search", "validating", "publishing")
 CLAIM_BATCH = 32
 _JOB_ID = re.compile(r"[0-9a-fA-F-]{1,36}")
-SHORT_ID = 8            # the fewest leading characters of an id that name its job
 _UUID = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
 _HEX = "0123456789abcdef"
 CANDIDATES_SHOWN = 5    # of the jobs an ambiguous prefix names

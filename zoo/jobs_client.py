@@ -26,6 +26,7 @@ from .errors import Conflict, LeaseLost, OfflineError, OscarZooError
 from .registry_client import RegistryClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+SHORT_ID = 8    # the fewest leading characters of a job id that name its job, as `jobs list` shows
 
 
 class JobsClient:

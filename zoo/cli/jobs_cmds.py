@@ -11,15 +11,11 @@ from pathlib import Path
 
 import click
 
+from ..jobs_client import SHORT_ID, TERMINAL, JobsClient
 from .output import emit, info, json_option, warn
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-SHORT_ID = 8          # the characters of an id `jobs list` shows: enough to name the job
 
 
 def _client():
-    from ..jobs_client import JobsClient
-
     return JobsClient()
 
 

@@ -275,7 +275,13 @@ class Cache:
 
         A pull passes through a gate (gc-gate.lock) on its way in, and prune closes the gate
         before it waits: pulls that keep overlapping would otherwise hold the shared lock
-        without a break and starve prune. Those already in finish; new ones wait for prune."""
+        without a break and starve prune. Those already in finish; new ones wait for prune.
+
+        A cache that does not exist has nothing to guard, and a lock file would create it
+        (an offline pull or an export that finds nothing must leave no cache behind)."""
+        if not self.root.exists():
+            yield
+            return
         gate = self._flock("gc-gate", True, "a prune is running")
         if gate is None:  # no flock here (Windows, some network filesystems): pulls serialize too
             with self.lock("gc-serial", "the cache (a pull or a prune)"):

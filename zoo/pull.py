@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +86,7 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
     # One hold of the gc lock from the first request to the last export file: prune and cache rm
     # wait for all of it. Released in between, a `cache rm` (or a prune, after another pull moved
     # the ref) could take the snapshot away just before the export read it.
-    with cache.gc_guard() if cache.root.exists() else nullcontext():
+    with cache.gc_guard():
         if offline:
             result = from_cache(cache, entry, name, ref, "offline mode is on (OSCAR_ZOO_OFFLINE "
                                                          "or HF_HUB_OFFLINE)", layers)

@@ -559,8 +559,6 @@ def whoami_command(as_json):
 def export_command(target, fmt, out, layers, as_json):
     """Write engine files for a cached bundle (or a bundle directory); no network."""
     _small_blas()
-    from contextlib import nullcontext
-
     from ..cache import Cache
     from ..catalog import find
     from ..export import export
@@ -577,7 +575,7 @@ def export_command(target, fmt, out, layers, as_json):
         bdir, digest = Path(target), sha256_file(Path(target) / "bundle.json")
     # as pull --format does: prune and cache rm wait, instead of taking away the snapshot (or
     # the exports/ dir) this reads and writes
-    with cache.gc_guard() if cache.root.exists() else nullcontext():
+    with cache.gc_guard():
         if bdir is None:
             name, ref = parse_spec(target)
             result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)

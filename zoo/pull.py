@@ -518,20 +518,20 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
     Raises OfflineError naming what is cached when the request is not.
     """
     model = entry.name if entry is not None else name
+    passed_over: list[str] = []   # a default request's refs the cache knows but cannot serve
     for r in ref.cache_refs():
         digest = cache.read_ref(model, r)
-        if digest and cache.snapshot(model, digest):
-            return _cached_result(cache, model, digest, cache.snapshot_dir(model, digest))
-        if digest and layers:  # only a --layers part of it may be here
-            for pdir in sorted((cache.model_dir(model) / "partial" / digest).glob("layers-*")):
-                chosen = _part_layers(pdir) or []
-                # against the whole bundle's layers: a range checked against the part's own
-                # list always fits, and 0-45 would be answered with a cached 0-3
-                want = _layers_of(pdir, layers)
-                if set(want) <= set(chosen):
-                    result = _cached_result(cache, model, digest, pdir)
-                    result.layers = want
-                    return result
+        result = _cached_for(cache, model, digest, layers) if digest else None
+        if result is not None:
+            if passed_over:   # offline, "recommended, else latest" must not pass silently
+                result.notes.append(f"{model}{' and '.join(passed_over)}: not cached whole, "
+                                    f"so @{r} (sha256:{digest[:12]}) was served instead; "
+                                    f"pull {model} online for it")
+            return result
+        if digest:
+            parts = _part_specs(cache, model, digest)
+            passed_over.append(f"@{r} (sha256:{digest[:12]}"
+                               + (f", only layers {', '.join(parts)} cached)" if parts else ")"))
     have = sorted(cache.refs(model)) if cache.model_dir(model).exists() else []
     if entry is None and not have:
         raise ModelNotFound(f"unknown model {name!r}, and nothing by that name is cached "
@@ -547,14 +547,35 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
                        f"To fix: {fix}.")
 
 
+def _cached_for(cache: Cache, model: str, digest: str, layers: str | None) -> PullResult | None:
+    """The cached bundle `digest` whole, or the --layers part of it that holds `layers`."""
+    if cache.snapshot(model, digest):
+        return _cached_result(cache, model, digest, cache.snapshot_dir(model, digest))
+    if layers:
+        for pdir in sorted((cache.model_dir(model) / "partial" / digest).glob("layers-*")):
+            chosen = _part_layers(pdir) or []
+            # against the whole bundle's layers: a range checked against the part's own
+            # list always fits, and 0-45 would be answered with a cached 0-3
+            want = _layers_of(pdir, layers)
+            if set(want) <= set(chosen):
+                result = _cached_result(cache, model, digest, pdir)
+                result.layers = want
+                return result
+    return None
+
+
 def _cached_parts(cache: Cache, model: str, ref: Ref) -> list[str]:
     """The --layers parts cached for the bundle `ref` names, as layer specs (0-4, 0-9)."""
     for r in ref.cache_refs():
         digest = cache.read_ref(model, r)
         if digest:
-            return sorted(p.name.removeprefix("layers-") for p in
-                          (cache.model_dir(model) / "partial" / digest).glob("layers-*"))
+            return _part_specs(cache, model, digest)
     return []
+
+
+def _part_specs(cache: Cache, model: str, digest: str) -> list[str]:
+    return sorted(p.name.removeprefix("layers-") for p in
+                  (cache.model_dir(model) / "partial" / digest).glob("layers-*"))
 
 
 def _cached_result(cache: Cache, model: str, digest: str, path: Path) -> PullResult:

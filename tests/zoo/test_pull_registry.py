@@ -373,3 +373,28 @@ def test_show_of_a_version_gives_its_clips_validation_and_yank_reason(registry, 
     bundle = next(r for r in detail["validation"]["variants"] if r["name"] == "bundle")
     assert f"validation   passed: extra loss {bundle['delta_nll']:+.4f} nats/token (hadamard" in text
     assert "yanked       clip search bug" in text
+
+
+def test_offline_default_pull_says_when_recommended_is_cached_only_in_part(registry, glm_bundles,
+                                                                           monkeypatch):
+    """Offline, "recommended, else latest" fell through to a whole @latest without a word when
+    @recommended was cached only as a --layers part: the user got another version silently."""
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    with RegistryClient(token=registry.token("bundles:publish")) as client:
+        client.set_alias("glm-4.7-fp8", "recommended", 1, reason="validated")
+    pull("glm-4.7-fp8", layers="0-3")       # recommended (v1), one stage's layers
+    pull("glm-4.7-fp8@latest")              # v2, whole
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    r = pull("glm-4.7-fp8")
+    assert r.digest == glm_bundles[1].digest
+    rec, latest = glm_bundles[0].digest[:12], glm_bundles[1].digest[:12]
+    assert any(f"@recommended (sha256:{rec}, only layers 0-3 cached)" in n
+               and f"@latest (sha256:{latest}) was served instead" in n for n in r.notes), r.notes
+    result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "warning:" in result.stderr and "served instead" in result.stderr
+    assert "# WARNING:" in result.stdout and "served instead" in result.stdout
+    # the layers the part holds are still served from it, with no such note
+    part = pull("glm-4.7-fp8", layers="1-2")
+    assert part.digest == glm_bundles[0].digest and not any("instead" in n for n in part.notes)

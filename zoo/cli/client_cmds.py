@@ -87,8 +87,9 @@ def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
 
 
 def _is_warning(note: str) -> bool:
-    """A yanked or draft version, or a source that could not be reached: the recipe says so too."""
-    return any(w in note for w in ("yanked", "reached", "is a draft"))
+    """A yanked or draft version, a source that could not be reached, another version served
+    from the cache than the one asked for: the recipe says so too."""
+    return any(w in note for w in ("yanked", "reached", "is a draft", "served instead"))
 
 
 def _summary(r) -> list[str]:

@@ -287,3 +287,21 @@ def test_validate_refuses_a_negative_tolerance(tmp_path):
     b = make_bundle(tmp_path / "b", model="qwen3-8b").path
     r = CliRunner().invoke(cli, ["validate", str(b), "--tolerance", "-0.1"])
     assert r.exit_code == 2 and "--tolerance" in r.output
+
+
+def test_progress_off_a_terminal_is_plain_lines_not_a_redrawn_bar(monkeypatch, capsys):
+    """Into a log (a job's output, CI), tqdm wrote one endless line of carriage returns per
+    phase; there, a phase's start, its end and at most one line every LOG_EVERY seconds."""
+    clock = iter([0.0, 1.0, 2.0, 11.5, 12.0, 12.5, 13.0])
+    monkeypatch.setattr(calibrate_cmds.time, "monotonic", lambda: next(clock))
+    bars = calibrate_cmds.PhaseBars()
+    assert not bars.terminal    # pytest's captured stderr is no terminal
+    for done in range(4):       # at 0 s (start), 1 s, 2 s (quiet), 11.5 s (10 s on)
+        bars("pass1", done, 5, layer=done)
+    bars("pass1", 5, 5, layer=4)                  # the end
+    bars("clip_search", 0, 2, loss=0.12345)       # a new phase
+    bars.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines() == ["pass1: 0/5 layer=0", "pass1: 3/5 layer=3", "pass1: 5/5 layer=4",
+                                "clip_search: 0/2 loss=0.123"]

@@ -13,13 +13,23 @@ from .output import emit, info, json_option, warn
 
 
 class PhaseBars:
-    """One tqdm bar per phase on stderr (pass1: 12/30 [layer 11] ...)."""
+    """Progress on stderr: one tqdm bar per phase on a terminal (pass1: 12/30 [layer 11] ...);
+    elsewhere (a log file, a job's output, CI) plain lines, one when a phase starts and ends and
+    at most one every LOG_EVERY seconds between, instead of a bar redrawn with carriage returns."""
+
+    LOG_EVERY = 10.0
 
     def __init__(self, enabled: bool = True):
         self.enabled, self.bar, self.phase = enabled, None, None
+        self.terminal = sys.stderr.isatty()
+        self.logged_at = 0.0
 
     def __call__(self, phase: str, done: int, total: int, **extra):
         if not self.enabled:
+            return
+        shown = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in extra.items()}
+        if not self.terminal:
+            self._line(phase, done, total, shown)
             return
         from tqdm import tqdm
 
@@ -28,9 +38,16 @@ class PhaseBars:
             self.phase = phase
             self.bar = tqdm(total=total, desc=phase, unit="step", leave=True, dynamic_ncols=True)
         self.bar.n = done
-        shown = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in extra.items()}
         self.bar.set_postfix(shown, refresh=False)
         self.bar.refresh()
+
+    def _line(self, phase: str, done: int, total: int, shown: dict) -> None:
+        now = time.monotonic()
+        if phase == self.phase and done < total and now - self.logged_at < self.LOG_EVERY:
+            return
+        self.phase, self.logged_at = phase, now
+        tail = "".join(f" {k}={v}" for k, v in shown.items())
+        print(f"{phase}: {done}/{total}{tail}", file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:

@@ -11,7 +11,8 @@
                                             cannot link), so they are read-only too
       models/<name>/meta/<digest>.json      where it came from: source, version, origin, files
       models/<name>/imports/<key>           text: digest of the bundle converted from a given
-                                            pair of RotationZoo .pt files (key hashes them)
+                                            pair of RotationZoo .pt files (key hashes them);
+                                            prune drops one whose bundle is no longer held
       models/<name>/partial/<digest>/layers-<spec>/   a --layers pull: bundle.json + a
                                             rotations.safetensors holding only those layers
       exports/<digest>/<format>[-layers-<spec>]/      engine files, built once per digest
@@ -19,10 +20,10 @@
                                             cache rm renamed here to delete it
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
-      .locks/gc.lock                        shared by pulls and exports, exclusive for prune,
-                                            cache rm and verify
+      .locks/gc.lock                        shared by pulls, exports and verify's hashing,
+                                            exclusive for prune, cache rm and verify's repair
       .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune,
-                                            cache rm and verify
+                                            cache rm and verify's repair
 
 A snapshot directory appears only by rename after every file in it is verified, so its existence
 means "complete". Refs are written atomically after their snapshot exists. Two processes pulling
@@ -412,80 +413,152 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     with every snapshot (or part) that uses it, so the next `pull` fetches it again; a corrupt
     export is deleted, so the next pull or export builds it again.
 
-    Holds gc.lock exclusively, as prune does: a pull in progress has published its snapshot
-    before its meta, and would otherwise see it deleted as "not recorded", under its export.
+    Hashes under gc.lock shared, as pulls and exports hold it: a long verify must not stop them,
+    and they only add, so nothing it hashes goes meanwhile (prune and cache rm wait). What looks
+    wrong is checked again under the lock held exclusively, as prune holds it, before anything
+    goes: a pull in progress has published its snapshot before its meta (its files read as "not
+    recorded"), and a pull may have rebuilt an export or fetched a blob again since.
     """
     if not cache.root.exists():
         return 0, []
+    with cache.gc_guard():
+        checked, faults, scanned = _scan(cache, model)
+    if not faults:
+        return checked, []
     with cache.gc_guard(exclusive=True):
-        return _verify(cache, model, repair)
+        hashes: dict[Path, str] = {}      # fresh: the first pass's hashes may be stale now
+        faults = [f for f in (fault.again(hashes) for fault in faults) if f.problems]
+        late, more = _late_links(cache, model, faults, scanned, hashes)
+        if repair:
+            _repair(cache, faults + more)
+    return checked + late, [p for f in faults + more for p in f.problems]
 
 
-def _verify(cache: Cache, model: str | None, repair: bool) -> tuple[int, list[Problem]]:
-    checked, problems, bad_blobs, bad_dirs = 0, [], set(), set()
+@dataclass
+class _Fault:
+    """A snapshot, part or export directory found wrong: its problems, the corrupt blobs behind
+    them (they go with it), and `again`, which checks the same files once more (given a memo of
+    blob hashes) and returns what is still wrong."""
+
+    path: Path
+    problems: list[Problem]
+    blobs: set[Path]
+    again: Callable[[dict[Path, str]], "_Fault"]
+
+
+def _scan(cache: Cache, model: str | None) -> tuple[int, list[_Fault], set[Path]]:
+    """(files checked, the directories with problems in the order verify reports them, the
+    snapshots and parts it looked at)."""
+    checked, faults, hashes = 0, [], {}
     dirs = [(h.model, h.digest, h.path) for h in cache.held(model)]
-    hashes: dict[Path, str] = {}
     for name, digest, path in dirs:
-        before = len(problems)
-        want_of = dict(cache.read_meta(name, digest).get("files") or {})
-        if (path / ".partial.json").exists():
-            want_of = json.loads((path / ".partial.json").read_text())
-        want_of["bundle.json"] = digest
-        for f in sorted(p for p in path.iterdir() if not p.name.startswith(".")):
-            checked += 1
-            want = want_of.get(f.name)
-            if not (want and is_sha256(want)):
-                problems.append(Problem(name, digest, f.name, "not recorded in the cache's metadata"))
-                continue
-            target = cache.blob(want)
-            if not target.exists():
-                problems.append(Problem(name, digest, f.name, "missing blob"))
-                continue
-            got = hashes.get(target) or hashes.setdefault(target, sha256_file(target))
-            if got != want:
-                problems.append(Problem(name, digest, f.name,
-                                        f"sha256 {got[:12]}... should be {want[:12]}..."))
-                bad_blobs.add(target)
-            elif not os.path.samefile(f, target) and sha256_file(f) != want:
-                problems.append(Problem(name, digest, f.name, "the snapshot's copy was modified"))
-        if len(problems) > before:  # this directory only: a part's bad blob spares the snapshot
-            bad_dirs.add(path)
-    bad_exports: set[Path] = set()
+        # each directory on its own: a part's bad blob spares the whole snapshot
+        n, fault = _check_held(cache, name, digest, path, hashes)
+        checked += n
+        if fault.problems:
+            faults.append(fault)
     for digest, name in {d: n for n, d, _ in reversed(dirs)}.items():  # first holder's name
-        for edir, n, found in _verify_exports(cache, name, digest):
+        for edir in _entries(cache.root / "exports" / _sha(digest)):
+            n, fault = _check_export(edir, name, digest)
             checked += n
-            problems += found
-            if found:
-                bad_exports.add(edir)
-    if repair and problems:
-        for blob in bad_blobs:
-            if blob.parent == cache.blobs:
-                blob.unlink(missing_ok=True)
-        # renamed aside first (_delete): a snapshot killed half-deleted would be trusted whole
-        for path in sorted(bad_dirs):
-            _delete(cache, path)
-        for edir in bad_exports:   # built again from the snapshot on its next use
-            _delete(cache, edir)
-    return checked, problems
+            if fault.problems:
+                faults.append(fault)
+    return checked, faults, {path for _, _, path in dirs}
 
 
-def _verify_exports(cache: Cache, name: str, digest: str) -> Iterator[tuple[Path, int, list[Problem]]]:
-    """(export dir, files checked, problems) for each export built from one bundle; a
-    problem's file is exports/<dir>/<file>."""
+def _late_links(cache: Cache, model: str | None, faults: list[_Fault], scanned: set[Path],
+                hashes: dict[Path, str]) -> tuple[int, list[_Fault]]:
+    """(files checked, faults) of the snapshots and parts published since the scan that link a
+    blob the repair deletes: a pull beside the hashing found the corrupt blob in the store (a
+    cache hit goes by size) and linked it, and would keep it once the blob is gone."""
+    bad = {b for f in faults for b in f.blobs}
+    checked, found = 0, []
+    for h in cache.held(model) if bad else []:
+        if h.path in scanned:
+            continue
+        want_of = _recorded(cache, h.model, h.digest, h.path)
+        names = {f for f, sha in want_of.items() if is_sha256(str(sha)) and cache.blob(sha) in bad}
+        if names:
+            n, fault = _check_held(cache, h.model, h.digest, h.path, hashes, names)
+            checked += n
+            if fault.problems:
+                found.append(fault)
+    return checked, found
+
+
+def _check_held(cache: Cache, name: str, digest: str, path: Path, hashes: dict[Path, str],
+                only: set[str] | None = None) -> tuple[int, _Fault]:
+    """(files checked, fault) for a snapshot or part: all its files, or those named in `only`.
+    A directory gone since is no longer at fault."""
+    want_of = _recorded(cache, name, digest, path)
+    files = sorted(p for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else []
+    if only is not None:
+        files = [f for f in files if f.name in only]
+    problems, blobs = [], set()
+    for f in files:
+        why, blob = _check_file(cache, f, want_of.get(f.name), hashes)
+        if why:
+            problems.append(Problem(name, digest, f.name, why))
+        if blob is not None:
+            blobs.add(blob)
+    wrong = {p.file for p in problems}
+    return len(files), _Fault(path, problems, blobs,
+                              lambda h: _check_held(cache, name, digest, path, h, wrong)[1])
+
+
+def _recorded(cache: Cache, name: str, digest: str, path: Path) -> dict:
+    """The sha256 each file of a snapshot or part should have, by the cache's own records."""
+    want_of = dict(cache.read_meta(name, digest).get("files") or {})
+    if (path / ".partial.json").exists():
+        want_of = json.loads((path / ".partial.json").read_text())
+    want_of["bundle.json"] = digest
+    return want_of
+
+
+def _check_file(cache: Cache, f: Path, want: str | None,
+                hashes: dict[Path, str]) -> tuple[str | None, Path | None]:
+    """What is wrong with one file of a snapshot or part (None if nothing), and the corrupt blob
+    to blame, if that is why. `hashes` spares a blob many snapshots link a second hashing."""
+    if not (want and is_sha256(want)):
+        return "not recorded in the cache's metadata", None
+    target = cache.blob(want)
+    if not target.exists():
+        return "missing blob", None
+    got = hashes.get(target) or hashes.setdefault(target, sha256_file(target))
+    if got != want:
+        return f"sha256 {got[:12]}... should be {want[:12]}...", target
+    if not os.path.samefile(f, target) and sha256_file(f) != want:
+        return "the snapshot's copy was modified", None
+    return None, None
+
+
+def _check_export(edir: Path, name: str, digest: str) -> tuple[int, _Fault]:
+    """(files checked, fault) for one export built from a bundle; a problem's file is
+    exports/<dir>/<file>. A directory gone since is no longer at fault."""
     from .export import verify_export
 
-    for edir in _entries(cache.root / "exports" / _sha(digest)):
-        result = verify_export(edir)
-        if result is None:   # from an older oscar-zoo: rebuilt, with checksums, when next used
-            continue
-        checked, found = result
-        yield edir, checked, [Problem(name, digest, f"exports/{edir.name}/{f}", why) for f, why in found]
+    # None: from an older oscar-zoo, rebuilt (with checksums) when next used
+    result = verify_export(edir) if edir.is_dir() else None
+    checked, found = result or (0, [])
+    problems = [Problem(name, digest, f"exports/{edir.name}/{f}", why) for f, why in found]
+    return checked, _Fault(edir, problems, set(), lambda _: _check_export(edir, name, digest)[1])
+
+
+def _repair(cache: Cache, faults: list[_Fault]) -> None:
+    for blob in {b for f in faults for b in f.blobs}:
+        if blob.parent == cache.blobs:
+            blob.unlink(missing_ok=True)
+    # renamed aside first (_delete): a snapshot killed half-deleted would be trusted whole; an
+    # export is built again from its snapshot on its next use
+    for fault in faults:
+        _delete(cache, fault.path)
 
 
 def prune(cache: Cache, dry_run: bool = False,
           only: set[Path] | None = None) -> list[tuple[Path, int]]:
     """Remove what nothing points at: snapshots no ref names (and their meta and exports),
-    blobs no snapshot uses, stale partial downloads and temp dirs. Returns [(path, bytes)].
+    blobs no snapshot uses, import records of bundles no longer held, stale partial downloads
+    and temp dirs. Returns [(path, bytes)].
 
     Waits for pulls in progress (their blobs have no ref yet). `only`: remove no more than
     these paths, the list a user confirmed; what became garbage since stays for the next prune.
@@ -521,6 +594,7 @@ def _garbage(cache: Cache) -> list[tuple[Path, int]]:
         for meta in sorted((mdir / "meta").glob("*.json")):
             if (mdir.name, meta.stem) not in live:
                 gone.append((meta, meta.stat().st_size))
+        gone += [(p, _size(p)) for p in _dead_imports(mdir, live)]
     digests = {d for _, d in live}
     for exp in _entries(cache.root / "exports"):
         if exp.name not in digests:
@@ -539,6 +613,21 @@ def _garbage(cache: Cache) -> list[tuple[Path, int]]:
         if time.time() - t.stat().st_mtime > 3600:
             gone.append((t, _size(t)))
     return gone
+
+
+def _dead_imports(mdir: Path, live: set[tuple[str, str]]) -> list[Path]:
+    """The import records (imports/<key>) of a model that name no bundle it keeps, whole or in
+    part: they keep nothing, and a pull converts the .pt files again rather than trust one."""
+    return [p for p in _entries(mdir / "imports") if (mdir.name, _read_digest(p)) not in live]
+
+
+def _read_digest(path: Path) -> str | None:
+    """The digest a ref-like text file (an import record) names; None for one that names none."""
+    try:
+        value = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value if is_sha256(value) else None
 
 
 def _inodes(paths: list[Path]) -> Iterator[tuple[int, tuple[int, int], os.stat_result]]:

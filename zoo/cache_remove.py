@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .cache import (Cache, _blobs_of, _delete, _entries, _freed, _links, _ref_file, model_dirs,
-                    model_key)
+from .cache import (Cache, _blobs_of, _delete, _entries, _freed, _links, _read_digest, _ref_file,
+                    model_dirs, model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
 from .files import fsync_dir, is_sha256
@@ -154,14 +154,6 @@ def _digests_named(cache: Cache, mdir: Path) -> set[str]:
     for p in _entries(mdir / "imports"):
         named.add(_read_digest(p) or "")
     return {d for d in named if is_sha256(d)}
-
-
-def _read_digest(path: Path) -> str | None:
-    try:
-        value = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return value if is_sha256(value) else None
 
 
 def _cached_for(cache: Cache, mdir: Path) -> str:

@@ -1,8 +1,11 @@
-"""`oscar-zoo verify` beside pulls: it deletes what it finds wrong, so it waits for pulls as
-prune and cache rm do, removes a snapshot in one step, and removes only what is wrong."""
+"""`oscar-zoo verify` beside pulls: it hashes under the gc lock shared, as pulls hold it, so
+they go on meanwhile; it deletes what is still wrong when checked again under the lock held
+exclusively, as prune and cache rm hold it (waiting for pulls), removes a snapshot in one step,
+and removes only what is wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -111,3 +114,160 @@ def test_a_corrupt_layers_part_goes_and_the_whole_snapshot_of_its_bundle_stays(r
     assert not part.path.exists() and not Cache().has_blob(sha)
     assert whole.path.exists() and verify_cache(Cache()) == (3, [])
     assert pull(GLM, layers="0-3").path == whole.path     # layers 0-3 come from it now
+
+
+# --- verify hashes beside pulls, and repairs only what is still wrong --------------------------
+
+def _guard_calls(monkeypatch, before_exclusive=None) -> list[bool]:
+    """Record each gc_guard taken (True: exclusive), running `before_exclusive` as an exclusive
+    one is asked for: what another process might do between verify's hashing and its repair."""
+    calls: list[bool] = []
+    real = Cache.gc_guard
+
+    @contextlib.contextmanager
+    def guard(self, exclusive=False):
+        calls.append(exclusive)
+        if exclusive and before_exclusive is not None:
+            before_exclusive()
+        with real(self, exclusive):
+            yield
+
+    monkeypatch.setattr(Cache, "gc_guard", guard)
+    return calls
+
+
+def test_pulls_and_exports_go_on_while_verify_hashes(hf_only, monkeypatch):
+    """verify held gc.lock exclusively while it hashed the whole cache, so every pull and
+    export on the machine waited (and timed out) behind a long verify. It hashes under the
+    shared lock now: a pull takes it beside verify; prune and cache rm still wait."""
+    first = pull(GLM, fmt="sglang")
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    hashing, release = threading.Event(), threading.Event()
+    real_sha256 = cache_mod.sha256_file
+
+    def a_slow_hash(path):      # a blob of many GB, as far as the lock is concerned
+        hashing.set()
+        release.wait(20)
+        return real_sha256(path)
+
+    monkeypatch.setattr(cache_mod, "sha256_file", a_slow_hash)
+    seen = {}
+    verifier = threading.Thread(target=lambda: seen.update(r=verify_cache(Cache())))
+    verifier.start()
+    try:
+        assert hashing.wait(20)
+        with Cache().gc_guard():        # what a pull or an export takes, within 0.5 s
+            pass
+        again = pull(GLM, fmt="sglang")
+        assert again.cached and again.export.files == first.export.files
+        with pytest.raises(LockTimeout):
+            cache_mod.prune(Cache())    # deletes: it must not take a file from under the hash
+        assert verifier.is_alive()
+    finally:
+        release.set()
+        verifier.join(30)
+    assert seen["r"] == (5, [])
+
+
+@pytest.mark.parametrize("fix", ["in place", "replaced"])
+def test_a_blob_fixed_between_the_hash_and_the_repair_is_not_deleted(hf_only, monkeypatch, fix):
+    """Between verify's hashing (shared lock) and its repair (exclusive), a pull may have put
+    a sound copy of a corrupt blob in place: the repair checks again, and spares it. Replaced
+    by a new file, the blob is sound but the snapshot still links the corrupt one: it goes."""
+    first = pull(GLM)
+    cache = Cache()
+    sha = cache.read_meta(GLM, first.digest)["files"]["rotations.safetensors"]
+    blob = cache.blob(sha)
+    sound = blob.read_bytes()
+    _flip_a_byte(blob)
+
+    def put_right():
+        if fix == "in place":
+            _flip_a_byte(blob)
+        else:
+            fresh = cache.root / "tmp" / "fresh"
+            fresh.parent.mkdir(exist_ok=True)
+            fresh.write_bytes(sound)
+            cache.adopt(fresh, sha)
+
+    calls = _guard_calls(monkeypatch, put_right)
+    checked, problems = verify_cache(cache)
+    assert calls == [False, True]           # hashed under the shared lock, repaired under the other
+    assert blob.read_bytes() == sound
+    if fix == "in place":
+        assert (checked, problems) == (3, []) and first.path.exists()
+    else:
+        assert checked == 3 and [(p.file, p.problem) for p in problems] == [
+            ("rotations.safetensors", "the snapshot's copy was modified")]
+        assert not first.path.exists()
+        assert pull(GLM).path == first.path         # linked again, to the sound blob
+    assert verify_cache(cache) == (3, [])
+
+
+def test_a_pull_that_writes_its_meta_while_verify_waits_keeps_its_snapshot(hf_only, monkeypatch):
+    """A snapshot published before its meta reads as "not recorded" to the hashing, which no
+    longer waits for pulls: the repair waits for the pull instead, checks again, and finds
+    nothing wrong, rather than deleting the snapshot the pull is about to return."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "20")
+    linked, release = threading.Event(), threading.Event()
+    real_write_meta = Cache.write_meta
+
+    def write_meta_after_a_pause(self, *args):
+        linked.set()
+        release.wait(20)
+        return real_write_meta(self, *args)
+
+    monkeypatch.setattr(Cache, "write_meta", write_meta_after_a_pause)
+    _guard_calls(monkeypatch, release.set)      # let the pull finish once verify wants to repair
+    seen = {}
+    puller = threading.Thread(target=lambda: seen.update(r=pull(GLM, fmt="sglang")))
+    puller.start()
+    try:
+        assert linked.wait(60)
+        verified = verify_cache(Cache())
+    finally:
+        release.set()
+        puller.join(60)
+    assert verified == (3, [])      # the snapshot, hashed before its export was built
+    assert seen["r"].path.exists() and seen["r"].export.files["k"].exists()
+    assert verify_cache(Cache()) == (5, [])
+
+
+def test_a_snapshot_linked_to_a_corrupt_blob_during_the_hashing_goes_with_it(hf_only, monkeypatch):
+    """A pull beside verify's hashing takes a blob in the store for good by its size, corrupt or
+    not, and links it into a snapshot the hashing never listed: the repair deletes that
+    snapshot with the blob, as it does every other that uses it, rather than leave it there
+    holding the corrupt file with no blob behind it."""
+    first = pull(GLM)
+    cache = Cache()
+    meta = cache.read_meta(GLM, first.digest)
+    blob = cache.blob(meta["files"]["rotations.safetensors"])
+    _flip_a_byte(blob)
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    hashing, release = threading.Event(), threading.Event()
+    real_sha256 = cache_mod.sha256_file
+
+    def a_slow_hash(path):
+        hashing.set()
+        release.wait(20)
+        return real_sha256(path)
+
+    monkeypatch.setattr(cache_mod, "sha256_file", a_slow_hash)
+    seen = {}
+    verifier = threading.Thread(target=lambda: seen.update(r=verify_cache(cache)))
+    verifier.start()
+    try:
+        assert hashing.wait(20)
+        with cache.gc_guard():      # what a pull of another model with the same files does
+            late = cache.link_snapshot("org/glm-copy", first.digest, meta["files"])
+            cache.write_meta("org/glm-copy", first.digest, meta)
+            cache.write_ref("org/glm-copy", "latest", first.digest)
+    finally:
+        release.set()
+        verifier.join(30)
+    checked, problems = seen["r"]
+    assert [(p.model, p.file) for p in problems] == [(GLM, "rotations.safetensors"),
+                                                     ("org--glm-copy", "rotations.safetensors")]
+    assert checked == 3 + 1         # the late snapshot: the one file that links the blob
+    assert not blob.exists() and not first.path.exists() and not late.exists()
+    assert verify_cache(cache) == (0, [])

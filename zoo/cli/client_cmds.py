@@ -371,7 +371,8 @@ def verify_command(target, as_json):
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 def prune_command(dry_run, yes, as_json):
-    """Remove snapshots no ref points at, unreferenced blobs, old partial downloads."""
+    """Remove snapshots no ref points at, unreferenced blobs, old partial downloads, and the
+    import records of RotationZoo bundles no longer cached."""
     from ..cache import Cache, prune
 
     cache = Cache()

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from starlette.routing import Match, Router
 
 from ..registry_db.registry import Registry, open_registry
-from ..zoo import __version__
+from ..zoo import __version__, settings
 from . import auth, errors, jobs_runtime, ui
 from .limits import BodyLimit
 from .routes import aliases, files, layers, models, publish, versions
@@ -31,15 +31,17 @@ def create_app(database_url: str | None = None, data_dir: str | Path | None = No
     """The app over `registry`, or over one opened from database_url/data_dir (settings by
     default; an empty database is migrated and seeded from the catalog).
 
-    Raises SchemaOutOfDate for a database that needs `oscar-zoo db upgrade`.
+    Raises SettingError, naming each, for settings the service reads with invalid values, and
+    SchemaOutOfDate for a database that needs `oscar-zoo db upgrade`.
     """
+    settings.check(settings.SERVICE)   # before the database is opened (or migrated)
     registry = registry or open_registry(database_url, data_dir)
     app = FastAPI(title="oscar-zoo registry", version=__version__, description=DESCRIPTION,
                   openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
     app.state.registry = registry
-    errors.install(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet, router=app.router)
+    errors.install(app)     # added last, its middleware is outermost: errors in those answered too
     # Order matters: names may hold a slash, so longer paths go before shorter ones and the
     # bare /v1/models/{name} detail comes last.
     for router in (files.router, layers.router, versions.router, publish.router,

@@ -107,7 +107,9 @@ async def data_error(request: Request, exc: DataError) -> ProblemResponse:
 class UnexpectedErrors:
     """Any other exception: logged, answered with a 500 problem, and the connection kept.
     Starlette's handler for Exception answers and then re-raises, and uvicorn then resets the
-    keep-alive connection under the client's next request."""
+    keep-alive connection under the client's next request. A domain error raised by a
+    middleware (a bad setting it reads per request), outside FastAPI's handlers, gets the
+    problem domain_error gives it in a route."""
 
     def __init__(self, app):
         self.app = app
@@ -124,16 +126,20 @@ class UnexpectedErrors:
 
         try:
             await self.app(scope, receive, tracked)
-        except Exception:
+        except Exception as exc:
             if started:     # half a response is out: only dropping the connection tells the client
                 raise
-            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            response = problem(500, "Internal error", "the registry hit an unexpected error; it "
-                               "has been logged on the server", scope.get("path"))
+            if isinstance(exc, OscarZooError):
+                response = await domain_error(Request(scope), exc)
+            else:
+                log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+                response = problem(500, "Internal error", "the registry hit an unexpected error; "
+                                   "it has been logged on the server", scope.get("path"))
             await response(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:
+    """Call after adding the app's other middleware: UnexpectedErrors must wrap them too."""
     app.add_exception_handler(OscarZooError, domain_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

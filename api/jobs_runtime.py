@@ -67,7 +67,7 @@ class JobsRuntime:
     # --- sweeper -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self.stopping.wait(interval()):
+        while not self.stopping.wait(_safe_interval()):
             try:
                 self.sweep()
             except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
@@ -104,12 +104,10 @@ class JobsRuntime:
             # GPU locks there whatever the environment says
             self.executor = LocalExecutor(url, token,
                                           lock_dir=Path(self.registry.data_dir) / "gpu-locks")
-        elif kind == "ray":
+        else:   # ray: settings refuses any other choice
             from ..calibrate.executors.ray_executor import RayExecutor
 
             self.executor = RayExecutor(url, token, settings.get("ray_address"))
-        else:
-            raise ConfigError(f"OSCAR_ZOO_EXECUTOR={kind!r}: use local or ray")
         self.executor.start()
 
 
@@ -161,6 +159,16 @@ def _ray_tasks_of(session, holders: list[str]) -> list[str]:
 
 def interval() -> float:
     return max(0.5, min(5.0, float(settings.get("job_lease_seconds")) / 6))
+
+
+def _safe_interval() -> float:
+    """interval(), or its longest while the lease setting is invalid: a value turned bad while
+    the server runs must not end the sweeper, which goes on once it is fixed."""
+    try:
+        return interval()
+    except ConfigError as e:
+        log.error("job sweeper: %s", e)
+        return 5.0
 
 
 def install(app: FastAPI) -> None:

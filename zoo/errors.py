@@ -54,6 +54,13 @@ class ConfigError(InvalidInput):
     title = "Invalid configuration"
 
 
+class SettingError(ConfigError):
+    """A setting's value is invalid. The operator's to fix, not the client's: a request that
+    meets one is answered 500 (and logged), not 422 as though the request were at fault."""
+
+    http_status = 500
+
+
 class UnsupportedMediaType(InvalidInput):
     http_status = 415
     title = "Unsupported media type"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from .errors import ConfigError
+from .errors import ConfigError, SettingError
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Setting:
     kind: str = "str"  # str | int | float | bool | path | list
     secret: bool = False  # never printed or logged
     bound: str | None = None  # a number's range: ">0" or ">=N"
+    choices: tuple[str, ...] = ()  # a str's only valid values
 
 
 def _user_dir(xdg_env: str, fallback: str) -> str:
@@ -76,12 +79,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("int2_backend", "OSCAR_ZOO_INT2_BACKEND", "auto",
             "INT2 round trip used by clip search and validation: triton (the kernels; on a CPU "
             "through Triton's interpreter, slow), vectorized (their torch twin), or auto "
-            "(triton on CUDA, vectorized on CPU).", "str"),
+            "(triton on CUDA, vectorized on CPU).", "str",
+            choices=("auto", "triton", "vectorized")),
     # registry service
     Setting("max_upload_bytes", "OSCAR_ZOO_MAX_UPLOAD_BYTES", str(512 * 1024 * 1024),
             "Largest request body the registry accepts.", "int", bound=">0"),
     Setting("executor", "OSCAR_ZOO_EXECUTOR", "local",
-            "Where calibration jobs run: local (worker processes beside the server) or ray.", "str"),
+            "Where calibration jobs run: local (worker processes beside the server) or ray.", "str",
+            choices=("local", "ray")),
     Setting("ray_address", "OSCAR_ZOO_RAY_ADDRESS", None,
             "Ray cluster address for the ray executor (e.g. 127.0.0.1:6379).", "str"),
     Setting("ray_infeasible_seconds", "OSCAR_ZOO_RAY_INFEASIBLE_SECONDS", "300",
@@ -113,6 +118,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Mirror every published bundle to these (e.g. hf:org/repo,modelscope:org/repo).", "list"),
 )
 
+# Every setting `oscar-zoo serve` reads: the API, the job sweeper, the executors and the
+# workers they start, mirroring after a publish. create_app checks them all (check), so a bad
+# value stops the server at startup instead of failing requests one by one; a test keeps this
+# list in step with what the server's modules read.
+SERVICE: tuple[str, ...] = (
+    "data_dir", "database_url", "max_upload_bytes", "executor", "ray_address",
+    "ray_infeasible_seconds", "public_url", "workers", "job_paths", "job_lease_seconds",
+    "job_max_attempts", "job_cancel_grace_seconds", "calib_tokens", "calib_seq_len",
+    "mirror_targets", "lock_timeout", "http_timeout", "http_retries", "int2_backend",
+)
+
 _BY_NAME = {s.name: s for s in SETTINGS}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -122,7 +138,7 @@ def setting(name: str) -> Setting:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise ConfigError(f"unknown setting {name!r}; known: {', '.join(_BY_NAME)}") from None
+        raise SettingError(f"unknown setting {name!r}; known: {', '.join(_BY_NAME)}") from None
 
 
 def raw(name: str) -> str | None:
@@ -162,11 +178,59 @@ def get(name: str):
     try:
         converted = _convert(s, value)
     except ValueError:
-        raise ConfigError(f"{s.env}={value!r} is not a valid {s.kind}: {s.help}") from None
+        raise SettingError(f"{s.env}={value!r} is not a valid {s.kind}: {s.help}") from None
     if s.bound is not None and not _within(converted, s.bound):
-        raise ConfigError(f"{s.env}={value!r} is out of range: it must be a finite number "
-                          f"{s.bound} ({s.help})")
+        raise SettingError(f"{s.env}={value!r} is out of range: it must be a finite number "
+                           f"{s.bound} ({s.help})")
+    if s.choices and converted not in s.choices:
+        raise SettingError(f"{s.env}={value!r} is not one of {', '.join(s.choices)}: {s.help}")
     return converted
+
+
+def check(names: Iterable[str]) -> None:
+    """Raise one SettingError naming every setting of `names` whose value is invalid, so that
+    whoever fixes the first does not meet the next one on the following start."""
+    problems = [p for p in map(_problem, names) if p]
+    if len(problems) == 1:
+        raise SettingError(problems[0])
+    if problems:
+        raise SettingError(f"{len(problems)} settings are invalid:\n  " + "\n  ".join(problems))
+
+
+def _problem(name: str) -> str | None:
+    try:
+        value = get(name)
+    except ConfigError as e:
+        return str(e)
+    wrong = _FORMATS[name](value) if name in _FORMATS and value is not None else None
+    return f"{setting(name).env}={redact_url(raw(name))!r} is invalid: {wrong}" if wrong else None
+
+
+def _mirror_targets(items: list[str]) -> str | None:
+    from .mirror.runner import parse_target   # here: the mirror package imports this module
+
+    for item in items:
+        try:
+            parse_target(item.partition("=")[2] if "=" in item else item)
+        except ConfigError as e:
+            return str(e)
+    return None
+
+
+def _http_url(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # read for its check: urlsplit leaves a port that is no number unchecked
+    except ValueError:  # that, or an unclosed [ of an IPv6 host
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s) URL with a host (e.g. http://10.0.0.1:8000)"
+    return None
+
+
+# Checked at startup only, not by get(): a bad mirror target read after a publish must not
+# fail the publish (registry_db/mirrors.py mirrors in the background and records the error).
+_FORMATS = {"mirror_targets": _mirror_targets, "public_url": _http_url}
 
 
 def _within(value: float, bound: str) -> bool:
@@ -220,5 +284,6 @@ def markdown_table() -> str:
         default = (f"`{s.default}`" if s.default is not None
                    else "(computed)" if _computed_default(s.name) is not None else "unset")
         bound = f" Range: {s.bound}." if s.bound else ""
+        bound += f" One of: {', '.join(s.choices)}." if s.choices else ""
         rows.append(f"| `{s.name}` | `{s.env}` | {default} | {s.help}{bound} |")
     return "\n".join(rows) + "\n"

@@ -455,13 +455,19 @@ def _report(client, f: Flight, error: str, retryable: bool = False, cancelled: b
         pass   # the task reported first, or the sweeper will
 
 
+def check_address(address: str | None) -> None:
+    """`serve` calls this before it starts (a clean error, not a traceback from the app's
+    startup), the executor again for any other caller."""
+    if not address:
+        raise ConfigError("OSCAR_ZOO_EXECUTOR=ray needs OSCAR_ZOO_RAY_ADDRESS "
+                          "(or `oscar-zoo serve --ray-address HOST:PORT`)")
+
+
 class RayExecutor:
     """For `serve`: one dispatcher process (restarted if it dies), like LocalExecutor's workers."""
 
     def __init__(self, url: str, token: str, address: str | None):
-        if not address:
-            raise ConfigError("OSCAR_ZOO_EXECUTOR=ray needs OSCAR_ZOO_RAY_ADDRESS "
-                              "(or `oscar-zoo serve --ray-address HOST:PORT`)")
+        check_address(address)
         # Ray tasks run on any node: they need an address of this server that every node
         # reaches (serve's own is loopback; dispatch() warns when it hands out one).
         self.url = (settings.get("public_url") or url).rstrip("/")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,70 @@ def test_registry_errors_never_show_the_endpoint_password(monkeypatch):
         with pytest.raises(OfflineError) as e:
             client.model("smollm2-135m")
     assert "alice:***@127.0.0.1:9" in str(e.value) and "tok123" not in str(e.value)
+
+
+def test_check_names_every_invalid_setting_at_once(monkeypatch):
+    """One start tells the operator everything to fix, not one variable per restart."""
+    monkeypatch.setenv("OSCAR_ZOO_MAX_UPLOAD_BYTES", "abc")
+    monkeypatch.setenv("OSCAR_ZOO_JOB_MAX_ATTEMPTS", "0")
+    with pytest.raises(settings.SettingError) as e:
+        settings.check(settings.SERVICE)
+    assert str(e.value).splitlines() == [
+        "2 settings are invalid:",
+        "  OSCAR_ZOO_MAX_UPLOAD_BYTES='abc' is not a valid int: Largest request body the "
+        "registry accepts.",
+        "  OSCAR_ZOO_JOB_MAX_ATTEMPTS='0' is out of range: it must be a finite number >=1 "
+        "(Attempts before a job is marked failed.)"]
+    assert e.value.http_status == 500     # the server's to fix: never a client's 422
+
+
+def test_check_passes_valid_values_and_checks_only_the_names_given(monkeypatch):
+    settings.check(settings.SERVICE)     # the defaults
+    for env, value in [("OSCAR_ZOO_MAX_UPLOAD_BYTES", "1"), ("OSCAR_ZOO_EXECUTOR", "ray"),
+                       ("OSCAR_ZOO_WORKERS", "0"), ("OSCAR_ZOO_JOB_CANCEL_GRACE_SECONDS", "0"),
+                       ("OSCAR_ZOO_MIRROR_TARGETS", "hf:org/a, glm-*=ms:org/b"),
+                       ("OSCAR_ZOO_PUBLIC_URL", "https://zoo:pw@[::1]:8443/")]:
+        monkeypatch.setenv(env, value)
+    settings.check(settings.SERVICE)
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "maybe")      # a client's setting, not the server's
+    settings.check(settings.SERVICE)
+    with pytest.raises(settings.SettingError, match="^OSCAR_ZOO_OFFLINE='maybe'"):
+        settings.check(["offline"])
+
+
+@pytest.mark.parametrize("env, value, says", [
+    ("OSCAR_ZOO_EXECUTOR", "dask", "OSCAR_ZOO_EXECUTOR='dask' is not one of local, ray"),
+    ("OSCAR_ZOO_INT2_BACKEND", "cuda", "'cuda' is not one of auto, triton, vectorized"),
+    ("OSCAR_ZOO_MIRROR_TARGETS", "hf:org/a,glm-*=github:org/b",
+     "OSCAR_ZOO_MIRROR_TARGETS='hf:org/a,glm-*=github:org/b' is invalid: bad mirror target "
+     "'github:org/b'"),
+    ("OSCAR_ZOO_PUBLIC_URL", "10.0.0.1:8000", "'10.0.0.1:8000' is invalid: not an http(s) URL"),
+    ("OSCAR_ZOO_PUBLIC_URL", "http://zoo:S3cret@host:port", "'http://zoo:***@host:port' is inv"),
+])
+def test_check_refuses_values_of_the_wrong_form(monkeypatch, env, value, says):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(settings.SettingError) as e:
+        settings.check(settings.SERVICE)
+    assert says in str(e.value) and "S3cret" not in str(e.value)
+
+
+def test_a_bad_mirror_target_is_left_to_the_mirroring_after_startup(monkeypatch):
+    """Read after a publish, it must not fail the publish: mirroring records the error."""
+    monkeypatch.setenv("OSCAR_ZOO_MIRROR_TARGETS", "github:org/b")
+    assert settings.get("mirror_targets") == ["github:org/b"]
+
+
+SERVER_CODE = ("api", "registry_db", "calibrate/executors", "calibrate/jobspec.py",
+               "calibrate/int2_attention.py", "zoo/mirror")
+
+
+def test_the_service_list_names_every_setting_the_server_reads():
+    """Else a bad value of a setting left off it passes startup and fails requests."""
+    root = Path(__file__).resolve().parents[2]
+    read = set()
+    for where in map(root.joinpath, SERVER_CODE):
+        for source in [where] if where.is_file() else where.rglob("*.py"):
+            read |= set(re.findall(r"settings\.(?:get|raw)\(\s*[\"'](\w+)[\"']",
+                                   source.read_text()))
+    assert {"max_upload_bytes", "job_lease_seconds", "mirror_targets"} <= read   # the scan works
+    assert read <= set(settings.SERVICE), f"add to settings.SERVICE: {read - set(settings.SERVICE)}"

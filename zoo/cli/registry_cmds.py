@@ -43,6 +43,10 @@ def serve_command(host: str, port: int, no_workers: bool, executor: str | None,
     if ray_address:
         os.environ["OSCAR_ZOO_RAY_ADDRESS"] = ray_address
     app = create_app()
+    if not no_workers and settings.get("executor") == "ray":
+        from ...calibrate.executors.ray_executor import check_address
+
+        check_address(settings.get("ray_address"))
     # Bind first, so the workers know the real port (also with --port 0).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -48,3 +48,29 @@ def test_a_killed_servers_executor_token_is_revoked_by_the_next_serve_on_its_hos
                     authenticate(session, token, "jobs:work")
     finally:
         registry.close()
+
+
+def test_the_sweeper_outlives_a_lease_setting_turned_bad_and_resumes_once_fixed(
+        monkeypatch, caplog):
+    """Its wait was computed outside the loop's try: one bad OSCAR_ZOO_JOB_LEASE_SECONDS while
+    the server ran ended the sweeper for good, and expired leases were never swept again."""
+    import threading
+
+    from oscar_zoo.api.jobs_runtime import JobsRuntime
+
+    runtime = JobsRuntime.__new__(JobsRuntime)      # the loop alone: no app, no executor
+    runtime.stopping = threading.Event()
+    swept = threading.Event()
+    runtime.sweep = swept.set
+    monkeypatch.setenv("OSCAR_ZOO_JOB_LEASE_SECONDS", "soon")
+    thread = threading.Thread(target=runtime._loop, daemon=True)
+    thread.start()
+    try:
+        assert not swept.wait(1.0)          # waiting 5 s between sweeps, not dead
+        assert thread.is_alive()
+        assert "OSCAR_ZOO_JOB_LEASE_SECONDS='soon'" in caplog.text
+        monkeypatch.setenv("OSCAR_ZOO_JOB_LEASE_SECONDS", "3")
+        assert swept.wait(10.0)
+    finally:
+        runtime.stopping.set()
+        thread.join(10)

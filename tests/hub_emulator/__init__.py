@@ -7,12 +7,14 @@ The real `huggingface_hub` and `modelscope-hub` clients talk to it unchanged (co
         hub.url                                # http://127.0.0.1:PORT (HF_ENDPOINT and MODELSCOPE_ENDPOINT)
         hub.seed("hf", "Zhongzhu/OSCAR-RotationZoo", {"A/k.pt": b"..."})
         hub.fail("GET", r"/resolve/", status=500, times=2)     # fault injection
+        hub.fail("POST", r"/commit/", status=429, times=1, retry_after=1)  # with Retry-After
         hub.truncate(r"/resolve/.*k\\.pt", after=1000)          # cut a body short (stall= to hang)
         hub.corrupt(r"/resolve/")                               # flip a byte of the next body
         hub.delay("PUT", r"/_lfs/", seconds=30)                 # hang an upload
         hub.lose_response("POST", r"/commit/", status=504)      # commit, then answer 504
         hub.tokens = {"hf_test", "ms_test"}                    # writes need one of these
         hub.log                                # [(method, path), ...]
+        hub.exchanges                          # [Exchange(method, path, arrived, answered, status)]
 
     point_hf_client_at(hub.url, monkeypatch)   # also for a huggingface_hub imported earlier
 """

@@ -71,6 +71,17 @@ class Repo:
 
 
 @dataclass
+class Exchange:
+    """One request and its answer, timed (time.monotonic()): when a retry came, not just
+    whether it did."""
+    method: str
+    path: str
+    arrived: float
+    answered: float | None = None   # when the status line went out
+    status: int | None = None
+
+
+@dataclass
 class Fault:
     method: str
     pattern: re.Pattern
@@ -80,6 +91,7 @@ class Fault:
     delay: float | None = None      # or wait this long before answering (any method)
     stall: float | None = None      # or send `truncate` bytes then sleep this long
     lost: int | None = None         # or do the request, then answer this status instead
+    retry_after: str | None = None  # Retry-After header of the `status` answer
     times: int | None = None        # None: forever
     hub: str | None = None          # "hf" | "ms" | None (both)
 
@@ -90,6 +102,7 @@ class HubEmulator:
         self.lfs: dict[str, dict[str, bytes]] = {"hf": {}, "ms": {}}  # uploaded LFS objects
         self.faults: list[Fault] = []
         self.log: list[tuple[str, str]] = []
+        self.exchanges: list[Exchange] = []  # the log with times and statuses
         self.ranges: list[tuple[str, str]] = []  # (path, Range header) of ranged requests
         # when set, writes (and whoami) need `Authorization: Bearer <one of these>`
         self.tokens: set[str] = {token} if token else set()
@@ -134,6 +147,7 @@ class HubEmulator:
             self.lfs = {"hf": {}, "ms": {}}
             self.faults.clear()
             self.log.clear()
+            self.exchanges.clear()
             self.ranges.clear()
             self.tokens = set()
             self.starter_files = self._default_starters()
@@ -170,8 +184,11 @@ class HubEmulator:
             return oid
 
     def fail(self, method: str, pattern: str, status: int, times: int | None = None,
-             hub: str | None = None) -> None:
-        self.faults.append(Fault(method, re.compile(pattern), status=status, times=times, hub=hub))
+             hub: str | None = None, retry_after: float | str | None = None) -> None:
+        """Answer `status` without doing the request; `retry_after` (seconds, or an HTTP-date)
+        adds a Retry-After header, as a throttling hub does on a 429 or 503."""
+        self.faults.append(Fault(method, re.compile(pattern), status=status, times=times, hub=hub,
+                                 retry_after=None if retry_after is None else str(retry_after)))
 
     def truncate(self, pattern: str, after: int, times: int | None = 1, stall: float | None = None,
                  hub: str | None = None) -> None:
@@ -212,9 +229,11 @@ def _is_lfs(path: str, data: bytes) -> bool:
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.headers = headers or {}
 
 
 # --- the request handler -------------------------------------------------------------------
@@ -247,6 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         self.raw_path, self.query = split.path, parse_qs(split.query)
         self.emu.log.append((method, self.path))
+        self.exchange = Exchange(method, self.path, time.monotonic())
+        self.emu.exchanges.append(self.exchange)
         if self.headers.get("Range"):
             self.emu.ranges.append((self.path, self.headers["Range"]))
         self._body = None
@@ -257,7 +278,8 @@ class _Handler(BaseHTTPRequestHandler):
             fault = self.emu.take_fault(method, self.path, hub)
             if fault is not None and fault.status is not None:
                 self.body()  # drain the request
-                raise HttpError(fault.status, f"injected {fault.status}")
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
+                raise HttpError(fault.status, f"injected {fault.status}", headers=headers)
             self.fault = fault
             if fault is not None and fault.delay:
                 generation, deadline = self.emu.generation, time.monotonic() + fault.delay
@@ -276,6 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(hub, e)
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            self.exchange = None  # the next request on this connection is timed on its own
 
     def _answer_lost(self, hub: str, method: str, status: int):
         """Run the request with its answer thrown away, then answer `status`."""
@@ -289,6 +313,12 @@ class _Handler(BaseHTTPRequestHandler):
         raise HttpError(status, f"injected {status} (the request was carried out)")
 
     # helpers
+
+    def send_response(self, code, message=None):
+        exchange = getattr(self, "exchange", None)  # None: a request too malformed to dispatch
+        if exchange is not None:
+            exchange.status, exchange.answered = code, time.monotonic()
+        super().send_response(code, message)
 
     def body(self) -> bytes:
         if self._body is None:
@@ -329,9 +359,9 @@ class _Handler(BaseHTTPRequestHandler):
         if hub == "ms":
             body = {"Code": e.status, "Message": e.message, "RequestId": uuid.uuid4().hex,
                     "Success": False}
-            self.send_json(body, e.status)
+            self.send_json(body, e.status, e.headers)
             return
-        headers = {"X-Error-Message": e.message}
+        headers = {**e.headers, "X-Error-Message": e.message}
         if e.code:
             headers["X-Error-Code"] = e.code
         if e.code == "EntryNotFound" and getattr(self, "_commit", None):

@@ -8,12 +8,15 @@ import hashlib
 import pytest
 
 from oscar_zoo.zoo.cache import Cache
-from oscar_zoo.zoo.errors import IntegrityError
+from oscar_zoo.zoo.errors import IntegrityError, RemoteError
 from oscar_zoo.zoo.pull import pull
+from oscar_zoo.zoo.sources.download import RemoteFile, fetch, partial_key, retry_after_seconds
+from oscar_zoo.zoo.sources.hubs import FileMeta, HFHub, MSHub
 
 from .conftest import GLM_FILES, GLM_FOLDER
 
 K_PATH = f"{GLM_FOLDER}/{GLM_FILES[0]}"
+HF_REPO = "oscar-zoo/plain-files"
 
 
 @pytest.fixture
@@ -95,6 +98,53 @@ def test_one_file_failing_stops_the_others_and_keeps_their_partial_files(hf_only
     cache = Cache()
     assert not cache.has_blob(v_sha)
     assert cache.incomplete(v_sha).stat().st_size == 1_000_000
+
+
+def test_files_listed_without_a_hash_get_partial_files_of_their_own(hub, monkeypatch):
+    """Neither a sha256 nor a git blob id (a hub listing that gave none): two such files used to
+    share one partial file and one lock, so the second resumed from the first one's bytes."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    files = {"a/x.bin": bytes(range(256)) * 40, "b/y.bin": bytes(reversed(range(256))) * 40}
+    hub.seed("hf", HF_REPO, files)
+    remotes = [RemoteFile(path.rsplit("/", 1)[1], url=HFHub().resolve_url(HF_REPO, path, "main"),
+                          size=len(data), source="hf") for path, data in files.items()]
+    assert len({partial_key(r) for r in remotes}) == 2
+    assert partial_key(remotes[0]) == partial_key(RemoteFile(**vars(remotes[0])))  # stable
+    cache = Cache()
+    for remote, cut in zip(remotes, (1000, 3000)):
+        hub.truncate(remote.name, after=cut)
+        with pytest.raises(RemoteError, match="partial download is kept"):
+            fetch(remote, cache, progress=False)
+    partials = [cache.incomplete(partial_key(r)) for r in remotes]
+    for partial, data, cut in zip(partials, files.values(), (1000, 3000)):
+        assert partial.read_bytes() == data[:cut]   # each kept its own bytes
+    for remote, data in zip(remotes, files.values()):
+        assert cache.blob(fetch(remote, cache, progress=False)).read_bytes() == data
+    assert sorted(hub.ranges) == sorted(
+        [(remotes[0].url.removeprefix(hub.url), "bytes=1000-"),
+         (remotes[1].url.removeprefix(hub.url), "bytes=3000-")])
+
+
+def test_modelscope_files_without_a_sha256_are_told_apart_by_repo_and_path():
+    """modelscope-hub downloads them itself (no url of ours to fetch), and a README.md is in
+    every folder: the name alone would not tell them apart."""
+    ms = MSHub()
+    keys = {partial_key(ms.remote(repo, FileMeta(path, 5, None), "master"))
+            for repo in ("org/a", "org/b") for path in ("README.md", "x/README.md")}
+    assert len(keys) == 4
+
+
+def test_retry_after_is_read_as_seconds_or_as_a_date():
+    import email.utils
+    import time
+
+    assert retry_after_seconds("120") == 120.0
+    assert retry_after_seconds(7) == 7.0          # modelscope-hub hands over a number
+    in_a_minute = retry_after_seconds(email.utils.formatdate(time.time() + 60, usegmt=True))
+    assert 55 <= in_a_minute <= 60
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0   # already past
+    for unreadable in (None, "", "soon", "-5", float("nan"), float("inf")):
+        assert retry_after_seconds(unreadable) is None
 
 
 # --- TLS -----------------------------------------------------------------------------------------

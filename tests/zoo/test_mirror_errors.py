@@ -1,12 +1,17 @@
-"""How a mirror run reports and retries hub errors, and keeps its own stdout clean. Real clients
-against the loopback emulator."""
+"""How a mirror run reports and retries hub errors (and how long it waits: the hub's
+Retry-After), and keeps its own stdout clean. Real clients against the loopback emulator."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import subprocess
 import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from oscar_zoo.zoo.mirror.runner import mirror_bundle
 from tests.utils.bundles import make_bundle
@@ -74,3 +79,46 @@ def test_a_rate_limit_that_outlasts_the_retries_says_to_wait_and_rerun(hub, tmp_
         r = mirror_bundle(b.path, 1, target)
         assert r.status == "failed" and "429" in r.error, r.error
         assert "rate-limiting" in r.error and "oscar-zoo mirror smollm2-135m@1" in r.error
+
+
+# --- Retry-After ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", [HF, MS])
+def test_a_429_with_retry_after_is_waited_out_before_the_retry(hub, tmp_path, target):
+    """Our own first backoff is 0.5 s at most 0.625: a retry a second after the refusal came
+    from the hub's Retry-After. Timed by the emulator, with real sleeps."""
+    hub.tokens = {"hf_test", "ms_test"}
+    hub.fail("POST", r"/commit/", status=429, times=1, retry_after=1)
+    r = mirror_bundle(make_bundle(tmp_path / "b").path, 1, target)
+    assert (r.status, r.tag) == ("done", TAG), r.error
+    refused = [i for i, x in enumerate(hub.exchanges) if x.status == 429]
+    assert len(refused) == 1
+    refusal, retry = hub.exchanges[refused[0]], hub.exchanges[refused[0] + 1]
+    assert retry.arrived - refusal.answered >= 0.98, (refusal, retry)
+
+
+def _http_date(seconds_from_now: float) -> str:
+    return email.utils.format_datetime(
+        datetime.now(timezone.utc) + timedelta(seconds=seconds_from_now), usegmt=True)
+
+
+@pytest.mark.parametrize("target, status, seconds, as_date, said", [
+    (HF, 429, 600, False, "asked to wait 10 min"),
+    (MS, 429, 600, False, "asked to wait 10 min"),
+    (HF, 429, 3 * 3600, True, "asked to wait 3.0 h"),
+    (HF, 503, 900, False, "asked to wait 15 min"),
+])
+def test_a_hub_asking_for_a_longer_wait_than_the_cap_fails_at_once_naming_it(
+        hub, tmp_path, target, status, seconds, as_date, said):
+    """Sitting out minutes of throttling would look like a hung mirror; the failure says how
+    long the hub asked for, and that re-running then is safe."""
+    hub.tokens = {"hf_test", "ms_test"}
+    hub.fail("POST", r"/commit/", status=status,
+             retry_after=_http_date(seconds) if as_date else seconds)
+    t0 = time.monotonic()
+    r = mirror_bundle(make_bundle(tmp_path / "b").path, 1, target)
+    assert time.monotonic() - t0 < 10
+    assert r.status == "failed" and said in r.error, r.error
+    assert "oscar-zoo mirror smollm2-135m@1" in r.error
+    assert ("rate-limiting" in r.error) == (status == 429)
+    assert len(hub.requests("POST", r"/commit/")) == 1   # no retry at all

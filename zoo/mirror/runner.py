@@ -23,11 +23,12 @@ import json
 import logging
 import re
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from .. import settings
 from ..errors import Conflict, ConfigError, NotFound, OscarZooError, RemoteError
-from ..sources.download import retry_transient
+from ..sources.download import backoff, retry_transient
 from . import layout
 
 log = logging.getLogger("oscar_zoo.mirror")
@@ -133,15 +134,30 @@ def mark_yanked(target: str, model: str, number: int, reason: str) -> MirrorResu
 
 
 def _reason(e: Exception, model: str, number: int) -> str:
-    """What a failed run records and prints. A 429 still there after the retries is the hub
-    throttling this token, for minutes: say so, and that a later re-run is safe."""
+    """What a failed run records and prints. A 429 still there after the retries (or one asking
+    for a longer wait than a run sits out) is the hub throttling this token, for minutes: say
+    so, how long it asked for, and that a later re-run is safe."""
     if not isinstance(e, OscarZooError):
         return f"{type(e).__name__}: {e}"
+    rerun = (f"run `oscar-zoo mirror {model}@{number}` again (it uploads and commits only what "
+             "the hub lacks)")
+    asked = getattr(e, "retry_after", None) if isinstance(e, RemoteError) else None
     if isinstance(e, RemoteError) and getattr(e, "status", None) == 429:
-        return (f"{e}; the hub is rate-limiting this token: wait a few minutes, then run "
-                f"`oscar-zoo mirror {model}@{number}` again (it uploads and commits only what "
-                "the hub lacks)")
+        if asked is not None:
+            return (f"{e}; the hub is rate-limiting this token and asked to wait "
+                    f"{_duration(asked)}: wait that long, then {rerun}")
+        return f"{e}; the hub is rate-limiting this token: wait a few minutes, then {rerun}"
+    if asked is not None:
+        return f"{e}; the hub asked to wait {_duration(asked)} before a retry: after that, {rerun}"
     return str(e)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
@@ -249,8 +265,9 @@ def _tag_index(hub, revision: str) -> dict:
 
 
 def _with_retries(fn):
+    # backs off further than a download: a retry here redoes a whole push, listings included
     return retry_transient(fn, int(settings.get("http_retries")),
-                           wait=lambda attempt: min(0.5 * 2 ** attempt, 30.0))
+                           wait=partial(backoff, base=0.5, most=30.0))
 
 
 def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> bool:

@@ -1,25 +1,30 @@
 """Downloading one file into the blob store: resume, verify, retry, progress.
 
-- A partial download lives at blobs/sha256/<sha>.incomplete and is resumed with `Range:
-  bytes=N-` by the next attempt or the next process (a 200 answer restarts it from zero).
+- A partial download lives at blobs/sha256/<sha>.incomplete (partial_key: another name for a
+  file listed without a sha256) and is resumed with `Range: bytes=N-` by the next attempt or
+  the next process (a 200 answer restarts it from zero).
 - The finished file is checked against its sha256 (or, for small git-tracked hub files, the git
   blob sha1). A mismatch deletes the file and says so; a mismatch after a resume is retried once
   from scratch, since the stale part may be what was wrong.
 - Connection errors, stalls (no byte for `http_timeout` seconds), 429 and 5xx are retried with
-  exponential backoff up to `http_retries` times; other 4xx answers fail at once, mapped to our
-  errors (401 Unauthorized, 403 Forbidden, 404 BundleNotFound).
+  exponential backoff, or after the server's Retry-After, up to `http_retries` times; other 4xx
+  answers fail at once, mapped to our errors (401 Unauthorized, 403 Forbidden, 404
+  BundleNotFound).
 - One progress bar per file on stderr (size, rate, ETA) when stderr is a terminal.
 """
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import logging
+import math
 import random
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +37,10 @@ from ..files import CHUNK, sha256_file
 log = logging.getLogger("oscar_zoo.download")
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+# The longest Retry-After a retry sits out. A server asking for more is throttling for minutes:
+# a pull or mirror silently hanging that long looks dead, so retry_transient fails at once and
+# the error says how long to wait (the raw download path still waits this long, then retries).
+RETRY_AFTER_CAP = 30.0
 
 
 @dataclass
@@ -116,22 +125,55 @@ def http_client():
     return client
 
 
-def backoff(attempt: int, retry_after: float | None = None) -> float:
+def backoff(attempt: int, retry_after: float | None = None, base: float = 0.25,
+            most: float = 8.0) -> float:
+    """Seconds before retry number `attempt` (from 0): what the server asked for, up to
+    RETRY_AFTER_CAP; else exponential from `base` up to `most`, jittered so that threads
+    refused together do not come back together."""
     if retry_after is not None:
-        return min(retry_after, 30.0)
-    return min(0.25 * (2 ** attempt), 8.0) * (0.75 + random.random() / 2)
+        return min(max(retry_after, 0.0), RETRY_AFTER_CAP)
+    return min(base * (2 ** attempt), most) * (0.75 + random.random() / 2)
 
 
-def retry_transient(call: Callable, retries: int, wait: Callable[[int], float] = backoff):
-    """call() again after wait(attempt) seconds while it fails with an error that may heal
-    (errors.is_transient: connection errors, 408/429/5xx), at most `retries` times."""
+def asks_too_long(retry_after: float | None) -> bool:
+    return retry_after is not None and retry_after > RETRY_AFTER_CAP
+
+
+def retry_after_seconds(value) -> float | None:
+    """A Retry-After value as seconds from now: delta-seconds or an HTTP-date (RFC 9110
+    10.2.3; a date already past is 0). None when absent or unreadable: the caller's own backoff
+    applies then."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):  # modelscope-hub's float() takes "nan" and "inf"
+        return max(float(value), 0.0) if math.isfinite(value) else None
+    text = str(value).strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; "-0000" parses as naive
+        when = when.replace(tzinfo=timezone.utc)
+    return max((when - datetime.now(timezone.utc)).total_seconds(), 0.0)
+
+
+def retry_transient(call: Callable, retries: int,
+                    wait: Callable[[int, float | None], float] = backoff):
+    """call() again after wait(attempt, retry_after) seconds while it fails with an error that
+    may heal (errors.is_transient: connection errors, 408/429/5xx), at most `retries` times.
+    retry_after: the seconds the server asked for (the error's `.retry_after`, from a
+    Retry-After header), or None. An error asking for more than RETRY_AFTER_CAP is raised at
+    once: the caller's message can then say how long to wait, rather than hang that long."""
     for attempt in range(retries + 1):
         try:
             return call()
         except (RemoteError, OfflineError) as e:
-            if attempt == retries or not is_transient(e):
+            asked = getattr(e, "retry_after", None)
+            if attempt == retries or not is_transient(e) or asks_too_long(asked):
                 raise
-            delay = wait(attempt)
+            delay = wait(attempt, asked)
             log.info("transient error (%s); retrying in %.1f s", e, delay)
             time.sleep(delay)
 
@@ -144,7 +186,7 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True,
     """
     if remote.sha256 and cache.has_blob(remote.sha256, remote.size):
         return remote.sha256  # cache hit: dedup across versions and models
-    key = remote.sha256 or f"git-{remote.git_sha1}"
+    key = partial_key(remote)
     cache.ensure()
     with cache.lock(f"blob-{key}", f"the download of {remote.name}"):
         if remote.sha256 and cache.has_blob(remote.sha256, remote.size):
@@ -166,6 +208,19 @@ def fetch(remote: RemoteFile, cache: Cache, progress: bool = True,
                           "from the start")
                     continue
                 raise
+
+
+def partial_key(remote: RemoteFile) -> str:
+    """What names a file's partial download and its lock: its sha256, else its git blob id,
+    else a digest of where it comes from. Files with no hash must not share one: a resume would
+    append one file's bytes to another's, and one download would wait on the other's lock.
+    The size is part of it so that a file changed at the same URL starts afresh."""
+    if remote.sha256:
+        return remote.sha256
+    if remote.git_sha1:
+        return f"git-{remote.git_sha1}"
+    origin = "\n".join((remote.source, remote.url or remote.name, str(remote.size)))
+    return "src-" + hashlib.sha256(origin.encode()).hexdigest()[:40]
 
 
 def finished_file(workdir: Path) -> Path:
@@ -284,9 +339,8 @@ def _check_status(remote: RemoteFile, r) -> None:
     r.read()
     where = f"{remote.name} from {remote.source or r.request.url.host}"
     if code in RETRY_STATUS:
-        retry_after = r.headers.get("Retry-After")
         raise _Retry(f"{code} {r.reason_phrase}",
-                     retry_after=float(retry_after) if (retry_after or "").isdigit() else None)
+                     retry_after=retry_after_seconds(r.headers.get("Retry-After")))
     if code == 401:
         raise Unauthorized(f"{where}: 401 Unauthorized; {_auth_hint(remote.source)}")
     if code == 403:

@@ -22,7 +22,7 @@ from urllib.parse import quote
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
                       RemoteError, Unauthorized, VersionNotFound)
-from .download import RemoteFile, finished_file, retry_transient
+from .download import RemoteFile, finished_file, retry_after_seconds, retry_transient
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -158,7 +158,8 @@ class HFHub:
         except hf.EntryNotFoundError:
             raise BundleNotFound(f"{where}: file not found") from None
         except hf.HfHubHTTPError as e:
-            raise _http_error(where, _status(e), _hf_text(e), "HF_TOKEN") from None
+            raise _http_error(where, _status(e), _hf_text(e), "HF_TOKEN",
+                              _retry_after(e)) from None
         except Exception as e:
             if _is_connection_error(e):
                 raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
@@ -212,8 +213,15 @@ class MSHub:
             shutil.rmtree(workdir, ignore_errors=True)
             return out
 
+        # The url is never requested here (fetch downloads): it names the file, which the
+        # partial download's key needs when the listing gave no sha256 (download.partial_key).
         return RemoteFile(name=name or meta.path.rsplit("/", 1)[-1], sha256=meta.sha256,
-                          size=meta.size, fetch=fetch, source="modelscope")
+                          size=meta.size, fetch=fetch, source="modelscope",
+                          url=self.file_url(repo, meta.path, revision))
+
+    def file_url(self, repo: str, path: str, revision: str) -> str:
+        return (f"{self.endpoint}/api/v1/models/{repo}/repo?Revision={quote(revision, safe='')}"
+                f"&FilePath={quote(path, safe='')}")
 
     @contextmanager
     def errors(self, repo: str, revision: str | None) -> Iterator[None]:
@@ -236,7 +244,7 @@ class MSHub:
                                "your network, or set OSCAR_ZOO_OFFLINE=1") from None
         except ms.APIError as e:
             raise _http_error(where, getattr(e, "status_code", None), _first_line(e),
-                              "MODELSCOPE_API_TOKEN") from None
+                              "MODELSCOPE_API_TOKEN", _retry_after(e)) from None
         except ms.HubError as e:
             raise RemoteError(f"{where}: {_first_line(e)}") from None
 
@@ -278,7 +286,23 @@ def _status(e) -> int | None:
     return getattr(response, "status_code", None) or getattr(e, "status_code", None)
 
 
-def _http_error(where: str, status: int | None, text: str, token_env: str) -> Exception:
+def _retry_after(e) -> float | None:
+    """The seconds a hub asked to wait before a retry (Retry-After), where its client keeps it.
+
+    huggingface_hub: HfHubHTTPError.response is the whole response, headers included.
+    modelscope-hub: its errors keep no headers, except where its downloader attaches
+    `.response`. A 429 (RateLimitError) carries `.retry_after`, read from delta-seconds only
+    (an HTTP-date is dropped unless the download path parsed it); a 503 (ServerError) from its
+    API keeps nothing of the header, so that one retries on our own backoff.
+    """
+    headers = getattr(getattr(e, "response", None), "headers", None)
+    if headers is not None and headers.get("Retry-After") is not None:
+        return retry_after_seconds(headers.get("Retry-After"))
+    return retry_after_seconds(getattr(e, "retry_after", None))
+
+
+def _http_error(where: str, status: int | None, text: str, token_env: str,
+                retry_after: float | None = None) -> Exception:
     if status == 401:
         return Unauthorized(f"{where}: 401 Unauthorized; set {token_env} to a valid token")
     if status == 403:
@@ -289,6 +313,7 @@ def _http_error(where: str, status: int | None, text: str, token_env: str) -> Ex
         return Conflict(f"{where}: {status} ({text[:400]})")
     error = RemoteError(f"{where}: {status or 'error'} from the hub ({text[:400]})")
     error.status = status   # callers retry 408/429/5xx only (zoo/mirror/runner.py)
+    error.retry_after = retry_after   # download.retry_transient waits that long, or gives up
     return error
 
 

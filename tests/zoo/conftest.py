@@ -163,6 +163,23 @@ def seed_zoo(hub, zoo_files):
 
 
 @pytest.fixture
+def hf_only(seed_zoo, monkeypatch):
+    """The zoo on the HF emulator, and pulls asking only there."""
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+
+
+def flip_a_byte(path) -> None:
+    """Corrupt a cached (read-only) file in place, as bit rot would."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+@pytest.fixture
 def registry(tmp_path, monkeypatch, hub):
     """A real registry server (SQLite) on loopback, the client pointed at it first."""
     from tests.utils.databases import fresh_database

@@ -32,12 +32,6 @@ BUNDLE_FILES = 3
 PULLED_FILES = BUNDLE_FILES + 2
 
 
-@pytest.fixture
-def hf_only(seed_zoo, monkeypatch):
-    seed_zoo(("hf",))
-    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
-
-
 def test_two_concurrent_pulls_share_one_download(hf_only, hub):
     """Ollama #200: two terminals pulling at once corrupted each other. Here both succeed, the
     files are fetched once, and the cache verifies."""

@@ -6,7 +6,6 @@ converts the files again instead of failing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,9 @@ from oscar_zoo.zoo.cache import Cache, prune, verify_cache
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.pull import pull
 
-from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, oscar_pt
+from .conftest import GLM_FILES, GLM_FOLDER, HF_ZOO, flip_a_byte, oscar_pt
 
 GLM = "glm-4.7-fp8"
-
-
-@pytest.fixture
-def hf_only(seed_zoo, monkeypatch):
-    seed_zoo(("hf",))
-    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
 
 
 def imports(cache: Cache) -> dict[Path, str]:
@@ -42,15 +35,6 @@ def recalibrated(hub) -> None:
     """The zoo's GLM files change upstream: a new import key, a new bundle, the ref moves."""
     hub.seed("hf", HF_ZOO, {f"{GLM_FOLDER}/{GLM_FILES[0]}":
                             oscar_pt("qqt_r_h_pbr", "layer", 1, 92, 128, None, 9)})
-
-
-def _flip_a_byte(path) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(1000)
-        byte = f.read(1)
-        f.seek(1000)
-        f.write(bytes([byte[0] ^ 1]))
 
 
 def test_prune_removes_and_reports_the_record_of_a_bundle_it_removes(hf_only, hub):
@@ -75,7 +59,7 @@ def test_prune_removes_records_whose_bundle_went_earlier(hf_only):
     first = pull(GLM)
     cache = Cache()
     record = record_of(cache, first.digest)
-    _flip_a_byte(cache.blob(cache.read_meta(GLM, first.digest)["files"]["rotations.safetensors"]))
+    flip_a_byte(cache.blob(cache.read_meta(GLM, first.digest)["files"]["rotations.safetensors"]))
     assert verify_cache(cache)[1] and not first.path.exists()
     torn = record.parent / "torn"
     torn.write_text("a1b2")                          # names no digest: read_import ignores it

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 
 import pytest
@@ -19,22 +18,9 @@ from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.errors import LockTimeout
 from oscar_zoo.zoo.pull import pull
 
+from .conftest import flip_a_byte
+
 GLM = "glm-4.7-fp8"
-
-
-@pytest.fixture
-def hf_only(seed_zoo, monkeypatch):
-    seed_zoo(("hf",))
-    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
-
-
-def _flip_a_byte(path) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(1000)
-        byte = f.read(1)
-        f.seek(1000)
-        f.write(bytes([byte[0] ^ 1]))
 
 
 def test_verify_waits_for_a_pull_that_has_not_written_its_meta_yet(hf_only, monkeypatch):
@@ -79,7 +65,7 @@ def test_a_verify_killed_while_deleting_a_snapshot_leaves_none_half_there(hf_onl
     directory missing files, which pulls take for complete (it exists) and served as cached."""
     first = pull(GLM)
     meta = Cache().read_meta(GLM, first.digest)
-    _flip_a_byte(Cache().blob(meta["files"]["rotations.safetensors"]))
+    flip_a_byte(Cache().blob(meta["files"]["rotations.safetensors"]))
     real_rmtree = cache_mod.shutil.rmtree
 
     def killed_after_one_file(path, *args, **kwargs):
@@ -107,7 +93,7 @@ def test_a_corrupt_layers_part_goes_and_the_whole_snapshot_of_its_bundle_stays(r
     whole = pull(GLM)
     assert part.digest == whole.digest and part.path != whole.path
     sha = json.loads((part.path / ".partial.json").read_text())["rotations.safetensors"]
-    _flip_a_byte(Cache().blob(sha))
+    flip_a_byte(Cache().blob(sha))
     result = CliRunner().invoke(cli, ["verify", GLM, "--json"])
     assert result.exit_code == 1, result.output
     assert [p["file"] for p in json.loads(result.stdout)["problems"]] == ["rotations.safetensors"]
@@ -179,11 +165,11 @@ def test_a_blob_fixed_between_the_hash_and_the_repair_is_not_deleted(hf_only, mo
     sha = cache.read_meta(GLM, first.digest)["files"]["rotations.safetensors"]
     blob = cache.blob(sha)
     sound = blob.read_bytes()
-    _flip_a_byte(blob)
+    flip_a_byte(blob)
 
     def put_right():
         if fix == "in place":
-            _flip_a_byte(blob)
+            flip_a_byte(blob)
         else:
             fresh = cache.root / "tmp" / "fresh"
             fresh.parent.mkdir(exist_ok=True)
@@ -242,7 +228,7 @@ def test_a_snapshot_linked_to_a_corrupt_blob_during_the_hashing_goes_with_it(hf_
     cache = Cache()
     meta = cache.read_meta(GLM, first.digest)
     blob = cache.blob(meta["files"]["rotations.safetensors"])
-    _flip_a_byte(blob)
+    flip_a_byte(blob)
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
     hashing, release = threading.Event(), threading.Event()
     real_sha256 = cache_mod.sha256_file

@@ -19,12 +19,6 @@ K_PATH = f"{GLM_FOLDER}/{GLM_FILES[0]}"
 HF_REPO = "oscar-zoo/plain-files"
 
 
-@pytest.fixture
-def hf_only(seed_zoo, monkeypatch):
-    seed_zoo(("hf",))
-    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
-
-
 def k_sha(zoo_files) -> str:
     return hashlib.sha256(zoo_files[K_PATH]).hexdigest()
 

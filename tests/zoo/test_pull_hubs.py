@@ -266,6 +266,19 @@ def test_a_refused_metadata_call_is_not_retried(seed_zoo, hub, monkeypatch):
     assert len(hub.requests("GET", r"^/api/models/")) == 1   # a 400 would only be refused again
 
 
+def test_a_throttled_pull_fails_at_once_saying_how_long_the_hub_asked_to_wait(seed_zoo, hub,
+                                                                              monkeypatch):
+    """A 429 asking for 10 minutes was reported as a bare 429: how long to wait was lost."""
+    seed_zoo(("hf",))
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "hf")
+    hub.fail("HEAD", r"/resolve/", status=404)      # no quick HEAD listing: ask the API
+    hub.fail("GET", r"^/api/models/", status=429, retry_after=600)
+    with pytest.raises(RemoteError, match="429") as e:
+        pull("glm-4.7-fp8")
+    assert "the hub asked to wait 10 min before another request" in str(e.value)
+    assert len(hub.requests("GET", r"^/api/models/")) == 1   # not sat out, not retried
+
+
 def test_no_network_is_a_clear_error_and_a_cached_copy_still_serves(seed_zoo, monkeypatch):
     seed_zoo()
     first = pull("glm-4.7-fp8")

@@ -143,21 +143,11 @@ def _reason(e: Exception, model: str, number: int) -> str:
              "the hub lacks)")
     asked = getattr(e, "retry_after", None) if isinstance(e, RemoteError) else None
     if isinstance(e, RemoteError) and getattr(e, "status", None) == 429:
-        if asked is not None:
-            return (f"{e}; the hub is rate-limiting this token and asked to wait "
-                    f"{_duration(asked)}: wait that long, then {rerun}")
-        return f"{e}; the hub is rate-limiting this token: wait a few minutes, then {rerun}"
-    if asked is not None:
-        return f"{e}; the hub asked to wait {_duration(asked)} before a retry: after that, {rerun}"
+        wait = "that long" if asked is not None else "a few minutes"
+        return f"{e}; the hub is rate-limiting this token: wait {wait}, then {rerun}"
+    if asked is not None:   # the message says how long (hubs._http_error)
+        return f"{e}: after that, {rerun}"
     return str(e)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:

@@ -135,6 +135,15 @@ def backoff(attempt: int, retry_after: float | None = None, base: float = 0.25,
     return min(base * (2 ** attempt), most) * (0.75 + random.random() / 2)
 
 
+def duration(seconds: float) -> str:
+    """A wait as people say it: 40 s, 10 min, 3.0 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def asks_too_long(retry_after: float | None) -> bool:
     return retry_after is not None and retry_after > RETRY_AFTER_CAP
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
                       RemoteError, Unauthorized, VersionNotFound)
-from .download import RemoteFile, finished_file, retry_after_seconds, retry_transient
+from .download import RemoteFile, duration, finished_file, retry_after_seconds, retry_transient
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -311,7 +311,9 @@ def _http_error(where: str, status: int | None, text: str, token_env: str,
         return NotFound(f"{where}: 404 Not Found")
     if status in (409, 412):  # a tag that exists, or a branch that moved (parent_commit)
         return Conflict(f"{where}: {status} ({text[:400]})")
-    error = RemoteError(f"{where}: {status or 'error'} from the hub ({text[:400]})")
+    asked = f"; the hub asked to wait {duration(retry_after)} before another request" \
+        if retry_after is not None else ""
+    error = RemoteError(f"{where}: {status or 'error'} from the hub ({text[:400]}){asked}")
     error.status = status   # callers retry 408/429/5xx only (zoo/mirror/runner.py)
     error.retry_after = retry_after   # download.retry_transient waits that long, or gives up
     return error

@@ -2,7 +2,8 @@
 
     /                                   models: search by name, filter by architecture, validated
     /models/{name}                      geometry, versions, aliases, validation, pull + SGLang recipe
-    /models/{name}/versions/{n}         one version: validation, files, spectra, errors, clips
+    /models/{name}/versions/{n}         one version: validation, files, spectra, errors, clips,
+                                        each layer (JSON links, numbers, a range download)
     /jobs, /jobs/{id}                   calibration jobs; a job's page follows its event stream
     /static/...                         style.css and app.js (a few KB, works offline)
 

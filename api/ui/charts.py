@@ -1,7 +1,8 @@
 """Small inline-SVG charts, rendered on the server: no JavaScript, no external files.
 
     heatmap(values, row_labels, title=..., x_label=..., log=True)   # layers x index grid
-    grouped_bars({"bundle": [...], "naive": [...]}, labels, title=...)
+    per_layer({"bundle": [...], "naive": [...]}, labels, title=..., y_label=...)
+        # grouped bars, or lines where the bars of a deep model would be too thin to see
 
 Grids stay light: colours are quantized to LEVELS steps, and neighbouring cells of one colour in
 a row are merged into one rectangle, so a 92 x 128 spectrum (sorted, hence smooth along a row)
@@ -127,15 +128,27 @@ def legend(lo: float, hi: float, x: float, y: float, log: bool) -> str:
             + _text(x + 8 * LEVELS + 4, y + 9, fmt(hi, log) + (" (log scale)" if log else "")))
 
 
-# --- grouped bars ----------------------------------------------------------------------------
+# --- per-layer series: grouped bars, or lines -------------------------------------------------
+
+MIN_BAR, MAX_PLOT = 1.5, 1000   # px: the thinnest bar drawn, the widest plot that fits the page
+
+
+def per_layer(series: dict[str, Sequence[float]], labels: Sequence[str], title: str,
+              y_label: str, x_label: str = "layer") -> Markup:
+    """Grouped bars while every bar can be MIN_BAR wide within MAX_PLOT, else lines: a
+    600-layer model's bars were a 5400 px chart that the page shrank to a 45 px strip."""
+    if len(labels) * (max(len(series), 1) + 1) * MIN_BAR <= MAX_PLOT:
+        return grouped_bars(series, labels, title, y_label, x_label)
+    return lines(series, labels, title, y_label, x_label)
+
 
 def grouped_bars(series: dict[str, Sequence[float]], labels: Sequence[str], title: str,
-                 y_label: str, height: float = 180) -> Markup:
+                 y_label: str, x_label: str = "layer", height: float = 180) -> Markup:
     """One group of bars per label (e.g. per layer), one bar per series, legend on top."""
     n, k = len(labels), max(len(series), 1)
-    bw = max(1.5, min(10.0, 760 / max(n * (k + 1), 1)))
+    bw = max(MIN_BAR, min(10.0, 760 / max(n * (k + 1), 1)))
     gw, ml, mt = bw * (k + 1), 48, 40
-    top = nice_max(max((v for s in series.values() for v in s if v is not None), default=1.0))
+    top = _top(series)
     body = [_y_axis(top, ml, mt, height, n * gw)]
     for i, (name, values) in enumerate(series.items()):
         colour = CATEGORY[i % len(CATEGORY)]  # an uploaded report may hold any number of series
@@ -144,8 +157,49 @@ def grouped_bars(series: dict[str, Sequence[float]], labels: Sequence[str], titl
     step = label_every(n, max(2, int(n * gw / 28)))
     body += [_text(ml + j * gw + k * bw / 2, mt + height + 12, labels[j], "middle")
              for j in range(0, n, step)]
-    body.append(_text(0, mt - 12, y_label, "start", "axis"))
-    return _svg(max(ml + n * gw + 8, ml + k * 120), mt + height + 20, title, "".join(body))
+    body += _axis_labels(ml, mt, height, n * gw, x_label, y_label)
+    return _svg(max(ml + n * gw + 8, ml + k * 120), mt + height + 32, title, "".join(body))
+
+
+def lines(series: dict[str, Sequence[float]], labels: Sequence[str], title: str, y_label: str,
+          x_label: str = "layer", width: float = 760, height: float = 180) -> Markup:
+    """One line per series, point j at the middle of the j-th of len(labels) equal slots; a
+    None value breaks the line."""
+    n, k, ml, mt = len(labels), max(len(series), 1), 48, 40
+    dx, top = width / max(n, 1), _top(series)
+    body = [_y_axis(top, ml, mt, height, width)]
+    for i, (name, values) in enumerate(series.items()):
+        colour = CATEGORY[i % len(CATEGORY)]
+        body.append(_line(values, ml, mt + height, dx, height / top, colour))
+        body.append(_key(ml + i * 120, 4, name, colour))
+    step = label_every(n, max(2, int(width / 28)))
+    body += [_text(ml + (j + 0.5) * dx, mt + height + 12, labels[j], "middle")
+             for j in range(0, n, step)]
+    body += _axis_labels(ml, mt, height, width, x_label, y_label)
+    return _svg(max(ml + width + 8, ml + k * 120), mt + height + 32, title, "".join(body))
+
+
+def _top(series: dict[str, Sequence[float]]) -> float:
+    return nice_max(max((v for s in series.values() for v in s if v is not None), default=1.0))
+
+
+def _axis_labels(x: float, y: float, height: float, width: float, x_label: str,
+                 y_label: str) -> list[str]:
+    return [_text(0, y - 12, y_label, "start", "axis"),
+            _text(x + width / 2, y + height + 26, x_label, "middle", "axis")]
+
+
+def _line(values: Sequence[float], x0: float, base: float, dx: float, scale: float,
+          colour: str) -> str:
+    d, pen = [], "M"
+    for j, v in enumerate(values):
+        if v is None:
+            pen = "M"
+            continue
+        d.append(f"{pen}{x0 + (j + 0.5) * dx:.1f} {base - v * scale:.1f}")
+        pen = "L"
+    return (f'<path fill="none" stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" '
+            f'stroke-linecap="round" d="{"".join(d)}"/>')
 
 
 def _bars(values: Sequence[float], x0: float, base: float, gw: float, bw: float, scale: float,

@@ -3,7 +3,8 @@
 - eigenvalue spectra and clip thresholds: the `{side}.{layer}.eigenvalues` and `.clip` tensors,
   cut out of the stored rotations.safetensors by the layers endpoint's own reader
   (api/routes/layers.py), the bytes GET .../layers/{layer} returns;
-- per-layer attention error: the manifest's validation report (as GET .../versions/{ref}).
+- per-layer attention error: the manifest's validation report (as GET .../versions/{ref});
+- the per-layer table: both of the above, as numbers, a row per layer.
 """
 
 from __future__ import annotations
@@ -64,10 +65,14 @@ def spectra(request: Request, version, layers: list[int]) -> dict[str, Markup]:
     return out
 
 
-def clip_grids(request: Request, version, layers: list[int]) -> dict[str, Markup]:
+def layer_clips(request: Request, version, layers: list[int]) -> dict[str, list]:
+    """side -> each layer's clip ratios, [kv_heads] (None where a layer lacks them)."""
+    return side_tensors(request, version, layers, "clip")
+
+
+def clip_grids(clips: dict[str, list], layers: list[int]) -> dict[str, Markup]:
     """side -> layers x KV heads grid of clip ratios, one colour scale for K and V."""
-    grids = {side: padded(clips) for side, clips in
-             side_tensors(request, version, layers, "clip").items()}
+    grids = {side: padded(c) for side, c in clips.items()}
     if not grids:
         return {}
     lo = min(float(np.nanmin(g)) for g in grids.values())
@@ -78,15 +83,46 @@ def clip_grids(request: Request, version, layers: list[int]) -> dict[str, Markup
             for side, g in grids.items()}
 
 
-def attention_error(validation: dict | None, layers: list[int]) -> Markup | None:
-    """Grouped bars of per-layer attention-output error, bundle beside the baselines."""
+def layer_errors(validation: dict | None) -> dict[str, list]:
+    """variant -> its per-layer attention errors (the report's order: the bundle's layers,
+    ascending), the known variants first; variants without them are left out."""
     variants = {v["name"]: v.get("per_layer_attn_rel_error") or []
                 for v in (validation or {}).get("variants", [])}
     series = {n: variants[n] for n in VARIANTS if variants.get(n)}
     series.update({n: s for n, s in variants.items() if n not in series and s})
+    return series
+
+
+def attention_error(validation: dict | None, layers: list[int]) -> Markup | None:
+    """Per-layer attention-output error, bundle beside the baselines (bars, or lines for a
+    deep model). Labelled with the version's layer ids where every list has one entry per
+    layer; else by position, and the axis says so (an uploaded report may not match)."""
+    series = layer_errors(validation)
     if not series:
         return None
-    n = max(len(s) for s in series.values())
-    labels = [str(i) for i in layers] if len(layers) == n else [str(i) for i in range(n)]
-    return charts.grouped_bars(series, labels, "Attention output error per layer, relative to "
-                               "BF16 (lower is better)", "||o - o_bf16|| / ||o_bf16||")
+    if all(len(s) == len(layers) for s in series.values()):
+        labels, x_label = [str(i) for i in layers], "layer"
+    else:
+        n = max(len(s) for s in series.values())
+        labels = [str(i) for i in range(n)]
+        x_label = f"entry of the report's per-layer list (this version has {len(layers)} layers)"
+    return charts.per_layer(series, labels, "Attention output error per layer, relative to "
+                            "BF16 (lower is better)", "||o - o_bf16|| / ||o_bf16||", x_label)
+
+
+def span(values: np.ndarray | None) -> str:
+    """A layer's clip ratios over its KV heads: "0.950", or "0.913–0.975"."""
+    if values is None or not len(values):
+        return "–"
+    lo, hi = f"{float(np.min(values)):.3f}", f"{float(np.max(values)):.3f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def layer_table(layers: list[int], clips: dict[str, list], validation: dict | None) -> dict:
+    """The numbers behind the per-layer pictures, a row per layer: its clip ratios per side and
+    each variant's attention error (variants whose list has one entry per layer)."""
+    errors = {n: s for n, s in layer_errors(validation).items() if len(s) == len(layers)}
+    return {"sides": [SIDES[side] for side in clips], "variants": list(errors),
+            "rows": [{"layer": layer, "clips": [span(c[i]) for c in clips.values()],
+                      "errors": [s[i] for s in errors.values()]}
+                     for i, layer in enumerate(layers)]}

@@ -17,6 +17,7 @@ from .render import PageRoute, page
 router = APIRouter(route_class=PageRoute, include_in_schema=False,
                    default_response_class=HTMLResponse)
 PAGE_SIZE = 50
+HISTORY = 10       # alias moves on a model's page; older ones through the API
 
 
 def endpoint(request: Request) -> str:
@@ -77,6 +78,7 @@ def version_page(request: Request, name: str, ref: str):
 def version_context(request: Request, session: Session, model, version) -> dict:
     aliases = queries.aliases_of(session, [version.id])[version.id]
     layers = queries.indexed_layers(session, version)
+    clips = figures.layer_clips(request, version, layers)
     return {
         "model": serialize.model_item(model, queries.model_stats(session, [model.id])[model.id]),
         "v": views.version_view(version, aliases, endpoint(request)),
@@ -84,7 +86,8 @@ def version_context(request: Request, session: Session, model, version) -> dict:
         "mirrors": [serialize.mirror(r) for r in queries.mirrors(session, version)],
         "attention": figures.attention_error(version.validation, layers),
         "spectra": figures.spectra(request, version, layers),
-        "clips": figures.clip_grids(request, version, layers), "layers": layers,
+        "clips": figures.clip_grids(clips, layers), "layers": layers,
+        "layer_table": figures.layer_table(layers, clips, version.validation),
         "api": f"/v1/models/{model.name}/versions/{version.number}"}
 
 
@@ -105,11 +108,13 @@ def model_context(request: Request, session: Session, model, cursor: str | None)
     number = stats["recommended_version"] or stats["latest_version"]
     head = queries.resolve_version(session, model, number) if number else None
     head_aliases = queries.aliases_of(session, [head.id])[head.id] if head else []
+    history = queries.alias_history(session, model, limit=HISTORY)
     return {
         "model": serialize.model_item(model, stats), "kv": views.kv_geometry(model.geometry),
         "versions": [serialize.version_summary(v, aliases[v.id]) for v in versions.items],
         "more": next_page(request, versions.next_cursor),
         "head": views.version_view(head, head_aliases, endpoint(request)) if head else None,
-        "history": [serialize.alias_event(*e) for e in
-                    queries.alias_history(session, model, limit=10).items],
+        "history": [serialize.alias_event(*e) for e in history.items],
+        "older_history": history.next_cursor and
+        f"/v1/models/{model.name}/aliases?{urlencode({'cursor': history.next_cursor})}",
         "api": f"/v1/models/{model.name}"}

@@ -2,11 +2,14 @@
 
 Pages raise the same domain errors as the JSON API (ModelNotFound, VersionNotFound, ...); the
 page route turns them into an HTML page with the same status, title and suggestions that
-api/errors.py puts into problem+json. Each page reports its server time in `Server-Timing`.
+api/errors.py puts into problem+json; any other exception is logged and answered with an HTML
+500 page (not the API's JSON problem, which a browser shows as raw text). Each page reports its
+server time in `Server-Timing`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,12 +19,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException
 
 from ...zoo import __version__
 from ...zoo.cli.output import plural
 from ...zoo.errors import NotFound, OscarZooError
 
 HERE = Path(__file__).parent
+log = logging.getLogger("oscar_zoo.api")
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 
 
@@ -59,15 +65,21 @@ def error_page(request: Request, exc: Exception) -> Response:
         first = (exc.errors() or [{}])[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         status, title, detail, hints = 422, "Invalid request", f"{where}: {first.get('msg', '')}", []
-    else:
+    elif isinstance(exc, OscarZooError):
         status, title, detail = exc.http_status, exc.title, str(exc)
         hints = exc.suggestions if isinstance(exc, NotFound) else []
+        if status >= 500:       # as api/errors.py logs them: an operator has something to fix
+            log.error("%s on %s %s: %s", type(exc).__name__, request.method, request.url.path, exc)
+    else:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        status, title, hints = 500, "Internal error", []
+        detail = "The registry hit an unexpected error; it has been logged on the server."
     return page(request, "error.html", {"title": title, "detail": detail, "status": status,
                                         "suggestions": hints}, status)
 
 
 class PageRoute(APIRoute):
-    """An HTML page: domain and validation errors render as HTML; Server-Timing is set."""
+    """An HTML page: errors render as HTML (a bug's as a logged 500); Server-Timing is set."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
@@ -76,7 +88,9 @@ class PageRoute(APIRoute):
             start = time.perf_counter()
             try:
                 response = await handler(request)
-            except (OscarZooError, RequestValidationError) as exc:
+            except (HTTPException, DataError):
+                raise               # api/errors.py's handlers answer these (404, 422)
+            except Exception as exc:    # noqa: BLE001 - a page answers a browser in HTML
                 response = error_page(request, exc)
             ms = (time.perf_counter() - start) * 1000
             response.headers["Server-Timing"] = f"render;dur={ms:.1f}"

@@ -2,6 +2,7 @@
 
     make_validated_bundle(tmp / "b", model="smollm2-135m", seed=3)
     make_validated_bundle(tmp / "b", name="bench-007", hub_id="bench/m-007", seed=1)
+    make_validated_bundle(tmp / "b", name="deep", layers=600)    # 600 small layers
 
 The per-layer attention errors are random but ordered as real runs are (bundle < OSCAR as shipped
 < Hadamard < naive), so charts and tables look like the real thing.
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from oscar_zoo.zoo import __version__
 from oscar_zoo.zoo.bundle import Bundle, write
-from oscar_zoo.zoo.manifest import Clip, ModelRef, Validation, VariantResult
+from oscar_zoo.zoo.manifest import Clip, Geometry, ModelRef, Validation, VariantResult
 
 from tests.utils.bundles import make_manifest, make_tensors
 
@@ -43,13 +44,18 @@ def validation(n_layers: int, seed: int, passed: bool = True) -> Validation:
 def make_validated_bundle(out_dir: str | Path, model: str = "smollm2-135m", seed: int = 0,
                           per_head: bool = False, centered: bool = False, passed: bool = True,
                           name: str | None = None, hub_id: str | None = None,
-                          architecture: str | None = None) -> Bundle:
+                          architecture: str | None = None, layers: int | None = None) -> Bundle:
     """A valid bundle with a validation report; name/hub_id make it a new (uploaded) model with
-    `model`'s geometry."""
+    `model`'s geometry, or with `layers` small layers (1 KV head of dim 16: cheap to make)."""
     manifest = make_manifest(model, per_head, seed, centered)
     if name:
         manifest = manifest.model_copy(update={"model": ModelRef(
             name=name, hub_id=hub_id or f"bench/{name}", architecture=architecture)})
+    if layers:
+        assert name, "a new geometry needs a new model: pass name"
+        manifest = manifest.model_copy(update={
+            "geometry": Geometry(num_layers=layers, num_q_heads=2, num_kv_heads=1, head_dim=16),
+            "quantization": manifest.quantization.model_copy(update={"group_size": 16})})
     n_layers = len(manifest.geometry.to_geometry().layers())
     manifest = manifest.model_copy(update={"validation": validation(n_layers, seed, passed)})
     k, v = make_tensors(manifest, seed)

@@ -105,7 +105,7 @@ def test_version_page_renders_its_charts(page, shots):
     from playwright.sync_api import expect
 
     page.goto("/models/smollm2-135m")
-    page.get_by_role("link", name="v3", exact=True).click()
+    page.locator("#versions ~ table").get_by_role("link", name="v3", exact=True).click()
     expect(page).to_have_title("smollm2-135m v3 · oscar-zoo")
     charts = page.locator("svg.chart")
     expect(charts).to_have_count(5)           # attention error, K/V spectra, K/V clip grids
@@ -117,6 +117,23 @@ def test_version_page_renders_its_charts(page, shots):
     assert drawn >= 5 * 4
     expect(page.get_by_role("img", name="K (keys): eigenvalue spectrum per layer")).to_be_visible()
     page.screenshot(path=shots / "version.png", full_page=True)
+
+
+def test_version_page_downloads_a_layer_range(page):
+    """The range form: chromium accepts its pattern (an invalid one would accept anything),
+    refuses a malformed spec before asking the server, and downloads the layers asked."""
+    from playwright.sync_api import expect
+
+    page.goto("/models/smollm2-135m/versions/3")
+    spec = page.get_by_role("textbox", name="Layers")
+    expect(spec).to_have_value("0-29")
+    spec.fill("2-")
+    assert not spec.evaluate("el => el.checkValidity()")
+    spec.fill("2-3, 7")
+    assert spec.evaluate("el => el.checkValidity()")
+    with page.expect_download() as got:
+        page.get_by_role("button", name="Download").click()
+    assert got.value.suggested_filename == "smollm2-135m-v3-layers-2-7.safetensors"
 
 
 def test_job_page_updates_while_the_job_runs(page, site, shots):

@@ -67,3 +67,48 @@ def test_axis_helpers():
     assert charts.label_every(30, 12) == 4 and charts.label_every(5, 12) == 1
     assert charts.PALETTE[0] == "#440154" and charts.PALETTE[-1] == "#fde725"
     assert len(set(charts.PALETTE)) == charts.LEVELS
+
+
+POINT = re.compile(r"([ML])([\d.]+) ([\d.]+)")
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def axis_labels(root: ET.Element) -> list[str]:
+    return [t.text for t in root.iter(f"{NS}text") if t.get("class") == "axis"]
+
+
+def test_lines_decode_to_the_series_and_break_at_gaps():
+    rng = np.random.default_rng(11)
+    n = 300
+    series = {"a": rng.uniform(0, 0.3, n).tolist(), "b": rng.uniform(0.1, 2.0, n).tolist()}
+    series["a"][7] = None                                  # a missing layer: the line breaks
+    root = ET.fromstring(str(charts.lines(series, [str(i) for i in range(n)], "t", "err")))
+    paths = root.findall(f"{NS}path")
+    assert [p.get("fill") for p in paths] == ["none", "none"]
+    assert [p.get("stroke") for p in paths] == charts.CATEGORY[:2]
+    top = charts.nice_max(max(v for s in series.values() for v in s if v is not None))
+    for path, values in zip(paths, series.values()):
+        points = POINT.findall(path.get("d"))
+        kept = [(j, v) for j, v in enumerate(values) if v is not None]
+        assert len(points) == len(kept)
+        assert [p[0] for p in points].count("M") == 1 + (None in values)
+        x = np.array([float(p[1]) for p in points])
+        want_x = 48 + (np.array([j for j, _ in kept]) + 0.5) * 760 / n
+        np.testing.assert_allclose(x, want_x, atol=0.051)
+        y = np.array([float(p[2]) for p in points])
+        np.testing.assert_allclose(220 - y, np.array([v for _, v in kept]) * 180 / top, atol=0.051)
+
+
+def test_per_layer_draws_lines_where_bars_would_not_fit_and_names_its_axes():
+    """A 600-layer model's grouped bars were a 5400 px SVG that the page shrank to a strip
+    45 px high; past the width that fits, the same series are lines."""
+    page_width = 1180 - 2 * 24                          # main's max-width less its padding
+    for n, drawn in ((30, "bars"), (120, "lines"), (600, "lines")):
+        series = {name: [0.1] * n for name in ("bundle", "hadamard", "naive", "x", "y")}
+        root = ET.fromstring(str(charts.per_layer(series, [str(i) for i in range(n)], "t", "err")))
+        paths = root.findall(f"{NS}path")
+        assert {p.get("fill") == "none" for p in paths} == {drawn == "lines"}, n
+        assert float(root.get("width")) <= page_width, (n, root.get("width"))
+        assert axis_labels(root) == ["err", "layer"], n
+    bars = ET.fromstring(str(charts.grouped_bars({"a": [0.1]}, ["3"], "t", "err", "entry")))
+    assert axis_labels(bars) == ["err", "entry"]

@@ -305,3 +305,71 @@ def test_a_lloyd_max_version_says_which_buckets_were_served_and_measured(registr
         page = http.get("/models/smollm2-135m/versions/1").text
     assert re.search(r"INT2 group \d+\s+in Lloyd-Max buckets", page)      # the report's
     assert re.search(r"recent \d+, Lloyd-Max</dd>", page)                 # the served cache's
+
+
+def test_version_page_links_every_layer_and_downloads_a_range(seeded):
+    """version -> layer -> download: each layer's number links its JSON, the range form asks
+    layers.safetensors for a rank's share, and the table gives the clip maps' numbers."""
+    import struct
+
+    bundle = seeded.bundles[("smollm2-135m", 3)]
+    tensors = load_file(str(bundle / "rotations.safetensors"))
+    api = "/v1/models/smollm2-135m/versions/3"
+    with seeded.server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/3").text
+        section = page[page.index('<h2 id="layers">'):page.index('<h2 id="files">')]
+        rows = re.findall(r'<tr><th scope="row"><a href="([^"]+)">(\d+)</a></th>(.*?)</tr>', section)
+        assert [int(r[1]) for r in rows] == list(range(30))
+        for href, layer, _ in rows[:2]:
+            assert href == f"{api}/layers/{layer}"
+            assert http.get(href).json()["layer"] == int(layer)
+        form = re.search(r'<form method="get" action="([^"]+)"[^>]*>.*?<input id="layer-spec" '
+                         r'name="(\w+)"', section, re.S)
+        assert form.group(1) == f"{api}/layers.safetensors" and form.group(2) == "layers"
+        r = http.get(form.group(1), params={form.group(2): "2-3"})
+        assert r.status_code == 200, r.text
+    n = struct.unpack("<Q", r.content[:8])[0]
+    header = json.loads(r.content[8:8 + n])
+    assert {k.split(".")[1] for k in header if k != "__metadata__"} == {"2", "3"}
+    # clip ratios over the KV heads, as the grid colours them: min-max to 3 decimals
+    for href, layer, cells in rows:
+        shown = re.findall(r"<td>(.*?)</td>", cells)[:2]
+        for side, text in zip("kv", shown):
+            clip = tensors[f"{side}.{layer}.clip"]
+            lo, hi = f"{clip.min():.3f}", f"{clip.max():.3f}"
+            assert text == (lo if lo == hi else f"{lo}–{hi}"), (layer, side, text)
+
+
+def test_alias_history_says_when_older_moves_are_left_out(seeded):
+    """The model page shows the latest 10 alias moves; it used to drop the rest silently."""
+    with seeded.server.client(seeded.server.token("bundles:publish")) as http:
+        for i in range(8):
+            r = http.put("/v1/models/smollm2-135m/aliases/recommended",
+                         json={"version": 1 + i % 2, "reason": f"move {i}"})
+            assert r.status_code == 200, r.text
+        page = http.get("/models/smollm2-135m").text
+        history = page[page.index('id="hist"'):]
+        shown = re.findall(r"<td>(move \d|published version \d|best of the three)</td>", history)
+        assert len(shown) == 10 and shown[0] == "move 7"
+        link = re.search(r'<a href="([^"]+)" rel="next">the alias history as JSON</a>', history)
+        assert link, "no way to the older moves"
+        older = [e["reason"] for e in http.get(html.unescape(link.group(1))).json()["history"]]
+        every = http.get("/v1/models/smollm2-135m/aliases", params={"limit": 100}).json()["history"]
+    assert shown + older == [e["reason"] for e in every] and len(every) == 12   # none lost or twice
+    assert '<a href="/models/smollm2-135m/versions/1">v1</a>' in history    # moves link versions
+
+
+def test_a_page_that_hits_a_bug_answers_a_browser_in_html(seeded, monkeypatch, caplog):
+    """A bug in a page (forced here: nothing in the registry's data raises one) answered with
+    the API's JSON problem, which a browser shows as raw text; now an HTML 500, and logged."""
+    from oscar_zoo.api.ui import figures
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(figures, "spectra", broken)   # the server runs in this process
+    with seeded.server.client() as http:
+        r = http.get("/models/smollm2-135m/versions/3", headers={"Accept": "text/html"})
+    assert r.status_code == 500 and r.headers["content-type"].startswith("text/html")
+    assert "<title>Internal error · oscar-zoo</title>" in r.text and "a bug" not in r.text
+    assert any(rec.exc_info and rec.exc_info[0] is ZeroDivisionError for rec in caplog.records)

@@ -150,3 +150,63 @@ def test_a_finished_job_names_its_worker_and_does_not_claim_a_gpu(registry_serve
     assert "<dt>calibrated on</dt><dd>cpu (x86_64, 2 cores)</dd>" in facts
     assert '<dd data-field="worker">w2 on gpu-box</dd>' in other      # host not in its id
     assert "calibrated on" not in other                               # no bundle: not known
+
+
+ERROR_CHART = "Attention output error per layer, relative to BF16 (lower is better)"
+PAGE_WIDTH = 1180 - 2 * 24                   # main's max-width less its padding (style.css)
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def axis_labels(svg) -> list[str]:
+    return [t.text for t in svg.iter(f"{NS}text") if t.get("class") == "axis"]
+
+
+def test_a_deep_models_per_layer_errors_fit_the_page(registry_server, tmp_path):
+    """600 layers: grouped bars were 5400 px wide, which the page shrank to a 45 px strip with
+    unreadable ticks. Now lines, as wide as the page allows, each point the report's number."""
+    bundle = make_validated_bundle(tmp_path / "b", name="deep", seed=4, layers=600)
+    registry_server.publish_dir(tmp_path / "b")
+    with registry_server.client() as http:
+        page = http.get("/models/deep/versions/1").text
+    chart = charts(page)[ERROR_CHART]
+    assert float(chart.get("width")) <= PAGE_WIDTH
+    assert axis_labels(chart) == ["||o - o_bf16|| / ||o_bf16||", "layer"]
+    report = {v.name: v.per_layer_attn_rel_error for v in bundle.manifest.validation.variants}
+    lines = [p for p in chart.iter(f"{NS}path") if p.get("fill") == "none"]
+    assert len(lines) == len(report)
+    for path, name in zip(lines, ("bundle", "bundle-served", "oscar-shipped", "hadamard", "naive")):
+        heights = np.array([220 - float(y) for y in re.findall(r"[ML][\d.]+ ([\d.]+)", path.get("d"))])
+        want = np.array(report[name])
+        assert len(heights) == 600
+        scale = (heights * want).sum() / (want * want).sum()          # px per unit error
+        np.testing.assert_allclose(heights, want * scale, atol=0.06)  # drawn to 0.1 px
+
+
+def test_a_report_that_does_not_match_the_layers_is_not_drawn_as_layer_ids(registry_server, tmp_path):
+    """qwen3.5-4b keeps a KV cache on 8 layers (3, 7, ... 31); an uploaded report with 30
+    entries per variant cannot be placed on them: the axis says what its ticks are instead of
+    calling them layers, and the per-layer table leaves those numbers out."""
+    from tests.api.ui.seeding import validation
+
+    m = make_manifest("qwen3.5-4b", seed=2)
+    m = m.model_copy(update={"validation": validation(30, 2)})
+    write(Bundle(m, *make_tensors(m, 2)), tmp_path / "b")
+    registry_server.publish_dir(tmp_path / "b")
+    with registry_server.client() as http:
+        page = http.get("/models/qwen3.5-4b/versions/1").text
+    chart = charts(page)[ERROR_CHART]
+    x_label = axis_labels(chart)[1]
+    assert x_label != "layer" and "8 layers" in x_label
+    table = page[page.index('id="layers"'):]
+    assert "attention error:" not in table                           # not joined to layer ids
+    assert re.findall(r'<th scope="row"><a href="[^"]+/layers/(\d+)">', table) == \
+        [str(i) for i in range(3, 32, 4)]
+
+
+def test_one_clip_pair_is_not_called_per_global(registry_server, tmp_path):
+    make_bundle(tmp_path / "b", seed=1, k_clip=0.96, v_clip=0.92)    # clip granularity global
+    registry_server.publish_dir(tmp_path / "b")
+    with registry_server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/1").text
+    fact = re.search(r"<dt>clip ratios</dt><dd>(.*?)</dd>", page).group(1)
+    assert fact == "K 0.96 / V 0.92 (one pair for every layer)"

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from ..zoo.bundle import verify_bundle
 from ..zoo.catalog import is_hub_id
 from ..zoo.errors import BundleFormatError, Conflict, InvalidInput, ModelNotFound, YankedVersion
-from ..zoo.files import sha256_bytes
+from ..zoo.files import PARTIAL, sha256_bytes
 from ..zoo.geometry import ModelGeometry
 from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
 from . import audit
@@ -66,9 +66,17 @@ def prepare_bundle(bundle_dir: str | Path) -> Prepared:
     """Every check of `oscar-zoo inspect` (names, shapes, dtypes, finiteness, orthogonality,
     sha256 and size of each file) plus the layer index.
 
-    Raises BundleFormatError or IntegrityError; writes nothing.
+    Raises BundleFormatError (also for a --layers part: only whole bundles are published) or
+    IntegrityError; writes nothing.
     """
     path = Path(bundle_dir)
+    if (path / PARTIAL).exists():
+        # verify_bundle checks a --layers part's rotations against partial.json, not against
+        # the manifest: the version would list (and serve) a blob named by the manifest whose
+        # bytes nobody checked, with a layer index computed from other bytes
+        raise BundleFormatError(f"{PARTIAL} marks a --layers part of a bundle, not a whole one; "
+                                f"publish the whole bundle (pull it without --layers), and send "
+                                f"no {PARTIAL}")
     manifest = verify_bundle(path)
     raw = manifest.to_json().encode()
     digest = sha256_bytes(raw)

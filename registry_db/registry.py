@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 
@@ -15,6 +23,9 @@ from .models import Job
 from .publish import Publication, model_for, prepare_bundle, record_version, store_blobs
 from .seed import seed_catalog
 from .session import Database, default_url
+
+log = logging.getLogger("oscar_zoo.registry")
+STAGING = "staging"
 
 
 @dataclass
@@ -47,18 +58,65 @@ class Registry:
             model = model_for(session, prepared.manifest, model_name, created_by=created_by)
             return record_version(session, model, prepared, created_by, source_job, status)
 
+    @contextmanager
+    def staging(self, prefix: str) -> Iterator[Path]:
+        """A fresh dir under `<data_dir>/staging` for an upload's files, removed afterwards.
+
+        flocked while in use: a server killed mid-upload leaves its dir behind, and
+        collect_garbage removes such a dir once it is old, never one whose upload is alive.
+        """
+        root = self.data_dir / STAGING
+        root.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows the name yet: never waits
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+
     def collect_garbage(self, min_age_s: float = 3600) -> list[str]:
-        """Remove blobs no version references (left by a crash between blob and commit)."""
+        """Remove blobs no version references (left by a crash between blob and commit), and
+        staging dirs of uploads that died. Returns the removed blobs' hashes."""
         from sqlalchemy import select
 
         from .models import VersionFile
 
         with self.db.read() as session:
             referenced = set(session.scalars(select(VersionFile.sha256).distinct()))
-        return self.blobs.collect_garbage(referenced, min_age_s)
+        removed = self.blobs.collect_garbage(referenced, min_age_s)
+        root = self.data_dir / STAGING
+        for p in sorted(root.iterdir()) if root.is_dir() else ():
+            _remove_if_abandoned(p, min_age_s)
+        return removed
 
     def close(self) -> None:
         self.db.dispose()
+
+
+def _remove_if_abandoned(path: Path, min_age_s: float) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False            # its upload ended meanwhile
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False        # its upload is alive, however slow
+        # The age still counts: a dir just made is flocked only a moment later, and a server
+        # of an older release holds no flock on its dirs.
+        if time.time() - os.fstat(fd).st_mtime <= min_age_s:
+            return False
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        log.info("removed %s, left in the staging dir by an upload that did not finish", path.name)
+        return True
+    finally:
+        os.close(fd)
 
 
 def open_registry(database_url: str | None = None, data_dir: str | Path | None = None,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
@@ -22,6 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
 
 from ...registry_db.mirrors import mirror_after_publish
 from ...registry_db.models import BundleVersion
@@ -72,22 +72,27 @@ async def publish(name: str, request: Request, actor: str = Depends(require("bun
 
 @asynccontextmanager
 async def staged_upload(request: Request, prefix: str) -> AsyncIterator[tuple[Path, dict[str, str]]]:
-    """The multipart body's files in a fresh staging dir under the data dir, and its text
-    fields; the dir is removed afterwards, whatever happened."""
+    """The multipart body's files in a fresh staging dir under the data dir (Registry.staging),
+    and its text fields; the dir is removed afterwards, whatever happened."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise UnsupportedMediaType("send the bundle files as multipart/form-data")
-    staging_root = request.app.state.registry.data_dir / "staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
-    async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
-                            max_part_size=64 * 1024) as form:
-        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=staging_root))
-        try:
-            yield staging, await run_in_threadpool(_stage, form, staging)
-        except OscarZooError as e:
-            _without_path(e, staging)
-            raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    try:
+        form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
+                                  max_part_size=64 * 1024)
+    except ClientDisconnect:
+        # A client gone mid-upload (a dropped link, Ctrl-C) is no server fault: nothing is staged
+        # yet. Left to the catch-all, each one was logged as an unhandled error with a traceback.
+        raise InvalidInput("the connection closed before the upload's end; nothing was stored: "
+                           "send the bundle again") from None
+    try:
+        with request.app.state.registry.staging(prefix) as staging:
+            try:
+                yield staging, await run_in_threadpool(_stage, form, staging)
+            except OscarZooError as e:
+                _without_path(e, staging)
+                raise
+    finally:
+        await form.close()
 
 
 def _without_path(e: OscarZooError, staging: Path) -> None:

@@ -222,3 +222,69 @@ def test_an_alias_refused_for_a_draft_or_a_yanked_version_says_what_to_do(publis
     r = http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 2})
     assert r.status_code == 409, r.text
     assert "yanked (bad clips)" in r.json()["detail"] and "another version" in r.json()["detail"]
+
+
+def test_a_layers_part_is_refused_not_published_with_unchecked_bytes(publisher, tmp_path, snapshot):
+    """An upload with a partial.json was verified as a `--layers` part: its rotations against
+    partial.json's hash, not the manifest's. A manifest naming any stored blob (here version
+    1's README) as its rotations.safetensors became a version serving that blob unchecked."""
+    import hashlib
+    import json
+
+    from safetensors.numpy import load_file, save
+
+    server, http = publisher
+    first = make_bundle(tmp_path / "a", seed=1)
+    assert upload_bundle(http, tmp_path / "a").status_code == 201
+    readme = next(f for f in first.manifest.files if f.name == "README.md")
+    d = tmp_path / "b"
+    make_bundle(d, seed=2)
+    manifest = json.loads((d / "bundle.json").read_text())
+    for f in manifest["files"]:
+        if f["name"] == "rotations.safetensors":
+            f["sha256"], f["size"] = readme.sha256, readme.size
+    layer0 = {k: v for k, v in load_file(str(d / "rotations.safetensors")).items()
+              if k.split(".")[1] == "0"}
+    tensors = save(layer0, metadata={"format": "oscar-zoo.bundle"})
+    partial = {"layers": [0], "rotations.safetensors": hashlib.sha256(tensors).hexdigest()}
+    files = [("bundle.json", ("bundle.json", json.dumps(manifest).encode())),
+             ("rotations.safetensors", ("rotations.safetensors", tensors)),
+             ("README.md", ("README.md", (d / "README.md").read_bytes())),
+             ("partial.json", ("partial.json", json.dumps(partial).encode()))]
+    before = snapshot(server)
+    r = http.post("/v1/models/smollm2-135m/versions", files=files)
+    assert r.status_code == 422, r.text
+    assert "partial.json" in r.json()["detail"] and "whole bundle" in r.json()["detail"]
+    assert snapshot(server) == before
+    assert http.get("/v1/models/smollm2-135m/versions/2").status_code == 404
+
+
+def test_a_client_gone_mid_upload_stores_nothing_and_logs_no_error(publisher, tmp_path, snapshot,
+                                                                   caplog):
+    """A connection closed mid-body was an unhandled error: logged with a traceback and
+    answered 500, for a client that merely went away."""
+    import logging
+    import socket
+    import time
+
+    server, http = publisher
+    make_bundle(tmp_path / "b")
+    before = snapshot(server)
+    token = http.headers["authorization"]
+    head, tail = b"--XX\r\nContent-Disposition: form-data; name=\"", b"\"\r\n\r\n"
+    body = (head + b"bundle.json\"; filename=\"bundle.json" + tail
+            + (tmp_path / "b" / "bundle.json").read_bytes() + b"\r\n"
+            + head + b"rotations.safetensors\"; filename=\"rotations.safetensors" + tail
+            + (tmp_path / "b" / "rotations.safetensors").read_bytes()[:4000])
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.WARNING), socket.create_connection((host, int(port))) as s:
+        s.sendall(f"POST /v1/models/smollm2-135m/versions HTTP/1.1\r\nHost: {host}\r\n"
+                  f"Authorization: {token}\r\nContent-Type: multipart/form-data; boundary=XX\r\n"
+                  f"Content-Length: {len(body) * 10}\r\n\r\n".encode() + body)
+        time.sleep(0.3)
+        s.shutdown(socket.SHUT_RDWR)
+    # the server's loop has seen the close once it answers another request (plus a margin)
+    assert http.get("/v1/health").status_code == 200
+    time.sleep(0.5)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert snapshot(server) == before

@@ -91,6 +91,41 @@ def test_garbage_collection_keeps_every_published_file(registry, tmp_path):
     assert len(list(registry.blobs.all())) == 3  # bundle.json, rotations, README
 
 
+def test_garbage_collection_removes_staging_dirs_of_dead_uploads_only(registry, tmp_path):
+    """A server killed mid-upload left its staging dir (a whole bundle's files) for ever:
+    nothing removed <data_dir>/staging/upload-*, not even `oscar-zoo db gc`."""
+    import os
+    import time
+
+    past = time.time() - 7200
+    dead = registry.data_dir / "staging" / "upload-dead"
+    dead.mkdir(parents=True)
+    (dead / "rotations.safetensors").write_bytes(b"x" * 1000)
+    young = registry.data_dir / "staging" / "upload-young"
+    young.mkdir()
+    os.utime(dead, (past, past))
+    with registry.staging("upload-") as live:
+        (live / "bundle.json").write_bytes(b"{}")
+        os.utime(live, (past, past))       # a slow upload: old, but its server is alive
+        registry.collect_garbage()
+        assert live.is_dir() and (live / "bundle.json").exists()
+    assert not live.exists()
+    assert sorted(p.name for p in (registry.data_dir / "staging").iterdir()) == ["upload-young"]
+
+
+def test_a_layers_part_is_not_published(registry, tmp_path):
+    """partial.json made the verify check rotations.safetensors against its own hash, not the
+    manifest's: the version listed a blob no check had seen (tests/api/test_publish.py)."""
+    import json
+
+    make_bundle(tmp_path / "b")
+    (tmp_path / "b" / "partial.json").write_text(json.dumps(
+        {"layers": [0], "rotations.safetensors": "0" * 64}))
+    with pytest.raises(BundleFormatError, match="--layers part"):
+        registry.publish(tmp_path / "b")
+    assert list(registry.blobs.all()) == []
+
+
 def test_status_change_sees_a_concurrent_one(registry, tmp_path):
     """Two replicas (or threads) change one version's status at once: the second must see the
     first's committed status. Without a row lock, a promote that read `draft` before a yank

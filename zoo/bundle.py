@@ -22,7 +22,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from .errors import BundleFormatError, IntegrityError
-from .files import (PARTIAL, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file,
+from .files import (CACHED_PART, PARTIAL, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file,
                     staging_dir)
 from .manifest import CARD, MANIFEST, TENSORS, FileEntry, Manifest, parse_manifest
 
@@ -161,7 +161,7 @@ def verify_bundle(path: str | Path) -> Manifest:
     for required in (TENSORS, CARD):
         if required not in listed:
             raise BundleFormatError(f"manifest does not list {required}")
-    part = _partial(path)
+    part = part_of(path)
     for f in manifest.files:
         if part is None:
             _check_file(path, f)
@@ -179,10 +179,20 @@ def verify_bundle(path: str | Path) -> Manifest:
     return manifest
 
 
-def _partial(path: Path) -> dict | None:
+def require_whole(path: str | Path) -> None:
+    """Only whole bundles are published. A --layers part passes verify_bundle, which checks its
+    rotations against partial.json rather than the manifest: published, the version would list
+    (and serve) a blob named by the manifest whose bytes nobody checked."""
+    if any((Path(path) / marker).exists() for marker in (PARTIAL, CACHED_PART)):
+        raise BundleFormatError(f"this is a --layers part of a bundle ({PARTIAL} says which "
+                                f"layers), not a whole one: publish the whole bundle (pulled "
+                                f"without --layers), and send no {PARTIAL}")
+
+
+def part_of(path: str | Path) -> dict | None:
     """What a `--layers` output holds (partial.json, written by zoo/export.py): its layers and
     the sha256 of its rotations.safetensors; None for a whole bundle."""
-    p = path / PARTIAL
+    p = Path(path) / PARTIAL
     if not p.is_file():
         return None
     try:

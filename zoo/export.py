@@ -25,6 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bundle import part_of
 from .cache import Cache
 from .errors import InvalidInput
 from .files import (PARTIAL, atomic_write_bytes, atomic_writers, publish_dir, sha256_file,
@@ -35,7 +36,8 @@ FORMATS = ("safetensors", "sglang", "vllm")
 INFO = "export.json"
 # Bump whenever the same bundle would export to different files (writer, names, recipe inputs):
 # cached exports of another writer are then stale. None: exports from before it was recorded.
-WRITER = 1
+# 2: a --layers output exported without --layers had been cached as its whole bundle's export.
+WRITER = 2
 
 
 @dataclass
@@ -73,10 +75,12 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
            out: Path | None = None) -> ExportResult:
     """Engine files for the bundle in `bundle_dir` (a snapshot or a --layers partial).
 
-    Raises InvalidInput for an unknown format, or vLLM with per-head rotations.
+    Raises InvalidInput for an unknown format, vLLM with per-head rotations, or layers that a
+    --layers output does not hold.
     """
     manifest = json.loads((bundle_dir / "bundle.json").read_text())
     check_format(fmt, manifest["method"]["granularity"])
+    layers = _held_layers(bundle_dir, layers)
     if fmt == "safetensors" and not layers:
         files = {f: bundle_dir / f for f in _bundle_files(manifest)}
         edir = bundle_dir
@@ -113,6 +117,30 @@ def check_format(fmt: str, granularity: str | None) -> None:
             "vLLM's OSCAR backend (vllm-project/vllm#46774) loads one [head_dim, head_dim] rotation "
             "per layer; this bundle has one per KV head, and sharing one would collapse the model "
             "(OSCAR #16). Use --format sglang.")
+
+
+def _held_layers(bundle_dir: Path, layers: list[int] | None) -> list[int] | None:
+    """The layers to export: `layers`, or for a --layers output (partial.json) the ones it holds.
+
+    A part shares its whole bundle's digest, so exported as if whole it was cached as the whole
+    bundle's export and served for it: SGLang then stopped on the first layer it missed."""
+    part = part_of(bundle_dir)
+    if part is None:
+        return layers
+    held = sorted(part["layers"])
+    if layers is None:
+        return held
+    missing = sorted(set(layers) - set(held))
+    if missing:
+        raise InvalidInput(f"{bundle_dir} is a --layers output holding layers {layers_arg(held)} "
+                           f"only, not {layers_arg(missing)}: pass --layers within those, or "
+                           "export from the whole bundle")
+    return layers
+
+
+def layers_arg(layers: list[int]) -> str:
+    """A layer list as --layers takes it: 0-3,7."""
+    return layer_spec(layers).replace("_", ",")
 
 
 def _bundle_files(manifest: dict) -> list[str]:

@@ -70,10 +70,13 @@ def _gpus(m: dict) -> int:
     return entry.gpus if entry is not None else 1
 
 
-def _layer_note(layers: list[int] | None) -> list[str]:
-    if not layers:
+def _layer_note(m: dict, layers: list[int] | None) -> list[str]:
+    from .export import layers_arg
+
+    geo = m["geometry"]
+    if not layers or layers == (geo.get("attention_layers") or list(range(geo["num_layers"]))):
         return []
-    return [f"These files hold layers {layers[0]}-{layers[-1]} only ({len(layers)} layers, by "
+    return [f"These files hold layers {layers_arg(layers)} only ({len(layers)} layers, by "
             "global id): one pipeline stage's share. The loaders look layers up by global id, so "
             "give each stage the files with its own layers."]
 
@@ -125,6 +128,14 @@ def _absorbs_v(m: dict) -> bool:
     return (m["model"].get("architecture") or getattr(entry, "architecture", None)) in _ABSORBS_V
 
 
+def _clip_note(clip: dict, engine: str) -> list[str]:
+    if clip["granularity"] == "global":
+        return []
+    return [f"This bundle's clip ratios were searched per {clip['granularity']}; {engine} takes "
+            f"one K and one V ratio, so the best single pair ({clip['k_global']:g}/"
+            f"{clip['v_global']:g}) is set. oscar-zoo's own kernels use the per-layer values."]
+
+
 def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:
     m = _as_dict(m)
     q, clip, method = m["quantization"], m["clip"], m["method"]
@@ -166,18 +177,14 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
         notes.append("Hybrid model: --disable-radix-cache, because INT2 pages hold 8 tokens and "
                      "SGLang's MambaRadixCache wants 1. An SGLang with --mamba-scheduler-strategy "
                      "extra_buffer can keep the prefix cache instead.")
-    if clip["granularity"] != "global":
-        notes.append(
-            f"This bundle's clip ratios were searched per {clip['granularity']}; SGLang takes one "
-            f"K and one V ratio, so the best single pair ({clip['k_global']:g}/{clip['v_global']:g}) "
-            "is set. oscar-zoo's own kernels use the per-layer values.")
+    notes += _clip_note(clip, "SGLang")
     if method.get("key_centering"):
         notes.append("The K file carries OSCAR format 3's k_mean (key centering); it needs an "
                      "OSCAR-2-aware loader (load_oscar_rotation_field). Older loaders ignore it.")
     if per_head:
         notes.append("Per-KV-head rotations (OSCAR format 2): needs an SGLang build whose loader "
                      "dispatches on rotation.dim() (FutureMLS-Lab/OSCAR#20).")
-    return Recipe("sglang", env, command, notes + lloyd + _layer_note(layers))
+    return Recipe("sglang", env, command, notes + lloyd + _layer_note(m, layers))
 
 
 def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:
@@ -198,6 +205,17 @@ def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) ->
         command += ["--tensor-parallel-size", str(gpus)]
     notes = [f"vLLM's OSCAR backend is an open, work-in-progress PR ({VLLM_PR}); these variable "
              "names are the PR branch's and may change before it merges."]
+    notes += _clip_note(clip, "vLLM")
+    # The PR's loader (oscar/rotation.py) reads each layer's `rotation` and nothing else, and
+    # its quantizer is uniform only: what the SGLang recipe turns on has no switch here.
+    if m["method"].get("key_centering"):
+        notes.append("This bundle centers keys (k_mean in the K file), which vLLM's OSCAR loader "
+                     "ignores: keys are quantized uncentered. Attention stays exact, but the INT2 "
+                     "error is not the one this bundle was fitted and validated with; "
+                     "--format sglang with an OSCAR-2-aware loader applies it.")
+    if q.get("lloyd_max"):
+        notes.append("OSCAR serves this model with Lloyd-Max INT2 buckets (SGLANG_LLOYD_MAX=1); "
+                     "vLLM's port quantizes uniform INT2 only.")
     limits = []
     if m["geometry"]["head_dim"] != 128 or q["group_size"] != 128:
         limits.append("head_dim 128 with group size 128")
@@ -209,7 +227,7 @@ def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) ->
         notes.append("The PR's prototype checks its settings and accepts only "
                      + "; ".join(limits) + " so far; this bundle differs, so expect it to refuse "
                      "to start until the PR generalizes.")
-    return Recipe("vllm", env, command, notes + _layer_note(layers))
+    return Recipe("vllm", env, command, notes + _layer_note(m, layers))
 
 
 def recipe_for(fmt: str, m, files: dict[str, str], layers: list[int] | None = None) -> Recipe | None:

@@ -234,3 +234,76 @@ def test_out_holds_one_exports_files_and_keeps_the_users(tmp_path):
     mark = _json.loads((out / ".oscar-zoo.json").read_text())
     assert mark["format"] == "sglang" and sorted(mark["files"]) == ["k_rotation_qqt_r_h_pbr.pt",
                                                                      "v_rotation_sst_r_h_pbr.pt"]
+
+
+def test_a_layers_output_exported_without_layers_is_not_served_for_the_whole_bundle(tmp_path):
+    """A --layers output shares its whole bundle's digest. `export PART --format sglang` was
+    cached as the whole bundle's export, so `export`/`pull --format sglang` of the whole bundle
+    then served PART's three layers (SGLang stops at the first missing one); `--format
+    safetensors` copied PART's tensors without its partial.json, which then failed inspect."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    torch = pytest.importorskip("torch")
+    bundle = make_bundle(tmp_path / "b")
+    part = tmp_path / "part"
+    run = CliRunner().invoke
+    assert run(cli, ["export", str(bundle.path), "--format", "safetensors", "--layers", "0,2,4",
+                     "--out", str(part)]).exit_code == 0
+    r = run(cli, ["export", str(part), "--format", "sglang", "--out", str(tmp_path / "s1"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = _json.loads(r.stdout)
+    assert out["layers"] == [0, 2, 4]
+    assert any("hold layers 0,2,4 only (3 layers" in n for n in out["recipe"]["notes"])
+    r = run(cli, ["export", str(bundle.path), "--format", "sglang", "--out", str(tmp_path / "s2")])
+    assert r.exit_code == 0, r.output
+    k = torch.load(tmp_path / "s2" / "k_rotation_qqt_r_h_pbr.pt", weights_only=True)
+    assert sorted(k["layers"]) == list(range(30))
+    r = run(cli, ["export", str(part), "--format", "safetensors", "--out", str(tmp_path / "p2")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "p2" / "partial.json").is_file()
+    assert run(cli, ["inspect", str(tmp_path / "p2")]).exit_code == 0
+
+
+def test_layers_a_layers_output_does_not_hold_are_refused_with_the_ones_it_does(tmp_path):
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b")
+    run = CliRunner().invoke
+    assert run(cli, ["export", str(bundle.path), "--format", "safetensors", "--layers", "0,2,4",
+                     "--out", str(tmp_path / "part")]).exit_code == 0
+    r = run(cli, ["export", str(tmp_path / "part"), "--layers", "1-3", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 1
+    assert "holding layers 0,2,4 only, not 1,3: pass --layers within those" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_inspect_tells_the_int2_windows_and_the_layers_a_part_holds(tmp_path):
+    """inspect showed only the group size of the INT2 cache (not the BF16 windows, scale dtype
+    or Lloyd-Max a launch needs), and a --layers output as the whole model's layer count."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-30b-a3b", per_head=True)
+    run = CliRunner().invoke
+    d = _json.loads(run(cli, ["inspect", str(bundle.path), "--json"]).stdout)
+    assert (d["sink_tokens"], d["recent_tokens"], d["scale_dtype"], d["lloyd_max"]) == \
+        (128, 1024, "float32", False)
+    assert d["partial_layers"] is None
+    assert run(cli, ["export", str(bundle.path), "--format", "safetensors", "--layers", "0-3",
+                     "--out", str(tmp_path / "part")]).exit_code == 0
+    r = run(cli, ["inspect", str(tmp_path / "part")])
+    assert r.exit_code == 0, r.output
+    assert "this --layers output holds 4: 0-3" in r.stdout
+    assert "BF16 sink 128 + recent 1024" in r.stdout

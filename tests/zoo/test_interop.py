@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from oscar_zoo.zoo import bundle as B
 from oscar_zoo.zoo.catalog import lookup, resolve
 from oscar_zoo.zoo.cli.main import cli
-from oscar_zoo.zoo.errors import BundleFormatError, UnsafePickleError
+from oscar_zoo.zoo.errors import BundleFormatError, InvalidInput, UnsafePickleError
 from oscar_zoo.zoo.interop import oscar_pt
 from oscar_zoo.zoo.interop.convert import (ServingDefaults, bundle_from_oscar, export_files,
                                            import_files, oscar_names)
@@ -301,3 +301,80 @@ def test_a_side_whose_objective_names_the_other_side_is_refused(k_objective, v_o
     v = _random_oscar(range(30), 64, seed=2, objective=v_objective)
     with pytest.raises(BundleFormatError, match="swapped"):
         bundle_from_oscar(k, v, entry, ServingDefaults.of(entry), "test")
+
+
+def _smollm_pair(folder: Path) -> tuple[Path, Path]:
+    """A K/V pair of OSCAR files for the test model, as torch.save writes them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for side, objective, seed in (("k", "qqt_r_h_pbr", 1), ("v", "sst_r_h_pbr", 2)):
+        f = _random_oscar(range(30), 64, seed=seed, objective=objective)
+        layers = {i: {"layer_id": i, "rotation": torch.from_numpy(layer.rotation)}
+                  for i, layer in f.layers.items()}
+        paths.append(folder / f"{side}_rotation_{objective}.pt")
+        torch.save({"format_version": 1, "objective": objective, "source_grouping": "layer",
+                    "layers": layers}, paths[-1])
+    return paths[0], paths[1]
+
+
+def test_convert_overwrite_replaces_only_a_bundle(tmp_path):
+    """--overwrite swapped the whole --out directory for the bundle: a mistyped --out (a
+    models folder, a home directory) lost every file in it."""
+    k, v = _smollm_pair(tmp_path / "oscar")
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    args = ["convert", "--from", "sglang", str(k), str(v), "--model", "smollm2-135m", "--overwrite"]
+    r = CliRunner().invoke(cli, args + ["--out", str(mine)])
+    assert r.exit_code == 2 and "--overwrite replaces only a bundle" in r.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert CliRunner().invoke(cli, args + ["--out", str(tmp_path / "b")]).exit_code == 0
+    r = CliRunner().invoke(cli, args + ["--out", str(tmp_path / "b"), "--k-clip", "0.9"])
+    assert r.exit_code == 0, r.output
+    assert B.read_manifest(tmp_path / "b").clip.k_global == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--k-clip", "1.5"], "--k-clip 1.5: a clip ratio is the share of each row's |x| kept"),
+    (["--v-clip", "-0.1"], "--v-clip -0.1: a clip ratio"),
+    (["--v-clip", "nan"], "--v-clip nan: a clip ratio"),
+    (["--group-size", "0"], "--group-size 0: pass a positive power of two"),
+    (["--group-size", "48"], "group_size 48 must be a power of two dividing head_dim (64)"),
+    (["--group-size", "8"], "group_size 8 is below head_dim/4 = 16"),
+])
+def test_convert_refuses_settings_no_engine_can_serve_saying_what_to_pass(tmp_path, flags, message):
+    """A clip ratio outside [0, 1] or a group size of 0 ended in a pydantic traceback; a group
+    size the INT2 kernels cannot take was recorded, and every launch recipe then passed it."""
+    k, v = _smollm_pair(tmp_path / "oscar")
+    r = CliRunner().invoke(cli, ["convert", "--from", "sglang", str(k), str(v), "--model",
+                                 "smollm2-135m", "--out", str(tmp_path / "b"), *flags])
+    assert r.exit_code == 1 and message in r.stderr, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert not (tmp_path / "b").exists()
+
+
+def test_convert_to_sglang_writes_k_and_v_together_or_neither(tmp_path):
+    """K was written, then V: a failure (or Ctrl-C) at V left a new K beside the old V, a pair
+    SGLang loads without a word (both [d, d]) and serves garbled."""
+    from tests.utils.bundles import make_bundle
+
+    one, two = make_bundle(tmp_path / "one"), make_bundle(tmp_path / "two", seed=1)
+    out = tmp_path / "sglang"
+    k_path, v_path = export_files(one, out)
+    before = k_path.read_bytes()
+    v_path.unlink()
+    v_path.mkdir()          # V cannot be written
+    with pytest.raises(InvalidInput, match=r"--out .*sglang: cannot write there"):
+        export_files(two, out)
+    assert k_path.read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == [k_path.name, v_path.name]   # no temp files
+
+
+def test_convert_to_sglang_into_a_file_says_which_out(tmp_path):
+    from tests.utils.bundles import make_bundle
+
+    make_bundle(tmp_path / "b")
+    (tmp_path / "taken").write_text("")
+    r = CliRunner().invoke(cli, ["convert", "--to", "sglang", str(tmp_path / "b"), "--out",
+                                 str(tmp_path / "taken")])
+    assert r.exit_code == 1 and "taken: cannot write there" in r.stderr, r.output

@@ -117,3 +117,34 @@ def test_a_lloyd_max_bundle_sglang_would_serve_uniform_is_not_told_it_serves_llo
     note = next(n for n in recipe.notes if "SGLANG_LLOYD_MAX" in n)
     assert why in note and "served uniform INT2" in note
     assert "Lloyd-Max buckets when a prefill" not in note and "drop the variable" not in note
+
+
+def test_vllm_is_told_what_its_port_does_not_apply():
+    """vLLM's OSCAR loader reads each layer's rotation only and quantizes uniform INT2: its
+    recipe said nothing when a bundle's key centering, Lloyd-Max buckets or searched per-layer
+    clips (all of which the SGLang recipe covers) would not be served."""
+    from oscar_zoo.zoo.recipes import vllm_recipe
+
+    m = _validated("minimax-m2.7", "lloyd_max")
+    m["method"]["key_centering"] = True
+    m["clip"].update(granularity="layer", searched=True)
+    notes = vllm_recipe(m, "k.pt", "v.pt").notes
+    assert any("centers keys" in n and "ignores" in n for n in notes)
+    assert any("Lloyd-Max" in n and "uniform INT2 only" in n for n in notes)
+    assert any("searched per layer; vLLM takes one K and one V ratio" in n for n in notes)
+    plain = " ".join(vllm_recipe(_manifest("qwen3-8b"), "k.pt", "v.pt").notes)
+    assert "centers keys" not in plain and "Lloyd-Max" not in plain and "searched" not in plain
+    assert any("searched per layer; SGLang takes one" in n for n in sglang_recipe(m, "k", "v").notes)
+
+
+def test_the_layer_note_names_the_layers_held_and_is_left_out_for_all_of_them():
+    """Layers 0, 2 and 4 were told as "layers 0-4 only", and a --layers list of every layer
+    (0-35) as one pipeline stage's share of them."""
+    m = _manifest("qwen3-8b")
+    note = next(n for n in sglang_recipe(m, "k", "v", layers=[0, 2, 4]).notes if "only" in n)
+    assert "hold layers 0,2,4 only (3 layers" in note
+    assert "0-17 only" in " ".join(sglang_recipe(m, "k", "v", layers=list(range(18))).notes)
+    assert not any("pipeline" in n for n in sglang_recipe(m, "k", "v", layers=list(range(36))).notes)
+    hybrid = _manifest("qwen3.5-35b-a3b")
+    assert not any("pipeline" in n for n in
+                   sglang_recipe(hybrid, "k", "v", layers=list(range(3, 40, 4))).notes)

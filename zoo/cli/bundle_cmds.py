@@ -16,23 +16,40 @@ from .output import emit, info, json_option
 @json_option
 def inspect_command(bundle_dir: Path, no_verify: bool, as_json: bool):
     """Verify a bundle directory and summarise it (model, geometry, method, clips, validation)."""
-    from ..bundle import read_manifest, summary, verify_bundle
+    from ..bundle import part_of, read_manifest, verify_bundle
 
     manifest = read_manifest(bundle_dir) if no_verify else verify_bundle(bundle_dir)
-    data = summary(manifest)
+    data = _summary(manifest)
+    part = part_of(bundle_dir)
+    # a --layers output: the geometry still counts the whole model's layers
+    data["partial_layers"] = part["layers"] if part else None
     data["verified"] = not no_verify
     emit(data, as_json, _human_summary)
 
 
+def _summary(manifest) -> dict:
+    """bundle.summary plus the INT2 cache settings a launch needs besides the group size."""
+    from ..bundle import summary
+
+    q = manifest.quantization
+    return {**summary(manifest), "scale_dtype": q.scale_dtype, "sink_tokens": q.sink_tokens,
+            "recent_tokens": q.recent_tokens, "lloyd_max": q.lloyd_max}
+
+
 def _human_summary(d: dict) -> str:
+    from ..export import layers_arg
+
     clip = d["clip"]
+    part = d.get("partial_layers")
     lines = [
         f"model       {d['model']} ({d['hub_id']})",
-        f"layers      {d['layers']} x {d['kv_heads']} KV heads, head_dim {d['head_dim']}",
+        f"layers      {d['layers']} x {d['kv_heads']} KV heads, head_dim {d['head_dim']}"
+        + (f"; this --layers output holds {len(part)}: {layers_arg(part)}" if part else ""),
         f"method      {d['method']}; key centering {'on' if d['key_centering'] else 'off'}",
         f"clip        K {clip['k']:g} / V {clip['v']:g} ({clip['granularity']}"
         f"{', searched' if clip['searched'] else ''})",
-        f"INT2        group {d['group_size']}",
+        f"INT2        group {d['group_size']}, {d['scale_dtype']} scales, BF16 sink "
+        f"{d['sink_tokens']} + recent {d['recent_tokens']}{', Lloyd-Max' if d['lloyd_max'] else ''}",
         f"source      {d['source']}, {d['tokens'] or '?'} calibration tokens",
         f"validated   {'-' if d['validated'] is None else ('passed' if d['validated'] else 'FAILED')}",
         "files       " + ", ".join(f"{n} ({s:,} B)" for n, s in d["files"].items()),
@@ -76,6 +93,7 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
         return
     if not model:
         raise click.UsageError("--from sglang needs --model (the files do not record their model)")
+    _check_bundle_out(out, overwrite)
     from .. import bundle as bundle_mod
     from ..catalog import resolve
     from ..interop.convert import ServingDefaults, import_files
@@ -83,9 +101,21 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
     k_path, v_path = _oscar_pair(inputs)
     entry = resolve(model, config)
     serving = ServingDefaults.of(entry, k_clip=k_clip, v_clip=v_clip, group_size=group_size)
+    if group_size is not None:
+        from oscar_zoo.calibrate.jobspec import check_int2_geometry
+
+        # what SGLang's INT2 kernels take; the bundle would record it for every launch recipe
+        check_int2_geometry(group_size, entry.geometry)
     written = bundle_mod.write(import_files(k_path, v_path, entry, serving), out, overwrite=overwrite)
     info(f"imported {k_path.name} + {v_path.name} -> {out}")
-    emit(bundle_mod.summary(written.manifest), as_json, _human_summary_unverified)
+    emit(_summary(written.manifest), as_json, _human_summary_unverified)
+
+
+def _check_bundle_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and overwrite and not (out / "bundle.json").is_file():
+        # the write swaps the whole directory out: a mistyped --out would lose its files
+        raise click.UsageError(f"{out} exists and is not a bundle (no bundle.json in it); "
+                               "--overwrite replaces only a bundle: choose another --out")
 
 
 def _human_summary_unverified(d: dict) -> str:

@@ -15,12 +15,14 @@ import numpy as np
 
 from .. import __version__
 from ..bundle import Bundle, SideTensors
-from ..errors import BundleFormatError
+from ..errors import BundleFormatError, InvalidInput
 from ..catalog import CatalogEntry
+from ..files import atomic_writers
 from ..geometry import ModelGeometry
 from ..manifest import (COMPOSITIONS, Calibration, Clip, Geometry, Manifest, Method, ModelRef,
                         Quantization, utc_now)
-from .oscar_pt import OscarFile, OscarLayer, read_file, write_file
+from .oscar_pt import OscarFile, OscarLayer, oscar_dict, read_file
+from .pt_writer import dumps
 
 _TAG = re.compile(r"seq(\d+)_prompt(\d+)_group(\d+)")
 
@@ -35,6 +37,17 @@ class ServingDefaults:
     sink_tokens: int = 64
     recent_tokens: int = 256
     lloyd_max: bool = False
+
+    def __post_init__(self):
+        # checked here, not by the manifest's schema: that fails later, as a pydantic traceback
+        for flag, ratio in (("--k-clip", self.k_clip), ("--v-clip", self.v_clip)):
+            if not 0 <= ratio <= 1:     # NaN too
+                raise InvalidInput(f"{flag} {ratio:g}: a clip ratio is the share of each row's "
+                                   "|x| kept unclipped, in [0, 1] (0 turns clipping off); OSCAR "
+                                   "ships 0.96 for K and 0.92 for V")
+        if self.group_size <= 0:
+            raise InvalidInput(f"--group-size {self.group_size}: pass a positive power of two "
+                               "dividing head_dim, such as 128")
 
     @classmethod
     def of(cls, entry: CatalogEntry, **overrides) -> "ServingDefaults":
@@ -222,10 +235,18 @@ def _objective(name: str, composition: str) -> str:
 
 
 def export_files(bundle: Bundle, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write the K and V checkpoints into out_dir together: a failure or Ctrl-C leaves both as
+    they were, never a new K beside an old V (both [d, d]: SGLang would load the pair silently)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     k_name, v_name = oscar_names(bundle.manifest)
-    k, v = oscar_files(bundle)
-    write_file(out_dir / k_name, k)
-    write_file(out_dir / v_name, v)
-    return out_dir / k_name, out_dir / v_name
+    paths = [out_dir / k_name, out_dir / v_name]
+    data = [dumps(oscar_dict(f), archive_name=p.stem) for p, f in zip(paths, oscar_files(bundle))]
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_writers(paths) as outs:
+            for out, blob in zip(outs, data):
+                out.write(blob)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:
+        raise InvalidInput(f"--out {out_dir}: cannot write there ({e.strerror}: {e.filename}); "
+                           "move that or choose another directory") from None
+    return paths[0], paths[1]

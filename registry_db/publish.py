@@ -22,10 +22,10 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
-from ..zoo.bundle import verify_bundle
+from ..zoo.bundle import require_whole, verify_bundle
 from ..zoo.catalog import is_hub_id
 from ..zoo.errors import BundleFormatError, Conflict, InvalidInput, ModelNotFound, YankedVersion
-from ..zoo.files import PARTIAL, sha256_bytes
+from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
 from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
 from . import audit
@@ -70,13 +70,7 @@ def prepare_bundle(bundle_dir: str | Path) -> Prepared:
     IntegrityError; writes nothing.
     """
     path = Path(bundle_dir)
-    if (path / PARTIAL).exists():
-        # verify_bundle checks a --layers part's rotations against partial.json, not against
-        # the manifest: the version would list (and serve) a blob named by the manifest whose
-        # bytes nobody checked, with a layer index computed from other bytes
-        raise BundleFormatError(f"{PARTIAL} marks a --layers part of a bundle, not a whole one; "
-                                f"publish the whole bundle (pull it without --layers), and send "
-                                f"no {PARTIAL}")
+    require_whole(path)
     manifest = verify_bundle(path)
     raw = manifest.to_json().encode()
     digest = sha256_bytes(raw)

@@ -51,7 +51,8 @@ from typing import Callable, Iterable, Iterator
 
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
-from .files import atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file, staging_dir
+from .files import (CACHED_PART, atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file,
+                    staging_dir)
 
 try:
     import fcntl
@@ -509,8 +510,8 @@ def _check_held(cache: Cache, name: str, digest: str, path: Path, hashes: dict[P
 def _recorded(cache: Cache, name: str, digest: str, path: Path) -> dict:
     """The sha256 each file of a snapshot or part should have, by the cache's own records."""
     want_of = dict(cache.read_meta(name, digest).get("files") or {})
-    if (path / ".partial.json").exists():
-        want_of = json.loads((path / ".partial.json").read_text())
+    if (path / CACHED_PART).exists():
+        want_of = json.loads((path / CACHED_PART).read_text())
     want_of["bundle.json"] = digest
     return want_of
 
@@ -680,7 +681,7 @@ def _blobs_of(cache: Cache, bundles: Iterable[tuple[str, str]]) -> set[str]:
     used: set[str] = set()
     for name, digest in bundles:
         used.add(digest)
-        for part in (cache.model_dir(name) / "partial" / digest).glob("layers-*/.partial.json"):
+        for part in (cache.model_dir(name) / "partial" / digest).glob(f"layers-*/{CACHED_PART}"):
             used.add(json.loads(part.read_text()).get("rotations.safetensors", ""))
         meta = cache.read_meta(name, digest)
         used.update(v for v in (meta.get("files") or {}).values() if is_sha256(str(v)))

@@ -23,6 +23,7 @@ from .errors import IntegrityError, UnsafePathError
 
 CHUNK = 1 << 20
 PARTIAL = "partial.json"   # beside a --layers output's files: its layers and their tensors' sha256
+CACHED_PART = ".partial.json"   # in a cached --layers part: its layers and its files' sha256
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -29,7 +29,7 @@ from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, 
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
                      Unauthorized, VersionNotFound)
 from .export import ExportResult, check_format, export, layer_spec
-from .files import atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
+from .files import CACHED_PART, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
 from .sources.base import Plan, Ref, parse_spec
 from .sources.download import RemoteFile, download_to, fetch
 
@@ -455,7 +455,7 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
 def _part_layers(pdir: Path) -> list[int] | None:
     """The layers a cached --layers part holds (its .partial.json); None if it holds none."""
     try:
-        return json.loads((pdir / ".partial.json").read_text())["layers"]
+        return json.loads((pdir / CACHED_PART).read_text())["layers"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -490,7 +490,7 @@ def _fetch_part(plan: Plan, cache: Cache, raw: bytes, chosen: list[int], pdir: P
     with staging_dir(pdir) as tmp:
         link_file(cache.blob(plan.digest), tmp / MANIFEST)
         link_file(cache.blob(sha), tmp / "rotations.safetensors")
-        atomic_write_bytes(tmp / ".partial.json", json.dumps(
+        atomic_write_bytes(tmp / CACHED_PART, json.dumps(
             {"layers": chosen, "rotations.safetensors": sha}).encode())
         publish_dir(tmp, pdir)
     seal(pdir)

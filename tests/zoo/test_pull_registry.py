@@ -114,6 +114,23 @@ def test_publish_command(registry, glm_bundles, sandbox):
     assert pull("glm-4.7-fp8").version == 1  # a draft is not latest
 
 
+def test_publishing_a_layers_part_is_refused_before_any_upload(registry, glm_bundles, tmp_path):
+    """A part verifies against its partial.json: it passed the local check and went up whole,
+    to be refused by the registry (or, an export's, published with unchecked bytes)."""
+    registry.publish_dir(glm_bundles[0].path)
+    exported = tmp_path / "part"
+    assert CliRunner().invoke(cli, ["export", str(glm_bundles[0].path), "--format", "safetensors",
+                                    "--layers", "0-3", "--out", str(exported)]).exit_code == 0
+    cached = pull("glm-4.7-fp8", layers="0-3").path
+    assert CliRunner().invoke(cli, ["login", "--token", registry.token("bundles:publish")]).exit_code == 0
+    for part in (exported, cached):
+        result = CliRunner().invoke(cli, ["publish", str(part), "--name", "glm-4.7-fp8"])
+        assert result.exit_code == 1 and "is a --layers part" in result.stderr, result.output
+        assert "publish the whole bundle" in result.stderr
+    with RegistryClient() as client:    # nothing reached the registry
+        assert [v["version"] for v in client.versions("glm-4.7-fp8")] == [1]
+
+
 def test_a_bad_token_is_unauthorized(registry, glm_bundles):
     with RegistryClient(token="ozk_wrong") as client, pytest.raises(Unauthorized, match="login"):
         client.publish(glm_bundles[0].path)

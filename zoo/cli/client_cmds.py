@@ -596,10 +596,11 @@ def export_command(target, fmt, out, layers, as_json):
 def publish_command(bundle_dir, status, name, as_json):
     """Upload a bundle to the registry as a new immutable version (needs `oscar-zoo login`)."""
     _small_blas()
-    from ..bundle import verify_bundle
+    from ..bundle import require_whole, verify_bundle
     from ..registry_client import RegistryClient
 
-    verify_bundle(bundle_dir)  # fail here, with the local path, before any upload
+    require_whole(bundle_dir)   # fail here, with the local path, before any upload
+    verify_bundle(bundle_dir)
     with RegistryClient() as client:
         body, created = client.publish(bundle_dir, name=name, status=status)
     verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \

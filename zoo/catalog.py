@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import ModelNotFound
+from .errors import InvalidInput, ModelNotFound
 from .geometry import ModelGeometry, geometry_from_config_file
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -142,6 +142,11 @@ def suggest(name: str, n: int = 3) -> list[str]:
     return out[:n]
 
 
+def _shape(g: ModelGeometry) -> str:
+    return (f"{len(g.layers())} attention layers of {g.num_layers}, {g.num_q_heads} q / "
+            f"{g.num_kv_heads} KV heads, head_dim {g.head_dim}")
+
+
 def resolve(name: str, config: str | Path | None = None, hub_id: str | None = None) -> CatalogEntry:
     """A catalog entry, or one made from config.json for a model the catalog does not know.
 
@@ -156,9 +161,13 @@ def resolve(name: str, config: str | Path | None = None, hub_id: str | None = No
         return entry
     geometry = geometry_from_config_file(config)
     if entry is not None:
-        return CatalogEntry(entry.name, entry.hub_id, entry.architecture, geometry,
-                            entry.aliases, entry.zoo, entry.k_clip, entry.v_clip,
-                            entry.group_size, entry.sink_tokens, entry.recent_tokens, entry.gpus)
+        if entry.geometry_verified and geometry != entry.geometry:
+            raise InvalidInput(f"{config} describes another model than {entry.name}: its geometry "
+                               f"({_shape(geometry)}) is not the catalog's ({_shape(entry.geometry)}); "
+                               f"pass {entry.name}'s own config.json, or --model for the model it "
+                               "belongs to")
+        # every other field as the catalog has it (OSCAR's serving settings, GPUs, Lloyd-Max)
+        return replace(entry, geometry=geometry, geometry_verified=True)
     base = name.rstrip("/").split("/")[-1]
     return CatalogEntry(base.lower(), hub_id or name, "unknown", geometry,
                         group_size=min(128, geometry.head_dim))

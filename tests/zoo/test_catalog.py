@@ -7,7 +7,7 @@ import json
 import pytest
 
 from oscar_zoo.zoo.catalog import CATALOG, is_hub_id, lookup, resolve, suggest
-from oscar_zoo.zoo.errors import ModelNotFound, UnsupportedModelError
+from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound, UnsupportedModelError
 from oscar_zoo.zoo.geometry import geometry_from_config
 
 REQUIRED = ["glm-4.7-fp8", "qwen3-4b-thinking-2507", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b",
@@ -77,6 +77,32 @@ def test_unknown_model_geometry_comes_from_config_json(tmp_path):
     assert entry.hub_id == "acme/tiny-lm" and entry.geometry.num_kv_heads == 2
     with pytest.raises(ModelNotFound, match="config.json"):
         resolve("acme/tiny-lm")
+
+
+def _config_of(g) -> dict:
+    return {"num_hidden_layers": g.num_layers, "num_attention_heads": g.num_q_heads,
+            "num_key_value_heads": g.num_kv_heads, "head_dim": g.head_dim}
+
+
+@pytest.mark.parametrize("name", ["glm-4.7-fp8", "qwen3-8b"])
+def test_a_known_models_config_keeps_its_catalog_settings(tmp_path, name):
+    """The entry was rebuilt positionally: `gpus` landed in the `lloyd_max` slot (so every such
+    convert asked for Lloyd-Max buckets) and the real gpus, lloyd_max and notes were dropped."""
+    known = lookup(name)
+    (tmp_path / "config.json").write_text(json.dumps(_config_of(known.geometry)))
+    entry = resolve(name, tmp_path / "config.json")
+    assert entry.geometry == known.geometry
+    for field in ("gpus", "lloyd_max", "k_clip", "v_clip", "group_size", "sink_tokens",
+                  "recent_tokens", "notes", "zoo", "aliases", "architecture"):
+        assert getattr(entry, field) == getattr(known, field), field
+
+
+def test_a_config_of_another_model_is_refused_for_a_known_one(tmp_path):
+    other = {**_config_of(lookup("qwen3-8b").geometry), "num_key_value_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(other))
+    with pytest.raises(InvalidInput, match="describes another model than qwen3-8b") as e:
+        resolve("qwen3-8b", tmp_path / "config.json")
+    assert "8 KV heads" in str(e.value) and "4 KV heads" in str(e.value)
 
 
 @pytest.mark.parametrize("model,hub", [("Qwen/Qwen3-8B", True), ("qwen3-8b", False),

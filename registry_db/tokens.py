@@ -23,6 +23,8 @@ from .models import SCOPES, ApiToken
 PREFIX = "ozk_"
 _SHAPE = re.compile(r"ozk_[A-Za-z0-9_-]{43}")
 _AUTO_NAME = re.compile(r"token-\d+")
+# more of a token than the prefix `tokens list` shows (ozk_ + 8): a secret, never repeated
+_SECRET_RUN = re.compile(r"ozk_[A-Za-z0-9_-]{9,}")
 ACTOR = "token:"
 ACTOR_MAX = 200                          # created_by, updated_by and the audit log's actor
 NAME_MAX = ACTOR_MAX - len(ACTOR)        # so that token:<name> fits
@@ -81,9 +83,16 @@ def _check_free(session: Session, name: str) -> None:
 def _check_name(name: str) -> None:
     # the name is recorded as the actor of every write the token makes: too long, or with a NUL
     # (PostgreSQL text cannot hold one), each of those writes would fail
-    if len(name) > NAME_MAX or "\x00" in name:
-        raise InvalidInput(f"a token name must be at most {NAME_MAX} characters, without NUL "
+    if len(name) > NAME_MAX:
+        raise InvalidInput(f"a token name must be at most {NAME_MAX} characters "
                            f"(got {len(name)} characters); choose a shorter label")
+    # it is also printed as is (`tokens list`, every version's public created_by, the audit
+    # log): a newline or a terminal escape there forges lines or recolours a reader's terminal,
+    # and an unpaired surrogate (an argv byte that is not UTF-8) cannot be stored at all
+    if not name.isprintable():
+        raise InvalidInput("a token name must be printable text, without NUL, newlines, "
+                           "terminal escapes or other control or invisible characters; choose "
+                           "another label")
 
 
 def actor_of(row: ApiToken) -> str:
@@ -134,18 +143,22 @@ def revoke_token(session: Session, ident: str, by: str | None = None) -> ApiToke
     """Revoke by id, name, prefix or the token itself. Raises NotFound, or InvalidInput when a
     name is ambiguous. A token given is never repeated in an error."""
     live = [t for t in list_tokens(session) if t.revoked_at is None]
-    if _SHAPE.fullmatch(ident):     # a leaked token, as its holder has it
-        rows = [t for t in live if t.token_hash == hash_token(ident)]
+    token = ident.strip()           # read from a file or a secret store: a newline may follow
+    if _SHAPE.fullmatch(token):     # a leaked token, as its holder has it
+        rows = [t for t in live if t.token_hash == hash_token(token)]
         shown = "(the token given)"
     else:
         # an id names one token: it wins over a token whose name or prefix happens to read the same
         rows = [t for t in live if str(t.id) == ident] or [t for t in live if ident in (t.name, t.prefix)]
-        shown = repr(ident)
+        # a token mangled on its way here (cut short, pasted with `Bearer ` or a quote) is still
+        # a secret, or nearly all of one: stderr goes into CI logs
+        shown = ("(a value holding a token's characters, not repeated: give the token alone, "
+                 "ozk_ and 43 characters)" if _SECRET_RUN.search(ident) else repr(ident))
     if not rows:
         raise NotFound(f"no live token with id, name, prefix or token {shown}; "
                        "see `oscar-zoo tokens list`")
     if len(rows) > 1:
-        raise InvalidInput(f"{len(rows)} tokens match {ident!r}; revoke by id")
+        raise InvalidInput(f"{len(rows)} tokens match {shown}; revoke by id")
     rows[0].revoked_at = datetime.now(timezone.utc)
     audit.record(session, by, "token.revoke", f"token:{rows[0].id}", name=_public_name(rows[0]))
     return rows[0]

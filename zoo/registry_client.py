@@ -13,6 +13,7 @@ reads are retried on connection errors and 5xx; writes are not retried.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,7 +33,7 @@ def stored_token_path() -> Path:
 
 def current_token() -> str | None:
     """OSCAR_ZOO_TOKEN, else the token `oscar-zoo login` stored."""
-    token = settings.get("token")
+    token = _clean(settings.get("token"))
     if token:
         return token
     try:
@@ -41,19 +42,31 @@ def current_token() -> str | None:
         return None
 
 
+def _clean(token: str | None) -> str | None:
+    # a token set from a secret file keeps its trailing newline (a Kubernetes secret in the
+    # environment, a CI variable read from a file): sent so, the header is illegal, and every
+    # request, public reads too, failed as "cannot reach the registry"
+    return (token or "").strip() or None
+
+
 def store_token(token: str) -> Path:
     """Write the token to the user config dir, readable by the user only (0600)."""
     path = stored_token_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # a new file of our own (O_EXCL, mode 0600 from the start), not a fixed temp name: opening
+    # one that was already there followed a symlink planted at it, wrote the token through it and
+    # then moved the link into place, and two logins at once wrote into the same file
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.write(fd, (token.strip() + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, (token.strip() + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -69,7 +82,10 @@ class RegistryClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
         self.where = settings.redact_url(self.endpoint)  # for messages: never its password
-        self.token = token if token is not None else current_token()
+        self.token = _clean(token) if token is not None else current_token()
+        # where a refused token came from decides how to replace it (`oscar-zoo worker` passes
+        # OSCAR_ZOO_TOKEN's value in itself)
+        self.token_from_env = self.token is not None and self.token == _clean(settings.get("token"))
         self._http = None
 
     @property
@@ -165,8 +181,13 @@ class RegistryClient:
             err.suggestions = list(body.get("suggestions") or []) if isinstance(body, dict) else []
             return err
         if code == 401:
-            hint = ("the token was refused; run `oscar-zoo login` again" if self.token
-                    else "this needs a token: run `oscar-zoo login` or set OSCAR_ZOO_TOKEN")
+            if self.token_from_env:     # it overrides the stored one: `login` would change nothing
+                hint = ("the token in OSCAR_ZOO_TOKEN was refused; set it to a live token, or "
+                        "unset it to use the one `oscar-zoo login` stores")
+            elif self.token:
+                hint = "the token was refused; run `oscar-zoo login` again"
+            else:
+                hint = "this needs a token: run `oscar-zoo login` or set OSCAR_ZOO_TOKEN"
             return Unauthorized(f"{where}: {detail} ({hint})")
         if code == 403:
             return Forbidden(f"{where}: {detail}")

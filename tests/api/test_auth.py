@@ -1,8 +1,10 @@
 """The write side's auth and upload checks, over real HTTP: what a token's holder or an
-anonymous reader can learn, and which multipart file names reach the staging dir."""
+anonymous reader can learn, which multipart file names reach the staging dir, and how the
+client keeps and sends its token."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from oscar_zoo.registry_db.models import ApiToken, AuditEvent
@@ -103,3 +105,73 @@ def test_a_wrong_scope_says_how_to_get_it_without_the_tokens_characters(registry
     detail = r.json()["detail"]
     assert token[4:10] not in detail and "token:token-" in detail, detail
     assert "oscar-zoo tokens create --scope bundles:publish" in detail, detail
+
+
+# --- the client's token ------------------------------------------------------------------------
+
+def _client_env(monkeypatch, server, token: str | None) -> None:
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    if token is not None:
+        monkeypatch.setenv("OSCAR_ZOO_TOKEN", token)
+
+
+def test_a_token_from_the_environment_is_sent_without_its_newline(registry_server, monkeypatch):
+    """OSCAR_ZOO_TOKEN set from a secret file keeps the file's newline: the client sent it in
+    the header, which is illegal, and every request, public reads too, failed as 'cannot
+    reach the registry ... check OSCAR_ZOO_ENDPOINT and your network'."""
+    from oscar_zoo.zoo.registry_client import RegistryClient
+
+    token = registry_server.token("bundles:publish", name="ci")
+    _client_env(monkeypatch, registry_server, token + "\n")
+    with RegistryClient() as client:
+        assert client.whoami()["actor"] == "token:ci"
+        assert all("name" in m for m in client.models())     # a public read too
+
+
+def test_a_refused_token_from_the_environment_says_to_fix_the_variable(registry_server,
+                                                                       monkeypatch):
+    """The 401 hint was `run oscar-zoo login again` whatever the token's source; with
+    OSCAR_ZOO_TOKEN set that changes nothing (the variable overrides the stored token), so
+    following the advice gave the same 401 again."""
+    from oscar_zoo.registry_db.tokens import revoke_token
+    from oscar_zoo.zoo.errors import Unauthorized
+    from oscar_zoo.zoo.registry_client import RegistryClient, store_token
+
+    stale = registry_server.token("bundles:publish", name="old")
+    with registry_server.registry.db.write() as session:
+        revoke_token(session, "old")
+    _client_env(monkeypatch, registry_server, stale)
+    with RegistryClient() as client:
+        with pytest.raises(Unauthorized, match="token in OSCAR_ZOO_TOKEN was refused") as refused:
+            client.whoami()
+    assert "login` again" not in str(refused.value) and stale not in str(refused.value)
+    monkeypatch.delenv("OSCAR_ZOO_TOKEN")
+    store_token(stale)                  # the stored one: logging in again is the fix
+    with RegistryClient() as client:
+        with pytest.raises(Unauthorized, match="run `oscar-zoo login` again"):
+            client.whoami()
+
+
+def test_the_stored_token_is_never_written_through_a_file_already_there(tmp_path, monkeypatch):
+    """store_token opened the fixed name .token.tmp without O_EXCL: a symlink there was
+    followed (the token written into its target, keeping the target's mode) and then moved into
+    place as the token file itself."""
+    import os
+    import stat
+
+    from oscar_zoo.zoo.registry_client import current_token, store_token
+
+    config = tmp_path / "config"
+    config.mkdir()
+    monkeypatch.setenv("OSCAR_ZOO_CONFIG_DIR", str(config))
+    outside = tmp_path / "outside"
+    outside.write_text("")
+    outside.chmod(0o644)
+    os.symlink(outside, config / ".token.tmp")
+    token = "ozk_" + "A" * 43
+    path = store_token(token + "\n")
+    assert outside.read_text() == ""
+    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text() == token + "\n" and current_token() == token
+    assert sorted(p.name for p in config.iterdir()) == [".token.tmp", "token"]  # no temp file left

@@ -55,14 +55,17 @@ def test_admin_implies_every_scope_and_bad_scopes(db):
             revoke_token(s, "nobody")
 
 
-@pytest.mark.parametrize("name", ["x" * 195, "ci\x00bot"], ids=["long", "nul"])
-def test_a_token_name_must_fit_in_the_actor_it_becomes(db, name):
+@pytest.mark.parametrize("name, error", [("x" * 195, "at most 194 characters"),
+                                         ("ci\x00bot", "printable text, without NUL")],
+                         ids=["long", "nul"])
+def test_a_token_name_must_fit_in_the_actor_it_becomes(db, name, error):
     """Every write records `token:<name>` in a String(200) column: with a 195..200-character
     name the token was created, then each of its writes failed on PostgreSQL (a 500)."""
     from oscar_zoo.registry_db.tokens import NAME_MAX, actor_of
 
+    assert NAME_MAX == 194
     with db.write() as s:
-        with pytest.raises(InvalidInput, match=f"at most {NAME_MAX} characters, without NUL"):
+        with pytest.raises(InvalidInput, match=error):
             create_token(s, ["bundles:publish"], name)
         row, _ = create_token(s, ["bundles:publish"], "x" * NAME_MAX)
         assert actor_of(row) == "token:" + "x" * NAME_MAX and len(actor_of(row)) == 200
@@ -228,3 +231,55 @@ def test_migration_0009_renames_an_old_default_name_by_its_id_not_its_secret(reg
         assert row.name == f"token-{row.id}"
         assert all("904211" not in str(e.detail) for e in s.scalars(select(AuditEvent)))
     db.dispose()
+
+
+@pytest.mark.parametrize("name", ["ci\n   2  ozk_AAAAAAAA...  admin", "\x1b[31mred\x1b[0m",
+                                  "\udcff", "ci\u202ebot", "ci\u200b"],
+                         ids=["newline", "terminal-escape", "surrogate", "bidi", "zero-width"])
+def test_a_token_name_is_printable_text(db, name):
+    """The name is printed as is in `tokens list` and, as the actor, in every version's public
+    created_by: a newline forged a whole `tokens list` row, an escape recoloured the reader's
+    terminal, and a name from an argv byte that is not UTF-8 (an unpaired surrogate) crashed
+    `tokens create` with a UnicodeEncodeError traceback instead of saying what is wrong."""
+    with db.write() as s:
+        with pytest.raises(InvalidInput, match="must be printable text"):
+            create_token(s, ["bundles:publish"], name)
+        for fine in ("café bot", "作业-runner", "ci ✓"):     # unicode labels stay welcome
+            assert create_token(s, ["bundles:publish"], fine)[0].name == fine
+    with db.read() as s:
+        assert sorted(t.name for t in list_tokens(s)) == sorted(["café bot", "作业-runner", "ci ✓"])
+
+
+def _pieces(secret: str, n: int = 9):
+    return [secret[i:i + n] for i in range(len(secret) - n + 1)]
+
+
+@pytest.mark.parametrize("mangle", [lambda t: "Bearer " + t, lambda t: t[:-1], lambda t: t + "x",
+                                    lambda t: f"'{t}'"],
+                         ids=["bearer", "cut-short", "one-more", "quoted"])
+def test_a_mangled_token_given_to_revoke_is_not_echoed(db, mangle):
+    """`tokens revoke` repeated what it was given when that was not exactly a token: a leaked
+    token pasted with `Bearer `, a quote, or a character lost or added went whole (or all but
+    one character) into the error on stderr, and into the CI log holding it."""
+    with db.write() as s:
+        _, token = create_token(s, ["admin"], "ci")
+    with db.write() as s:
+        with pytest.raises(NotFound, match="give the token alone") as gone:
+            revoke_token(s, mangle(token))
+    message = str(gone.value)
+    assert not any(piece in message for piece in _pieces(token[4:])), message
+    with db.read() as s:
+        authenticate(s, token, "admin")            # nothing was revoked
+
+
+def test_a_token_read_with_its_newline_is_revoked(db):
+    """A leaked token read from a file or a secret store keeps its newline; it is the token
+    still: it was refused (and echoed whole) as an unknown name."""
+    with db.write() as s:
+        row, token = create_token(s, ["admin"], "ci")
+        row_id = row.id
+    with db.write() as s:
+        assert revoke_token(s, f" {token}\n").id == row_id
+    with db.read() as s:
+        with pytest.raises(Unauthorized, match="revoked"):
+            authenticate(s, token, "admin")

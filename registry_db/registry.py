@@ -23,6 +23,7 @@ from .models import Job
 from .publish import Publication, model_for, prepare_bundle, record_version, store_blobs
 from .seed import seed_catalog
 from .session import Database, default_url
+from .tokens import check_live
 
 log = logging.getLogger("oscar_zoo.registry")
 STAGING = "staging"
@@ -36,13 +37,14 @@ class Registry:
 
     def publish(self, bundle_dir: str | Path, created_by: str | None = None,
                 source_job: str | None = None, status: str = "published",
-                model_name: str | None = None) -> Publication:
+                model_name: str | None = None, token_id: int | None = None) -> Publication:
         """Verify and publish a bundle directory, holding the write lock only for the insert.
 
         Order: verify (no side effects) -> check the model and geometry (read) -> blobs (atomic)
         -> one write transaction. Raises BundleFormatError, IntegrityError, InvalidInput,
-        YankedVersion, Conflict (a source_job naming one of this registry's jobs); a rejected
-        bundle leaves no blob and no row.
+        YankedVersion, Conflict (a source_job naming one of this registry's jobs), Unauthorized
+        (`token_id`, the uploading request's token, revoked during the upload); a rejected bundle
+        leaves no row (blobs already stored wait for collect_garbage).
         """
         prepared = prepare_bundle(bundle_dir)
         with self.db.read() as session:
@@ -55,6 +57,8 @@ class Registry:
                                "worker uploads the job's result: leave source_job out of this upload")
         store_blobs(self.blobs, prepared)
         with self.db.write() as session:
+            if token_id is not None:
+                check_live(session, token_id)
             model = model_for(session, prepared.manifest, model_name, created_by=created_by)
             return record_version(session, model, prepared, created_by, source_job, status)
 

@@ -135,6 +135,17 @@ def identify(session: Session, token: str | None) -> ApiToken:
     return row
 
 
+def check_live(session: Session, token_id: int) -> None:
+    """The token a request was authenticated with is still live at its write. A request that
+    waits long after its check (a claim's long poll, a large upload) must not write once its
+    token is revoked. PostgreSQL: the row is share-locked, so a revoke waits for this write's
+    commit or comes first (SQLite writers are serialized anyway). Raises Unauthorized."""
+    row = session.scalar(select(ApiToken).where(ApiToken.id == token_id).with_for_update(read=True))
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("the token was revoked while this request was in progress, and nothing "
+                           "was written; create a new one with `oscar-zoo tokens create`")
+
+
 def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
 

@@ -28,7 +28,7 @@ from ...registry_db.models import BundleVersion
 from ...zoo.errors import InvalidInput, OscarZooError, UnsafePathError, UnsupportedMediaType
 from ...zoo.files import CHUNK, safe_join
 from ...zoo.manifest import MANIFEST
-from ..auth import require
+from ..auth import Caller, caller
 from ..schemas import VersionDetail
 from .versions import version_body
 
@@ -55,12 +55,12 @@ UPLOAD_SCHEMA = {
              openapi_extra=UPLOAD_SCHEMA,
              responses={200: {"model": VersionDetail,
                                "description": "the same content was already this version"}})
-async def publish(name: str, request: Request, actor: str = Depends(require("bundles:publish"))):
+async def publish(name: str, request: Request, who: Caller = Depends(caller("bundles:publish"))):
     registry = request.app.state.registry
     async with staged_upload(request, "upload-") as (staging, fields):
         pub = await run_in_threadpool(
-            registry.publish, staging, actor, fields.get("source_job") or None,
-            fields.get("status") or "published", name)
+            registry.publish, staging, who.actor, fields.get("source_job") or None,
+            fields.get("status") or "published", name, who.token_id)
     if pub.created:  # to the configured hub mirrors, in the background (never blocks publish)
         mirror_after_publish(registry, pub)
     with registry.db.read() as session:

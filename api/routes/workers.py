@@ -40,9 +40,10 @@ from ...registry_db import workers as workers_db
 from ...registry_db.mirrors import mirror_published
 from ...registry_db.models import Job
 from ...registry_db.publish import model_for, prepare_bundle, store_blobs
+from ...registry_db.tokens import check_live
 from ...zoo.errors import LeaseLost
 from ...zoo.manifest import check_finite
-from ..auth import require
+from ..auth import Caller, caller, require
 from ..serialize import iso
 from .jobs import detail_of
 from .publish import staged_upload
@@ -117,11 +118,11 @@ def _lease_state(job) -> dict:
 
 @router.post("/v1/workers/claim", summary="Lease the oldest queued job this worker can run",
              responses={204: {"description": "no job to run"}})
-async def claim(body: ClaimRequest, request: Request, actor: str = Depends(work)):
+async def claim(body: ClaimRequest, request: Request, who: Caller = Depends(caller("jobs:work"))):
     deadline = time.monotonic() + body.wait
     await run_in_threadpool(_seen, request.app.state.registry, body)
     while True:
-        got = await run_in_threadpool(_claim, request.app.state.registry, body)
+        got = await run_in_threadpool(_claim, request.app.state.registry, body, who.token_id)
         if got is not None:
             return got
         if time.monotonic() >= deadline or await request.is_disconnected():
@@ -134,11 +135,12 @@ def _seen(registry, body: ClaimRequest) -> None:
         workers_db.seen(session, body.worker, body.gpus, body.ray)
 
 
-def _claim(registry, body: ClaimRequest) -> dict | None:
+def _claim(registry, body: ClaimRequest, token_id: int) -> dict | None:
     with registry.db.read() as session:     # the common case, cheaply: nothing queued
         if not session.scalar(select(exists().where(Job.status == "queued"))):
             return None
     with registry.db.write() as session:
+        check_live(session, token_id)       # revoked during the long poll: lease nothing
         got = jobs_db.claim(session, body.worker, body.gpus, body.ray)
         if got is None:
             return None

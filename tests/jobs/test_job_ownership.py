@@ -122,3 +122,31 @@ def test_migration_0008_leaves_older_jobs_without_a_submitting_token(registry_db
         job = jobs.request_cancel(session, "0123abcd", "token:ops", token_id=2, admin=True)
         assert job.status == "cancelled"
     db.dispose()
+
+
+def test_a_worker_token_revoked_during_a_long_poll_claims_nothing(jobs_api):
+    """The token was checked once, when the claim began: revoked while the claim waited for a
+    job, it still leased the next one, which then sat unrun until its lease ran out."""
+    import threading
+    import time
+
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    outcome = {}
+
+    def claim():
+        try:
+            outcome["got"] = jobs_api.worker.claim("w1", 1, wait=10)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    time.sleep(1.0)                                 # the claim is waiting now
+    with jobs_api.server.registry.db.write() as session:
+        revoke_token(session, "gpu-worker")
+    job = jobs_api.submit()
+    thread.join(20)
+    assert isinstance(outcome.get("error"), Unauthorized), outcome
+    assert "revoked while this request was in progress" in str(outcome["error"])
+    assert jobs_api.submitter.get(job["id"])["status"] == "queued"

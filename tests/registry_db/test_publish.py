@@ -381,3 +381,20 @@ def test_publishing_the_bytes_of_a_draft_names_the_promote_command(registry, tmp
     with pytest.raises(Conflict, match="oscar-zoo promote smollm2-135m@1"):
         registry.publish(tmp_path / "b")
     assert not registry.publish(tmp_path / "b", status="draft").created     # same draft: fine
+
+
+def test_a_token_revoked_during_the_upload_publishes_nothing(registry, tmp_path):
+    """The uploading request's token was checked before its upload, which may take minutes:
+    revoked meanwhile, it still created a version under its name."""
+    from oscar_zoo.registry_db.tokens import create_token, revoke_token
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    make_bundle(tmp_path / "b")
+    with registry.db.write() as s:
+        row, _ = create_token(s, ["bundles:publish"], "uploader")
+        token_id = row.id
+        revoke_token(s, "uploader")
+    with pytest.raises(Unauthorized, match="revoked while this request was in progress"):
+        registry.publish(tmp_path / "b", "token:uploader", token_id=token_id)
+    with registry.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == 0

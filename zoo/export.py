@@ -25,7 +25,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import part_of
 from .cache import Cache
 from .errors import InvalidInput
 from .files import (PARTIAL, atomic_write_bytes, atomic_writers, publish_dir, sha256_file,
@@ -124,9 +123,11 @@ def _held_layers(bundle_dir: Path, layers: list[int] | None) -> list[int] | None
 
     A part shares its whole bundle's digest, so exported as if whole it was cached as the whole
     bundle's export and served for it: SGLang then stopped on the first layer it missed."""
-    part = part_of(bundle_dir)
-    if part is None:
+    if not (bundle_dir / PARTIAL).is_file():
         return layers
+    from .bundle import part_of     # here: numpy and pydantic would make every warm pull slow
+
+    part = part_of(bundle_dir)
     held = sorted(part["layers"])
     if layers is None:
         return held

@@ -8,7 +8,7 @@ CUDA tensors through the interpreter). Shapes: T tokens, H KV heads, Hq query he
 
 quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=None)
     x [T, H, d] float32/float16/bfloat16; rotation [d, d] | [H, d, d] | None (identity);
-    clip: number | tensor broadcastable to [H] (clip ratio per KV head, oscar-spec 2.9; <= 0
+    clip: number | tensor [1], [H], [H, 1] or [1, H] (clip ratio per KV head, oscar-spec 2.9; <= 0
     disables); mean [H, d] | None (key centering, original basis; never pass it for V).
     One pass: rotate (x @ R; 16-bit x uses R rounded to x's dtype on the tensor cores, float32 x
     exact float32), subtract mean @ R, clamp each row at its sort-semantics |x| quantile,
@@ -39,10 +39,12 @@ Int2KVCache (cache.py): one layer's mixed cache for a batch: BF16 sink + recent 
     table [B, max_pages], the rotations. `Int2KVCache.from_dense(keys, values, k_rotation,
     v_rotation, k_clip, v_clip, group_size=None, scale_dtype=float32, sink=64, recent=256,
     page_size=64, mean=None)` builds it from per-sequence [len_b, H, d] tensors, centering keys in
-    both tiers when `mean` is given.
+    both tiers when `mean` is given. Built directly (a serving engine's buffers), it is checked
+    when made: dtypes, shapes, one device, contiguous buffers, and every sequence's INT2 history
+    within its block table row, existing pages and max_int2_len (cache.py's docstring).
 
 decode_attention(q, cache, sm_scale=None, out=None)
-    q [B, Hq, d] (original basis) -> [B, Hq, d] in q's dtype: q @ R_k, split-K attention over the
+    q [B, Hq, d] (original basis, on the cache's device) -> [B, Hq, d] in q's dtype: q @ R_k, split-K attention over the
     BF16 and INT2 tiers merged by log-sum-exp, then @ R_v^T. Key centering needs no argument
     here: softmax ignores the per-query constant q . mean. group_size >= d/4, page_size >= 16.
 

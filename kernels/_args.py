@@ -41,12 +41,14 @@ def check_scale_dtype(dtype: torch.dtype) -> None:
 
 def clip_ratios(clip, heads: int) -> torch.Tensor:
     """Clip ratio per KV head as float64 on the CPU: [kv_heads]. Accepts a number, a 0-d tensor,
-    or a tensor that broadcasts to [kv_heads] (e.g. [1], [kv_heads], [kv_heads, 1])."""
+    or a tensor with one axis of size 1 or kv_heads, its other axes of size 1 (e.g. [1],
+    [kv_heads], [kv_heads, 1], [1, kv_heads]). A [2, 2] for 4 heads is refused, not flattened."""
     c = torch.as_tensor(clip, dtype=torch.float64).detach().cpu()
-    while c.dim() > 1 and c.shape[-1] == 1:
-        c = c[..., 0]
+    c = c.reshape([n for n in c.shape if n != 1])            # drop the size-1 axes
     try:
-        c = torch.broadcast_to(c.reshape(-1) if c.dim() else c, (heads,)).clone()
+        if c.dim() > 1:
+            raise RuntimeError
+        c = torch.broadcast_to(c, (heads,)).clone()
     except RuntimeError:
         raise InvalidInput(f"clip must be a number or broadcast to [kv_heads={heads}], "
                            f"got shape {tuple(torch.as_tensor(clip).shape)}.") from None

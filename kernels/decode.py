@@ -565,6 +565,9 @@ def decode_attention(q: torch.Tensor, cache: Int2KVCache, sm_scale: float | None
     """One decode step of GQA attention over `cache`. q: [batch, q_heads, d] (original basis).
     Returns [batch, q_heads, d] in q's dtype (or writes `out`)."""
     _check_q_out(q, out)
+    if q.device != cache.hp_k.device:
+        raise InvalidInput(f"q is on {q.device} but the cache on {cache.hp_k.device}: move q there with "
+                           f"q.to('{cache.hp_k.device}'), or build the cache on q's device.")
     bsz, hq, d = q.shape
     hkv = cache.hp_k.shape[1]
     if hq % hkv or tuple(cache.hp_k.shape[0::3]) != (bsz, d):

@@ -49,6 +49,9 @@ def dequantize_kv(packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: 
     if tuple(scales_zeros.shape) != (t, h, 2 * ng):
         raise _args.InvalidInput(f"scales_zeros must be [{t}, {h}, {2 * ng}] for group_size={d // ng}, "
                                  f"got {tuple(scales_zeros.shape)}.")
+    if scales_zeros.device != packed.device:
+        raise _args.InvalidInput(f"scales_zeros is on {scales_zeros.device} but packed on {packed.device}: "
+                                 f"move one with .to() so both are on the same device.")
     packed, scales_zeros = packed.contiguous(), scales_zeros.contiguous()
     out = new_buffer((t, h, d), torch.float32, packed.device)
     if t:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._args import check_scale_dtype, check_x, clip_ratios, group_count
+from ._args import check_mean, check_rotation, check_scale_dtype, check_x, clip_ratios, group_count
 from .reference import to_storage
 
 
@@ -51,6 +51,8 @@ def fake_quantize_kv_vectorized(x, rotation, clip, group_size=None, mean=None,
     """float32 [T, H, d] in the rotated (centered) basis, like kernels.fake_quantize_kv."""
     t, h, d = check_x(x)
     check_scale_dtype(scale_dtype)
+    check_rotation(rotation, h, d)
+    check_mean(mean, h, d)
     ng = group_count(d, group_size)
     xg = rotated_clamped(x, rotation, clip, mean).view(t, h, ng, d // ng)
     mx, mn = xg.amax(-1).double(), xg.amin(-1).double()                    # [T, H, G]

@@ -178,3 +178,103 @@ def _cpu(cache: Int2KVCache) -> Int2KVCache:
 
     return replace(cache, **{f.name: getattr(cache, f.name).cpu() for f in fields(cache)
                              if isinstance(getattr(cache, f.name), torch.Tensor)})
+
+
+def _small_cache(device, lens=(150, 90), rot=None):
+    gen = torch.Generator().manual_seed(sum(lens))
+    keys, values = _data(list(lens), 2, 64, gen)
+    cache = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values],
+                                   None if rot is None else rot.to(device), None, 0.9, 0.9,
+                                   sink=SINK, recent=RECENT, page_size=PAGE)
+    return cache, torch.randn(len(lens), 4, 64, generator=gen)
+
+
+def test_a_cache_built_directly_is_checked_where_the_kernel_would_read_wrong_rows(device):
+    """Int2KVCache is public and built directly too (bench.kernels, a serving engine's buffers).
+    The kernel reads it by raw offsets: each of these was accepted and decoded to a wrong answer
+    without an error (relative errors 0.1 to 1.4 against the reference), read outside the
+    buffers (the interpreter crashed), or stopped in Triton's compiler. Now each is refused when
+    the cache is made, saying what to fix."""
+    from dataclasses import replace
+
+    gen = torch.Generator().manual_seed(3)
+    rot = torch.linalg.qr(torch.randn(64, 64, generator=gen, dtype=torch.float64))[0].float()
+    assert not rot.is_contiguous()                   # QR's Q is column-major: a natural thing to pass
+    cache, _ = _small_cache(device)
+    bt, lens = cache.block_table, cache.seq_lens
+    bad = {
+        "block_table.contiguous": dict(block_table=bt.t().contiguous().t()),          # same values, column stride 2
+        "hp_k.contiguous": dict(hp_k=cache.hp_k.transpose(1, 2).contiguous().transpose(1, 2)),
+        "v_sz.contiguous": dict(v_sz=cache.v_sz.transpose(0, 1).contiguous().transpose(0, 1)),
+        "k_rotation.contiguous": dict(k_rotation=rot.to(device)),
+        # the grid's splits cover max_int2_len tokens rounded up to a split (interpreted: 64, so tokens
+        # 64..101 were dropped; compiled: >= 512, so a longer history loses the rest)
+        "max_int2_len to the longest INT2 history, 102": dict(max_int2_len=40),
+        "longer than the cache holds": dict(seq_lens=lens + 100, max_int2_len=400),
+        "outside": dict(block_table=bt + 10),
+        r"seq_lens\[1\] is -10": dict(seq_lens=lens - 100),
+        "k_rotation must be float32": dict(k_rotation=torch.eye(64, dtype=torch.bfloat16, device=device)),
+        "hp_v must be bfloat16": dict(hp_v=cache.hp_v.half()),
+        "k_sz must be": dict(k_sz=cache.k_sz.repeat(1, 1, 1, 2)),                      # 2 groups' worth for 1
+        "hp_k must be": dict(sink=SINK // 2),
+        "page_size must be a power of two": dict(page_size=48),
+        "seq_lens must be": dict(seq_lens=lens.float()),
+    }
+    for msg, change in bad.items():
+        with pytest.raises(InvalidInput, match=msg):
+            replace(cache, **change)
+    if device.type == "cuda":
+        with pytest.raises(InvalidInput, match="one device"):
+            replace(cache, block_table=bt.cpu())
+        with pytest.raises(InvalidInput, match="move q there"):
+            decode_attention(torch.randn(2, 4, 64), cache)                             # CPU q, CUDA cache
+
+
+def test_a_cache_built_directly_decodes_like_the_reference(device):
+    """What the checks must still let through: int64 seq_lens and block table (torch's default
+    integer type), a block table sliced from a wider one (row stride > its width), a grid larger
+    than the longest INT2 history, and pages handed out in another order."""
+    from dataclasses import replace
+
+    cache, q = _small_cache(device)
+    wide = torch.full((2, cache.block_table.shape[1] + 5), 10 ** 6, dtype=torch.int64, device=device)
+    wide[:, :cache.block_table.shape[1]] = cache.block_table
+    n_pages = cache.k_packed.shape[0]
+    perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(0)).to(device)   # page p moves to inv[p]
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(n_pages, device=device)
+    moved = {name: getattr(cache, name)[perm] for name in ("k_packed", "k_sz", "v_packed", "v_sz")}
+    want = ref.ref_decode_attention(q, _cpu(cache), sm_scale=0.3)
+    tol = 1e-5 if device.type == "cpu" else 2e-2        # compiled: q and p enter the tensor cores in bf16
+    for change in (dict(block_table=wide[:, :cache.block_table.shape[1]], seq_lens=cache.seq_lens.long()),
+                   dict(max_int2_len=cache.max_int2_len + 500),
+                   dict(block_table=inv[cache.block_table.long()].int(), **moved)):
+        other = replace(cache, **change)
+        assert other.block_table.stride(0) >= other.block_table.shape[1]
+        out = decode_attention(q.to(device), other, sm_scale=0.3).cpu()
+        assert _rel(out, want) < tol, change.keys()
+
+
+def test_from_dense_takes_rotation_and_mean_from_another_device(device):
+    """quantize_kv moves a CPU rotation and mean to x's device; from_dense rotated its BF16 rows
+    with the rotation where it was and failed for CUDA keys with a CPU rotation ("Expected all
+    tensors to be on the same device"). On the CPU this runs the same path with nothing to move."""
+    gen = torch.Generator().manual_seed(12)
+    keys, values = _data([120, 70], 2, 64, gen, key_offset=2.0)
+    rk = random_orthogonal(2, 64, 64, gen=gen)
+    rv = random_orthogonal(64, 64, gen=gen)
+    mean = torch.cat(keys).mean(0)
+    cache = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], rk, rv,
+                                   torch.tensor([0.96, 0.9]), 0.92, sink=SINK, recent=RECENT, page_size=PAGE, mean=mean)
+    assert cache.k_rotation.device == cache.hp_k.device == keys[0].to(device).device
+    q = torch.randn(2, 4, 64, generator=gen)
+    out = decode_attention(q.to(device), cache).cpu()
+    assert _rel(out, ref.ref_decode_attention(q, _cpu(cache))) < 2e-2
+    # and the cache is the one built with everything on the keys' device
+    same = Int2KVCache.from_dense([k.to(device) for k in keys], [v.to(device) for v in values], rk.to(device),
+                                  rv.to(device), torch.tensor([0.96, 0.9]), 0.92, sink=SINK, recent=RECENT,
+                                  page_size=PAGE, mean=mean.to(device))
+    assert torch.equal(cache.hp_k, same.hp_k) and torch.equal(cache.k_packed, same.k_packed)
+    assert torch.equal(cache.k_sz, same.k_sz) and torch.equal(cache.hp_v, same.hp_v)
+    with pytest.raises(InvalidInput, match=r"values\[1\]"):
+        Int2KVCache.from_dense([keys[0], keys[1]], [values[0], values[1].to("meta")], None, None, 0.9, 0.9)

@@ -44,3 +44,12 @@ def test_bad_input(device):
         dequantize_kv(torch.zeros(2, 1, 16, dtype=torch.uint8, device=device), torch.zeros(2, 1, 4, device=device))
     with pytest.raises(InvalidInput, match="uint8"):
         dequantize_kv(torch.zeros(2, 1, 16, device=device), torch.zeros(2, 1, 2, device=device))
+
+
+def test_scales_on_another_device_are_refused(device):
+    """Compiled, a CPU scales_zeros beside CUDA codes stopped in Triton's launcher ("Pointer
+    argument cannot be accessed from Triton"); now the message says to move one of them."""
+    packed = torch.zeros(2, 1, 16, dtype=torch.uint8, device=device)
+    other = "meta" if device.type == "cpu" else "cpu"
+    with pytest.raises(InvalidInput, match="scales_zeros is on .* packed on"):
+        dequantize_kv(packed, torch.zeros(2, 1, 2, device=other))

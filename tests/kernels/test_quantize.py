@@ -222,3 +222,19 @@ def test_empty_and_bad_input(device):
         quantize_kv(torch.zeros(4, 2, 64, device=device), None, [0.9, 0.9, 0.9])
     with pytest.raises(InvalidInput, match="mean"):
         quantize_kv(torch.zeros(4, 2, 64, device=device), None, 0.9, mean=torch.zeros(3, 64, device=device))
+
+
+def test_clip_shapes_per_head(device):
+    """A clip tensor is one ratio, or one per KV head along one axis ([H], [H, 1], [1, H]).
+    A [2, 2] for 4 heads used to be flattened into 4 per-head ratios without a word (a table
+    of clip per (layer, head), or per (K, V), passed whole), as was [2, 1, 2]."""
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(40, 4, 64, generator=gen)
+    ratios = [0.96, 0.5, 0.0, 0.8]
+    want = ref.ref_quantize_kv(x, None, ratios, 16)
+    for clip in (torch.tensor(ratios), torch.tensor(ratios)[:, None], torch.tensor([ratios])):
+        packed, sz = quantize_kv(x.to(device), None, clip, 16)
+        assert torch.equal(packed.cpu(), want[0]) and torch.equal(sz.cpu(), want[1]), tuple(clip.shape)
+    for clip in (torch.tensor(ratios).view(2, 2), torch.rand(4, 4), torch.rand(2, 1, 2)):
+        with pytest.raises(InvalidInput, match=r"clip must be .*kv_heads=4"):
+            quantize_kv(x.to(device), None, clip, 16)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oscar_zoo.kernels import fake_quantize_kv
+from oscar_zoo.kernels import reference as ref
 from oscar_zoo.kernels.vectorized import fake_quantize_kv_vectorized
 
 from .conftest import signed_permutation
@@ -63,3 +64,29 @@ def test_16_bit_input_centers_with_the_exact_rotation_as_the_kernel_does(device,
     want = fake_quantize_kv(x, rot, 0.9, 32, mean=mean)
     got = fake_quantize_kv_vectorized(x, rot, 0.9, 32, mean=mean)
     assert torch.equal(got, want)
+
+
+def test_twin_refuses_the_arguments_the_kernel_refuses(device):
+    """Validation runs the twin on CPUs and the kernel on GPUs: the twin broadcast a mean of [d]
+    or [1, d] over the heads (the kernel refuses it) and failed in einsum on a rotation with the
+    wrong head count, so the same call passed on one machine and failed on the other."""
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 2, 64, generator=g).to(device)
+    bad = {"mean": dict(mean=torch.zeros(64, device=device)),
+           "mean must": dict(mean=torch.zeros(1, 64, device=device)),
+           "rotation must": dict(rotation=torch.eye(64, device=device).expand(3, 64, 64)),
+           "clip must": dict(clip=torch.full((1, 2, 2), 0.9))}                       # 4 ratios for 2 heads
+    for msg, kw in bad.items():
+        args = dict(rotation=None, clip=0.9, mean=None) | kw
+        for fn in (fake_quantize_kv, fake_quantize_kv_vectorized):
+            with pytest.raises(InvalidInput, match=msg):
+                fn(x, args["rotation"], args["clip"], mean=args["mean"])
+    # what both accept, they compute alike: mean [kv_heads, d] on the CPU, clip [1, kv_heads]
+    mean = torch.randn(2, 64, generator=g)
+    clip = torch.tensor([[0.9, 0.8]])
+    want = fake_quantize_kv(x, None, clip, 32, mean=mean)
+    assert torch.equal(fake_quantize_kv_vectorized(x, None, clip, 32, mean=mean), want)
+    ref_out = ref.ref_fake_quantize_kv(x.cpu(), None, [0.9, 0.8], 32, mean=mean)
+    assert (want.cpu().double() - ref_out).abs().max() < 1e-6

@@ -100,6 +100,30 @@ def test_the_builtin_corpus_halves_and_other_text_are_held_out(tmp_path):
                    load_text([str(other)], "heldout"))
 
 
+@pytest.mark.parametrize("calibrated_on, spec", [(["a.txt", "b.txt"], False),
+                                                  ([BUILTIN, "a.txt"], False),
+                                                  (["a.txt", "b.txt"], True)])   # a job's bundle
+@pytest.mark.parametrize("spelled", ["a.txt", "./a.txt", "absolute"])
+def test_one_source_of_a_several_source_calibration_is_not_held_out(tmp_path, monkeypatch,
+                                                                   calibrated_on, spec, spelled):
+    """Calibrated on a.txt and b.txt (or the built-in corpus and a.txt), validated on a.txt: the
+    recorded sha256 is of the joined text, so no hash matched and the bundle was scored on
+    text it was fitted to."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text(f"{name} prose, different in every file. " * 200)
+    text = load_text(calibrated_on, "calibration")
+    bundle = _bundle(dataset=text.name, dataset_sha256=text.sha256,
+                     **({"spec": {"model": "smollm2-135m", "data": calibrated_on}} if spec else {}))
+    data = [str(tmp_path / "a.txt") if spelled == "absolute" else spelled]
+    with pytest.raises(InvalidInput, match=r"is this bundle's calibration text or part of it"):
+        check_held_out(bundle, data, "text", load_text(data, "heldout"))
+    with pytest.raises(InvalidInput, match="or part of it"):      # beside held-out text too
+        check_held_out(bundle, ["c.txt", *data], "text", load_text(["c.txt", *data], "heldout"))
+    for other in (["c.txt"], [BUILTIN], ["c.txt", BUILTIN]):      # text calibration never read
+        check_held_out(bundle, other, "text", load_text(other, "heldout"))
+
+
 def test_unknown_baselines_are_refused_before_the_model_runs():
     # they made a variant with no layers, a KeyError at the first forward
     with pytest.raises(InvalidInput, match=r"unknown baselines \['hadamrd'\]"):
@@ -138,6 +162,92 @@ def test_the_verdict_names_a_naive_baseline_that_costs_nothing(naive, passed, sa
     assert ok is passed
     assert (says is None and "not judged" not in criterion) or (says in criterion
                                                                 and "more --windows" in criterion)
+
+
+# --- a lossless INT2 tier costs nothing -------------------------------------------------------
+
+def _lossless(x, rotation, clip, group_size, mean):
+    """An "INT2" round trip that loses nothing: (x - mean) R in float32, as the quantizer hands
+    rows back (in the rotated, centered basis)."""
+    r = rotation.float().expand(x.shape[1], *rotation.shape[-2:])
+    xr = torch.einsum("thd,hde->the", x.float(), r)
+    return xr if mean is None else xr - torch.einsum("hd,hde->he", mean.float(), r)
+
+
+def _tiny_run(sink=4, recent=8, group=64, scale_dtype="float32", quantizer=_lossless):
+    """validate() on a random bfloat16 2-layer Llama of the test model's head geometry (9 query
+    heads, 3 KV heads, d 64; no GGUF needed), two windows of 64 random tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from oscar_zoo.calibrate.data import TextSource
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=288, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                         max_position_embeddings=256, initializer_range=0.1)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    capture.install(model)
+    b = _bundle(2, sink=sink, recent=recent, group=group, per_head=True, centered=True)
+    b.manifest = b.manifest.model_copy(update={
+        "geometry": b.manifest.geometry.model_copy(update={"num_q_heads": 9, "num_kv_heads": 3}),
+        "quantization": b.manifest.quantization.model_copy(update={"scale_dtype": scale_dtype})})
+    g = torch.Generator().manual_seed(1)
+    windows = [torch.randint(0, 512, (64,), generator=g).tolist() for _ in range(2)]
+    return validate(b, model, None, ValidationConfig(context_len=64, windows=2), quantizer,
+                    held_out=(TextSource("random tokens", "", "0" * 64), windows))
+
+
+def test_a_lossless_int2_tier_reports_no_extra_loss_on_a_bfloat16_model():
+    """The BF16 reference pass ran the model's SDPA while every variant ran our attention: on a
+    bfloat16 model (the GPU default) a lossless INT2 tier showed +0.002 nats and a KL of 1.6e-4,
+    the two kernels' rounding, in every variant."""
+    report = _tiny_run()
+    assert [v.name for v in report.variants] == ["bundle", "oscar-shipped", "hadamard", "naive"]
+    for v in report.variants:
+        assert abs(v.delta_nll) < 1e-9 and abs(v.kl) < 1e-9, v
+        assert v.delta_nll_by_set == [pytest.approx(0, abs=1e-9)] * 2
+        assert v.per_layer_attn_rel_error == [0.0, 0.0], v
+
+
+@pytest.mark.parametrize("kwarg", ["softcap", "s_aux"])
+def test_attention_math_the_emulation_lacks_is_refused(monkeypatch, kwarg):
+    """The reference pass runs the emulation's attention too (above): a model whose attention
+    soft-caps its logits (Gemma 2) or adds learned sinks (gpt-oss) would be measured against a
+    reference without them, in every variant alike. The stand-in: the random model's attention
+    modules handed that argument."""
+    from transformers.models.llama import modeling_llama
+
+    forward = modeling_llama.LlamaAttention.forward
+
+    def with_arg(self, *args, **kwargs):
+        return forward(self, *args, **kwargs, **{kwarg: torch.ones(())})
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", with_arg)
+    with pytest.raises(InvalidInput, match=f"layer 0: the model's attention takes {kwarg}"):
+        _tiny_run()
+
+
+@pytest.mark.parametrize("group, scale_dtype", [(64, "float32"), (32, "float16"), (64, "bfloat16")])
+def test_bits_per_element_are_the_bytes_the_cache_holds(group, scale_dtype):
+    """The report's bits against the bytes of the kernels' own mixed cache (Int2KVCache) holding
+    one window of the run's length: codes, scale and zero in the INT2 tier; with the BF16 sink
+    and recent rows over the whole cache. Rotations and the key mean are per layer, not per
+    token, and are not in it."""
+    from oscar_zoo.kernels import Int2KVCache
+
+    report = _tiny_run(sink=4, recent=8, group=group, scale_dtype=scale_dtype)
+    t, h, d = report.context_len, 3, 64
+    g = torch.Generator().manual_seed(2)
+    k, v = torch.randn(t, h, d, generator=g), torch.randn(t, h, d, generator=g)
+    eye = torch.eye(d)
+    cache = Int2KVCache.from_dense([k], [v], eye, eye, 0.9, 0.9, group_size=group,
+                                   scale_dtype=getattr(torch, scale_dtype), sink=4, recent=8,
+                                   page_size=4, mean=torch.zeros(h, d))
+    nbytes = lambda *xs: sum(x.numel() * x.element_size() for x in xs)  # noqa: E731
+    int2 = nbytes(cache.k_packed, cache.v_packed, cache.k_sz, cache.v_sz)
+    assert report.bits_int2_tier == pytest.approx(8 * int2 / (2 * (t - 12) * h * d))
+    assert report.bits_at_context == pytest.approx(8 * (int2 + nbytes(cache.hp_k, cache.hp_v)) / (2 * t * h * d))
+    assert report.bits_int2_tier == 2 + 2 * (32 if scale_dtype == "float32" else 16) / group
 
 
 # --- on the test model -------------------------------------------------------------------------

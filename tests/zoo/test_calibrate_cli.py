@@ -211,6 +211,16 @@ def test_the_validate_report_says_which_quantizer_it_simulated(extra, says):
     assert first.startswith("context 2048 (sink 128, recent 1024") and says in first
 
 
+def test_the_validate_report_says_what_its_bits_per_element_count():
+    """It printed "2.50 bits in the INT2 tier, 9.00 at this context": neither what an element
+    is, nor that the scale and zero are in, nor what the second figure averages over."""
+    second = calibrate_cmds._human_report(_report()).splitlines()[1]
+    assert second == ("cache bits 2.50 per K/V element in the INT2 tier (2-bit codes + float32 "
+                      "scale and zero per 128 elements); 9.00 per element of a whole 2048-token "
+                      "cache, its BF16 sink 128 + recent 1024 included (rotations and key mean: "
+                      "per layer, not counted)")
+
+
 @pytest.mark.parametrize("command", ["calibrate", "validate"])
 @pytest.mark.parametrize("content, says", [
     (None, "no such file"),

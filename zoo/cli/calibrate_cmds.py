@@ -276,10 +276,16 @@ _QUANTIZERS = {"uniform": "uniform INT2", "lloyd_max": "Lloyd-Max INT2 buckets"}
 
 def _human_report(r: dict) -> str:
     quantizer = r.get("quantizer") or "uniform"
+    # bits per stored K/V element: what each figure counts is said beside it (rotations and the
+    # key mean are per layer, the same whatever the length: no per-token cost)
     lines = [f"context {r['context_len']} (sink {r['sink_tokens']}, recent {r['recent_tokens']}, "
-             f"group {r['group_size']}, {r['scale_dtype']} scales, {_QUANTIZERS.get(quantizer, quantizer)}; "
-             f"{r['bits_int2_tier']:.2f} bits in the "
-             f"INT2 tier, {r['bits_at_context']:.2f} at this context), {r['eval_tokens']:,} tokens of {r['dataset']}",
+             f"group {r['group_size']}, {r['scale_dtype']} scales, {_QUANTIZERS.get(quantizer, quantizer)}), "
+             f"{r['eval_tokens']:,} tokens of {r['dataset']}",
+             f"cache bits {r['bits_int2_tier']:.2f} per K/V element in the INT2 tier (2-bit codes + "
+             f"{r['scale_dtype']} scale and zero per {r['group_size']} elements); "
+             f"{r['bits_at_context']:.2f} per element of a whole {r['context_len']}-token cache, "
+             f"its BF16 sink {r['sink_tokens']} + recent {r['recent_tokens']} included "
+             "(rotations and key mean: per layer, not counted)",
              f"BF16 loss {r['bf16_nll']:.4f} nats/token", "",
              f"{'variant':15} {'extra loss':>11} {'set A':>9} {'set B':>9} {'KL':>8} {'attn err':>9}"]
     for v in r["variants"]:

@@ -23,11 +23,9 @@ from .conftest import flip_a_byte
 GLM = "glm-4.7-fp8"
 
 
-def test_verify_waits_for_a_pull_that_has_not_written_its_meta_yet(hf_only, monkeypatch):
-    """A pull publishes its snapshot, then its meta and refs. verify running in between found
-    the snapshot's files "not recorded in the cache's metadata", reported them CORRUPT and
-    deleted the snapshot the pull was about to return and export."""
-    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+def _meta_paused(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(linked, release): a pull stops between publishing its snapshot and writing its meta,
+    sets `linked` there and goes on once `release` is set."""
     linked, release = threading.Event(), threading.Event()
     real_write_meta = Cache.write_meta
 
@@ -37,6 +35,15 @@ def test_verify_waits_for_a_pull_that_has_not_written_its_meta_yet(hf_only, monk
         return real_write_meta(self, *args)
 
     monkeypatch.setattr(Cache, "write_meta", write_meta_after_a_pause)
+    return linked, release
+
+
+def test_verify_waits_for_a_pull_that_has_not_written_its_meta_yet(hf_only, monkeypatch):
+    """A pull publishes its snapshot, then its meta and refs. verify running in between found
+    the snapshot's files "not recorded in the cache's metadata", reported them CORRUPT and
+    deleted the snapshot the pull was about to return and export."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.5")
+    linked, release = _meta_paused(monkeypatch)
     seen = {}
 
     def puller():
@@ -195,15 +202,7 @@ def test_a_pull_that_writes_its_meta_while_verify_waits_keeps_its_snapshot(hf_on
     longer waits for pulls: the repair waits for the pull instead, checks again, and finds
     nothing wrong, rather than deleting the snapshot the pull is about to return."""
     monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "20")
-    linked, release = threading.Event(), threading.Event()
-    real_write_meta = Cache.write_meta
-
-    def write_meta_after_a_pause(self, *args):
-        linked.set()
-        release.wait(20)
-        return real_write_meta(self, *args)
-
-    monkeypatch.setattr(Cache, "write_meta", write_meta_after_a_pause)
+    linked, release = _meta_paused(monkeypatch)
     _guard_calls(monkeypatch, release.set)      # let the pull finish once verify wants to repair
     seen = {}
     puller = threading.Thread(target=lambda: seen.update(r=pull(GLM, fmt="sglang")))

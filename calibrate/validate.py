@@ -362,10 +362,14 @@ def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, rec
 def _verdict(by: dict, cfg: ValidationConfig) -> tuple[bool, str]:
     """(passed, the criterion as judged). A comparison whose baseline was not run fails the
     bundle and is named: the stored verdict gates publishing, so it must never rest on a
-    comparison that was not made."""
-    ours = by["bundle"].delta_nll
+    comparison that was not made. Per-layer clips are judged twice: as oscar-zoo's kernels run
+    them (bundle) and as engines serve them (bundle-served, one K / V pair), since a user of
+    SGLang or vLLM gets the second; both must pass."""
     criterion = (f"extra loss <= Hadamard's + {cfg.tolerance:g} nats and <= "
                  f"{cfg.naive_fraction:g} x naive INT2's")
+    judged = ["bundle"] + ([SERVED] if SERVED in by else [])
+    if len(judged) > 1:
+        criterion += f", for the bundle and as engines serve it ({SERVED})"
     missing = [b for b in ("hadamard", "naive") if b not in by]
     if missing:
         return False, f"{criterion}; not judged: the {' and '.join(missing)} baseline was not run"
@@ -376,5 +380,8 @@ def _verdict(by: dict, cfg: ValidationConfig) -> tuple[bool, str]:
         return False, (f"{criterion}; not judged: naive INT2's extra loss is {naive:+.4f} nats, "
                        "no worse than BF16, so the held-out text cannot tell good INT2 from bad; "
                        "validate on a whole model with more --windows")
-    ok = ours <= by["hadamard"].delta_nll + cfg.tolerance and ours <= cfg.naive_fraction * naive
-    return bool(ok), criterion
+    bound = min(by["hadamard"].delta_nll + cfg.tolerance, cfg.naive_fraction * naive)
+    failed = [name for name in judged if by[name].delta_nll > bound]
+    if failed and len(judged) > 1:
+        criterion += f"; failed by {', '.join(failed)}"
+    return not failed, criterion

@@ -164,6 +164,22 @@ def test_the_verdict_names_a_naive_baseline_that_costs_nothing(naive, passed, sa
                                                                 and "more --windows" in criterion)
 
 
+@pytest.mark.parametrize("served, passed", [(0.10, True), (0.26, False)])
+def test_the_verdict_judges_per_layer_clips_also_as_engines_serve_them(served, passed):
+    """The verdict looked at the per-layer number only, while SGLang and vLLM serve the one K / V
+    pair (bundle-served): a bundle could pass with a served loss above the Hadamard bound."""
+    from oscar_zoo.calibrate.validate import _verdict
+    from oscar_zoo.zoo.manifest import VariantResult
+
+    by = {name: VariantResult(name=name, delta_nll=d, kl=0.0, attn_rel_error=0.0)
+          for name, d in (("bundle", 0.04), ("bundle-served", served), ("hadamard", 0.2),
+                          ("naive", 0.6))}
+    ok, criterion = _verdict(by, ValidationConfig())     # bound: min(0.2 + 0.05, 0.5 x 0.6)
+    assert ok is passed
+    assert "as engines serve it (bundle-served)" in criterion
+    assert ("failed by bundle-served" in criterion) is not passed
+
+
 # --- a lossless INT2 tier costs nothing -------------------------------------------------------
 
 def _lossless(x, rotation, clip, group_size, mean):

@@ -8,14 +8,17 @@ Leases: a claim gives the worker a random fencing token; every later call (heart
 result, complete, fail) must present it, so a worker whose lease was swept and requeued can
 never report on, or publish for, the attempt that replaced it (LeaseLost, 409). Heartbeats
 extend the lease by the job's lease_seconds; `sweep` (run by the server itself, never a user's
-cron) requeues expired ones.
+cron) requeues expired ones. The row keeps only the sha256 of each fencing token (migration
+0011): a token is in plain text only in the reply that hands it out, so a database dump or
+backup gives no one a lease to report on, or publish for, a running job.
 
 A Ray task attaches to the lease its dispatcher claimed and gets a token of its own; each task
 process that attaches (Ray's retry of a task whose node it took for dead) replaces it, so an
 earlier process still alive behind a partition is fenced too, and may not attach again. The
 dispatcher's claim token stays good for its own calls (heartbeat, fail, release) and for the
 attach of a retry (whose arguments carry it); progress, results and completion are the
-attached task's alone.
+attached task's alone. A task attaching again (its reply was lost) gets a new token in place of
+the one it never received: that one's hash cannot be given back.
 
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
@@ -35,6 +38,7 @@ timestamp, hence a new digest) returns the version the first attempt made.
 
 from __future__ import annotations
 
+import hmac
 import re
 import secrets
 from datetime import datetime, timedelta, timezone
@@ -51,7 +55,7 @@ from .aliases import move_alias
 from .models import ApiToken, BundleVersion, Job
 from .publish import Prepared, model_for, record_version
 from .queries import Page, check_limit, decode_cursor, encode_cursor
-from .tokens import actor_of
+from .tokens import actor_of, hash_token, is_expired
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 # What a running job reports, in order (clip_search sits between fitting and validating).
@@ -285,6 +289,10 @@ def _check_submitter(session: Session, job: Job, token_id: int) -> None:
     if row is None or row.revoked_at is not None:
         raise Forbidden(f"job {job.id} was submitted by {who}, which is revoked since; only an "
                         "admin token can cancel it now")
+    if is_expired(row):     # its holder can no longer use it to cancel
+        raise Forbidden(f"job {job.id} was submitted by {who}, which expired at "
+                        f"{row.expires_at.isoformat(timespec='seconds')}; only an admin token "
+                        "can cancel it now")
     raise Forbidden(f"job {job.id} was submitted by {who}; cancel it with that token or an "
                     "admin token")
 
@@ -304,7 +312,7 @@ def claim(session: Session, worker: str, gpus: int | None, ray: bool = False) ->
         token = secrets.token_hex(16)
         job.status, job.phase, job.progress = "running", "loading", _progress("loading")
         job.attempts += 1
-        job.lease_holder, job.lease_token, job.task_token = worker[:200], token, None
+        job.lease_holder, job.lease_token, job.task_token = worker[:200], hash_token(token), None
         job.fenced_holders = None   # the old claim's tasks cannot attach: its token is gone
         job.heartbeat_at, job.lease_expires_at = now, now + timedelta(seconds=job.lease_seconds)
         job.started_at = job.started_at or now
@@ -335,7 +343,8 @@ def leased(session: Session, job_id: str, token: str) -> Job:
     """The job, row-locked, if `token` still holds its lease (the claim's, or the attached
     task's). Raises LeaseLost, JobNotFound."""
     job = get(session, job_id, lock=True)
-    if job.status != "running" or not token or token not in (job.lease_token, job.task_token):
+    if job.status != "running" or not token or not (
+            _holds(job.lease_token, token) or _holds(job.task_token, token)):
         why = job.status if job.status != "running" else "leased to another attempt"
         raise LeaseLost(f"job {job.id} is no longer yours ({why}); stop working on it")
     return job
@@ -345,10 +354,23 @@ def _reporting(session: Session, job_id: str, token: str) -> Job:
     """leased(), for the attempt's own reports (progress, result, completion): once a task has
     attached, only its token makes them; the dispatcher's claim token only keeps the lease."""
     job = leased(session, job_id, token)
-    if job.task_token and token != job.task_token:
+    if job.task_token and not _holds(job.task_token, token):
         raise LeaseLost(f"job {job.id} is run by its attached task ({job.lease_holder}); only "
                         "the task reports progress or a result")
     return job
+
+
+def _holds(stored: str | None, token: str) -> bool:
+    """`token` is the one whose hash is stored. The row was found by the job's id, not by the
+    token, so a constant-time comparison keeps a caller from learning the hash byte by byte.
+    Ours are hex: a token that is not ASCII (a lone surrogate cannot even be hashed) holds none."""
+    return stored is not None and token.isascii() and hmac.compare_digest(stored, hash_token(token))
+
+
+def _new_task_token(job: Job) -> str:
+    token = secrets.token_hex(16)
+    job.task_token = hash_token(token)
+    return token
 
 
 def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job, str | None]:
@@ -361,12 +383,13 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
     (check the returned job's status: the caller must commit).
 
     Idempotent for one task: the same `worker` attaching again (its first reply was lost) gets
-    the job as it is and the same token, without another attempt counted or its timings reset.
+    the job as it is, without another attempt counted or its timings reset, and a new token in
+    place of the one it never received (only that one's hash is stored).
     A task that a later one replaced stays replaced: its attach, even one retried after a lost
     reply that raced the retry's, is refused (LeaseLost) rather than taking the lease back.
     """
     job = leased(session, job_id, token)
-    if token != job.lease_token:
+    if not _holds(job.lease_token, token):
         raise LeaseLost(f"job {job.id}: attach with the lease the dispatcher claimed, not a "
                         "task's")
     worker = worker[:200]
@@ -375,9 +398,7 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
                         f"({job.lease_holder}); stop working on it")
     if _cancel_if_requested(job, now_utc()):
         return job, None
-    if job.lease_holder == worker:
-        return job, job.task_token
-    if not (job.lease_holder or "").startswith("dispatch:"):
+    if job.lease_holder != worker and not (job.lease_holder or "").startswith("dispatch:"):
         if job.attempts >= job.max_attempts:
             if _ended_with_result(session, job, now_utc(),
                                   f"the last attempt's process ({job.lease_holder}) died"):
@@ -388,8 +409,8 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
         job.attempts += 1
         job.timings = {}
         job.fenced_holders = [*(job.fenced_holders or []), job.lease_holder]
-    job.lease_holder, job.task_token = worker, secrets.token_hex(16)
-    return job, job.task_token
+    job.lease_holder = worker
+    return job, _new_task_token(job)
 
 
 def heartbeat(session: Session, job_id: str, token: str) -> Job:

@@ -194,7 +194,8 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(200))
     # Migration 0002 (registry_db/jobs.py owns the logic): the model's registry name for
-    # filtering, GPUs the job needs, and the lease's fencing token and length.
+    # filtering, GPUs the job needs, and the lease's fencing token and length. The token, as
+    # task_token, is stored as its sha256 hex only (migration 0011).
     model: Mapped[str | None] = mapped_column(String(200), index=True)
     gpus: Mapped[int] = mapped_column(Integer, default=1)
     lease_token: Mapped[str | None] = mapped_column(String(64))
@@ -258,6 +259,8 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(200))
     revoked_at: Mapped[datetime | None]
+    # Migration 0010: past it the token is refused (registry_db/tokens.py); NULL: never expires
+    expires_at: Mapped[datetime | None]
 
     # a live token's name is the actor of its writes: one token per name (revoked ones keep theirs)
     __table_args__ = (Index("uq_api_tokens_live_name", "name", unique=True,

@@ -107,6 +107,39 @@ def test_a_wrong_scope_says_how_to_get_it_without_the_tokens_characters(registry
     assert "oscar-zoo tokens create --scope bundles:publish" in detail, detail
 
 
+def test_an_expired_token_is_refused_with_401_saying_when_and_what_to_do(registry_server,
+                                                                         tmp_path):
+    """Tokens never expired. Refused, the holder is told when it expired and how to get a new
+    one, but nothing else of it; an unknown token still learns nothing."""
+    from datetime import datetime, timedelta, timezone
+
+    from oscar_zoo.registry_db.tokens import create_token
+
+    with registry_server.registry.db.write() as session:
+        row, token = create_token(session, ["bundles:publish", "jobs:work"], "nightly-bot",
+                                  expires_in=timedelta(days=1))
+        token_id = row.id
+    make_bundle(tmp_path / "b")
+    with registry_server.client(token) as http:
+        assert http.get("/v1/whoami").status_code == 200
+    at = datetime.now(timezone.utc) - timedelta(minutes=1)
+    with registry_server.registry.db.write() as session:
+        session.get(ApiToken, token_id).expires_at = at
+    with registry_server.client(token) as http:
+        refused = [http.get("/v1/whoami"), upload_bundle(http, tmp_path / "b"),
+                   http.post("/v1/workers/claim", json={"worker": "w1", "gpus": 0})]
+    for r in refused:
+        assert r.status_code == 401, r.text
+        detail = r.json()["detail"]
+        assert f"expired at {at.isoformat(timespec='seconds')}" in detail, detail
+        assert "oscar-zoo tokens create" in detail
+        assert "nightly-bot" not in detail and "jobs:work" not in detail and token[4:12] not in detail
+    with registry_server.client("ozk_" + "A" * 43) as http:     # unknown: as before
+        assert "expired" not in http.get("/v1/whoami").json()["detail"]
+    with registry_server.client() as anon:                       # nothing was published
+        assert anon.get("/v1/models/smollm2-135m/versions/1").status_code == 404
+
+
 # --- the client's token ------------------------------------------------------------------------
 
 def _client_env(monkeypatch, server, token: str | None) -> None:

@@ -36,6 +36,58 @@ def test_tokens_bootstrap_and_revoke(registry_db_url, monkeypatch):
     assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
 
 
+def test_tokens_expire_and_list_says_which_are_live(registry_db_url, monkeypatch):
+    """Tokens never expired, and `tokens list` said only live or revoked."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from oscar_zoo.registry_db.models import ApiToken
+    from oscar_zoo.registry_db.session import Database
+
+    monkeypatch.setenv("OSCAR_ZOO_DATABASE_URL", registry_db_url)
+    runner = CliRunner()
+    made = {}
+    for name, expiry in [("soon", ["--expires-in", "12h"]), ("quarter", ["--expires-in", "90d"]),
+                         ("forever", []), ("gone", ["--expires-in", "30m"])]:
+        out = runner.invoke(cli, ["tokens", "create", "--scope", "jobs:work", "--name", name,
+                                  *expiry])
+        assert out.exit_code == 0, out.output
+        made[name] = out
+    assert "expires 20" in made["quarter"].stderr and "never expires" not in made["quarter"].stderr
+    assert "never expires (--expires-in 90d" in made["forever"].stderr
+    db = Database(registry_db_url)
+    past = datetime.now(timezone.utc) - timedelta(hours=1)
+    with db.write() as s:
+        s.query(ApiToken).filter_by(name="soon").one().expires_at = past
+    db.dispose()
+    assert runner.invoke(cli, ["tokens", "revoke", "gone"]).exit_code == 0
+    listed = {r["name"]: r for r in json.loads(runner.invoke(cli, ["tokens", "list", "--json"]).stdout)}
+    assert {n: r["state"] for n, r in listed.items()} == {
+        "soon": "expired", "quarter": "live", "forever": "live", "gone": "revoked"}
+    assert listed["soon"]["expires_at"] == past.isoformat() and listed["forever"]["expires_at"] is None
+    left = datetime.fromisoformat(listed["quarter"]["expires_at"]) - datetime.now(timezone.utc)
+    assert timedelta(days=89) < left <= timedelta(days=90)
+    human = {line.split()[2]: line for line in runner.invoke(cli, ["tokens", "list"]).stdout.splitlines()}
+    assert human["soon"].endswith(f"expired {past.isoformat()[:19]}")
+    assert human["quarter"].endswith(f"live until {listed['quarter']['expires_at'][:19]}")
+    assert human["forever"].endswith("live") and " revoked 20" in human["gone"]
+    taken = runner.invoke(cli, ["tokens", "create", "--scope", "jobs:work", "--name", "soon"])
+    assert taken.exit_code == 1 and "keeps its name until it is revoked" in taken.stderr
+    assert "oscar-zoo tokens revoke" in taken.stderr
+
+
+def test_a_bad_expiry_is_refused_with_the_forms_it_takes(registry_db_url, monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_DATABASE_URL", registry_db_url)
+    runner = CliRunner()
+    forms = "m (minutes), h (hours), d (days) or w (weeks), e.g. 30m, 12h, 90d, 52w"
+    for bad, says in [("1y", forms), ("90", forms), ("0d", "more than 0 and at most 3650d")]:
+        out = runner.invoke(cli, ["tokens", "create", "--scope", "admin", "--expires-in", bad])
+        assert out.exit_code == 2 and "ozk_" not in out.stdout, out.output
+        stderr = " ".join(out.stderr.split())     # click wraps its usage errors
+        assert "--expires-in" in stderr and says in stderr, stderr
+    assert runner.invoke(cli, ["tokens", "list", "--json"]).stdout.strip() == "[]"
+
+
 def test_serve_on_a_port_in_use_says_so_in_one_line():
     import socket
 

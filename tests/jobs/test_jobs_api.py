@@ -262,12 +262,13 @@ def test_a_prefix_of_several_jobs_ids_is_refused_naming_them(jobs_api):
 def test_claim_heartbeat_progress_complete(jobs_api):
     api = jobs_api
     job = api.submit(lease_seconds=30)
-    assert api.worker.claim("w1", 0) is not None
+    claimed = api.worker.claim("w1", 0)
+    assert claimed is not None
     assert api.worker.claim("w2", 0) is None                         # nothing else queued
     running = api.submitter.get(job["id"])
     assert running["status"] == "running" and running["attempts"] == 1
-    assert running["lease"]["holder"] == "w1"
-    lease = _lease(api, job["id"])
+    assert running["lease"]["holder"] == "w1" and "token" not in running["lease"]
+    lease = claimed["lease"]["token"]          # only there: the database keeps its hash
     first_expiry = running["lease"]["expires_at"]
     time.sleep(0.05)
     state = api.worker.heartbeat(job["id"], lease)
@@ -293,12 +294,6 @@ def test_a_long_poll_claim_outlasts_a_short_http_timeout(jobs_api, monkeypatch):
     with JobsClient(jobs_api.server.url, jobs_api.server.token("jobs:work")) as worker:
         claimed = worker.claim("w1", 0, wait=4)
     assert claimed is not None and claimed["job"]["id"] == submitted[0]["id"]
-
-
-def _lease(api, job_id: str) -> str:
-    """The lease token, read from the database (the claim's answer is the only other place)."""
-    with api.server.registry.db.read() as session:
-        return session.get(Job, job_id).lease_token
 
 
 def test_claim_respects_gpus_and_ray_resources(jobs_api):
@@ -400,6 +395,31 @@ def test_cancel_queued_at_once_running_through_the_worker(jobs_api):
     api.worker.complete(finished["id"], lease)
     with pytest.raises(Conflict, match="already succeeded"):
         api.submitter.cancel(finished["id"])
+
+
+def test_a_result_upload_on_a_full_disk_is_a_507_naming_the_job_and_keeps_the_lease(
+        jobs_api, tmp_path, monkeypatch):
+    """The registry's disk full under a job's result upload was a bare 500. Now 507 says whose
+    result could not be stored and how to make room; nothing is recorded, the worker keeps its
+    lease, and the same upload goes through once there is room. The disk is simulated (why not
+    a real one: tests/utils/full_disk.py)."""
+    from oscar_zoo.zoo.errors import RemoteError
+    from tests.utils.full_disk import full_disk
+
+    api = jobs_api
+    job = api.submit(lease_seconds=60)
+    lease = api.worker.claim("w1", 0)["lease"]["token"]
+    make_bundle(tmp_path / "a", seed=1)
+    staging = api.server.data_dir / "staging"
+    with full_disk(monkeypatch, staging, free=0), pytest.raises(RemoteError) as failed:
+        api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
+    message = str(failed.value)
+    assert "507 Insufficient storage" in message
+    assert f"while staging job {job['id']}'s result" in message and "`oscar-zoo db gc`" in message
+    assert _count(api.server, BundleVersion) == 0 and list(staging.iterdir()) == []
+    assert api.submitter.get(job["id"])["status"] == "running"
+    version, created = api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
+    assert created and version["source_job"] == job["id"]
 
 
 def test_one_version_per_job_even_when_a_retry_uploads_other_bytes(jobs_api, tmp_path):

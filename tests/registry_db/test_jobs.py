@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oscar_zoo.registry_db import jobs
+from oscar_zoo.registry_db.tokens import hash_token
 from oscar_zoo.zoo.errors import Conflict, LeaseLost
 
 
@@ -210,9 +211,10 @@ def test_an_attach_fences_the_task_before_it_but_not_the_dispatcher(registry):
     partition): both had attached with the dispatcher's token and reported with it, so both
     could beat, report progress and complete."""
     job_id, claimed = dispatched(registry)
+    never_received = attached_token(registry, job_id, claimed, FIRST_TASK)
+    # its reply was lost: attached again, it gets a new token (only the first's hash was kept)
     first = attached_token(registry, job_id, claimed, FIRST_TASK)
-    assert first and first != claimed
-    assert attached_token(registry, job_id, claimed, FIRST_TASK) == first  # its reply was lost
+    assert first and first not in (claimed, never_received)
     with registry.db.write() as s:
         jobs.heartbeat(s, job_id, first)
     retry = attached_token(registry, job_id, claimed, RETRY)
@@ -248,10 +250,10 @@ def test_a_replaced_task_cannot_take_the_lease_back_by_attaching_again(registry)
     retry = attached_token(registry, job_id, claimed, RETRY)
     with pytest.raises(LeaseLost, match="replaced by a later one"), registry.db.write() as s:
         jobs.attach(s, job_id, claimed, FIRST_TASK)
-    assert attached_token(registry, job_id, claimed, RETRY) == retry   # its own lost reply
+    retry = attached_token(registry, job_id, claimed, RETRY)           # its own lost reply
     with registry.db.write() as s:
         job = jobs.report_progress(s, job_id, retry, "pass1")
-        assert (job.attempts, job.lease_holder, job.task_token) == (2, RETRY, retry)
+        assert (job.attempts, job.lease_holder, job.task_token) == (2, RETRY, hash_token(retry))
 
 
 def test_a_requeued_job_keeps_no_task_token(registry):
@@ -307,3 +309,59 @@ def test_a_repeated_cancel_changes_nothing_and_records_one_event(registry, runni
             jobs.request_cancel(s, job_id, "token:ops", token_id=0, admin=True)
     assert status(registry, job_id) == (("running", True) if running else ("cancelled", False))
     assert _cancel_events(registry, job_id) == 1
+
+
+# --- fencing tokens are stored as their hash ---------------------------------------------------
+
+def test_the_lease_tokens_are_stored_as_their_hash_only(registry):
+    """The claim's and the attached task's tokens were stored as given: anyone reading the
+    database (a dump, a backup, a read-only replica) could heartbeat, fail or publish for any
+    running job. Only what the registry handed out holds the lease, never what it stored."""
+    job_id, claimed = dispatched(registry)
+    task = attached_token(registry, job_id, claimed, FIRST_TASK)
+    with registry.db.read() as s:
+        job = jobs.get(s, job_id)
+        stored = (job.lease_token, job.task_token)
+    assert stored == (hash_token(claimed), hash_token(task))
+    assert claimed not in stored and task not in stored
+    for leaked in stored:
+        with pytest.raises(LeaseLost), registry.db.write() as s:
+            jobs.heartbeat(s, job_id, leaked)
+        with pytest.raises(LeaseLost), registry.db.write() as s:
+            jobs.attach(s, job_id, leaked, "ray-task:thief")
+    with registry.db.write() as s:
+        jobs.heartbeat(s, job_id, claimed)
+        jobs.report_progress(s, job_id, task, "pass1")
+
+
+def test_a_token_that_is_not_ascii_holds_no_lease(registry):
+    """Hashing a lone surrogate (JSON may carry one) raised UnicodeEncodeError: a 500, not 409."""
+    submit(registry)
+    job_id, token = claim(registry)
+    for odd in ("\udcff", token[:-1] + "\u00e9"):
+        with pytest.raises(LeaseLost), registry.db.write() as s:
+            jobs.heartbeat(s, job_id, odd)
+
+
+def test_a_job_whose_submitter_expired_is_an_admin_tokens_to_cancel(registry):
+    """The refusal said to cancel with the submitting token, which its expiry made useless."""
+    from datetime import datetime, timedelta, timezone
+
+    from oscar_zoo.registry_db.tokens import create_token
+    from oscar_zoo.zoo.errors import Forbidden
+
+    with registry.db.write() as s:
+        owner, _ = create_token(s, ["jobs:submit"], "ci", expires_in=timedelta(hours=1))
+        other, _ = create_token(s, ["jobs:submit"], "other")
+        job, _ = jobs.submit(s, {"model": "smollm2-135m"}, model="smollm2-135m", gpus=1,
+                             max_attempts=3, lease_seconds=60, created_by_token_id=owner.id)
+        ids = (job.id, owner.id, other.id)
+    with registry.db.write() as s:
+        with pytest.raises(Forbidden, match="cancel it with that token or an admin token"):
+            jobs.request_cancel(s, ids[0], "token:other", token_id=ids[2])
+        s.get(jobs.ApiToken, ids[1]).expires_at = datetime.now(timezone.utc) - timedelta(seconds=1)
+    with registry.db.write() as s:
+        with pytest.raises(Forbidden, match=r"\(id \d+\), which expired at .*only an admin token"):
+            jobs.request_cancel(s, ids[0], "token:other", token_id=ids[2])
+        assert jobs.request_cancel(s, ids[0], "token:admin", token_id=ids[2],
+                                   admin=True).status == "cancelled"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -119,4 +121,81 @@ def test_0006_repairs_stuck_cancels_and_aliases_left_on_yanked_versions(registry
         assert (jobs["stuck"].status, jobs["stuck"].progress["phase"]) == ("cancelled", "cancelled")
         assert jobs["stuck"].finished_at is not None and jobs["stuck"].finished_at.tzinfo is not None
         assert jobs["waiting"].status == "queued" and jobs["running"].status == "running"
+    db.dispose()
+
+
+def _running_at_0009(db: Database) -> dict[str, str]:
+    """Jobs as the release before 0010 and 0011 left them: a claimed one, a Ray one whose task
+    attached, their tokens in plain text, and one with a cancel pending; the tokens by name."""
+    from sqlalchemy.orm import Session
+
+    from oscar_zoo.registry_db.models import Job
+
+    migrate.upgrade(db, "0009")
+    plain = {"claim": "0f" * 16, "ray-claim": "1e" * 16, "task": "2d" * 16}
+    lease = dict(spec={}, status="running", phase="pass1", progress={"phase": "pass1"},
+                 attempts=1, max_attempts=3, cancel_requested=False, lease_seconds=60.0,
+                 lease_expires_at=datetime.now(timezone.utc) + timedelta(minutes=5), timings={},
+                 task_token=None)   # every row the same keys: an insert of many takes the first's
+    with Session(db.engine) as s, s.begin():
+        # Core, not ORM objects: the ORM writes every column of today's model
+        s.execute(Job.__table__.insert(), [
+            dict(id="11111111-0000-0000-0000-000000000000", lease_holder="worker:1",
+                 lease_token=plain["claim"], **lease),
+            dict(id="22222222-0000-0000-0000-000000000000", lease_holder="ray-task:1",
+                 lease_token=plain["ray-claim"], **{**lease, "task_token": plain["task"]}),
+            dict(id="33333333-0000-0000-0000-000000000000", lease_holder="worker:2",
+                 lease_token="3c" * 16, **{**lease, "cancel_requested": True})])
+    return plain
+
+
+def test_0011_hashes_the_stored_lease_tokens_and_their_workers_keep_the_leases(registry_db_url):
+    """Workers holding a lease across the upgrade present the token they were given: it must
+    still hold, though the row now keeps only its hash."""
+    from oscar_zoo.registry_db import jobs
+    from oscar_zoo.registry_db.tokens import hash_token
+    from oscar_zoo.zoo.errors import LeaseLost
+
+    db = Database(registry_db_url)
+    plain = _running_at_0009(db)
+    migrate.upgrade(db)
+    with db.write() as s:
+        claimed = jobs.get(s, "11111111-0000-0000-0000-000000000000")
+        ray = jobs.get(s, "22222222-0000-0000-0000-000000000000")
+        assert claimed.lease_token == hash_token(plain["claim"])
+        assert (ray.lease_token, ray.task_token) == (hash_token(plain["ray-claim"]),
+                                                     hash_token(plain["task"]))
+        jobs.heartbeat(s, claimed.id, plain["claim"])
+        jobs.report_progress(s, claimed.id, plain["claim"], "fitting")
+        jobs.heartbeat(s, ray.id, plain["ray-claim"])            # the dispatcher's
+        jobs.report_progress(s, ray.id, plain["task"], "fitting")  # the task's
+    with pytest.raises(LeaseLost, match="attached task"), db.write() as s:
+        jobs.report_progress(s, ray.id, plain["ray-claim"], "fitting")
+    db.dispose()
+
+
+def test_0011_downgrade_gives_the_running_jobs_back(registry_db_url):
+    """The hashes cannot be turned back into tokens, and the older code compares tokens as they
+    are: leases would be lost in silence, each job left running until its lease ran out and
+    the sweep spent an attempt. They are given back as a worker shutting down gives them."""
+    from alembic import command
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from oscar_zoo.registry_db.models import Job
+
+    db = Database(registry_db_url)
+    _running_at_0009(db)
+    migrate.upgrade(db)
+    cfg = migrate._config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0010")
+    with Session(db.engine) as s:
+        got = {j.id[0]: j for j in s.scalars(select(Job))}
+    for job in got.values():
+        assert (job.lease_token, job.task_token, job.lease_holder) == (None, None, None)
+    assert [(got[k].status, got[k].attempts) for k in "12"] == [("queued", 0), ("queued", 0)]
+    assert "downgraded" in got["1"].progress["requeued"] and got["1"].timings == {}
+    assert (got["3"].status, got["3"].finished_at is not None) == ("cancelled", True)
     db.dispose()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import select
 
 from oscar_zoo.registry_db.models import ApiToken, AuditEvent
 from oscar_zoo.registry_db.registry import open_registry
-from oscar_zoo.registry_db.tokens import (authenticate, create_token, hash_token, list_tokens,
-                                          revoke_token)
+from oscar_zoo.registry_db.tokens import (authenticate, check_live, create_token, hash_token,
+                                          identify, list_tokens, parse_duration, revoke_token,
+                                          state_of)
 from oscar_zoo.zoo.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 
@@ -283,3 +287,123 @@ def test_a_token_read_with_its_newline_is_revoked(db):
     with db.read() as s:
         with pytest.raises(Unauthorized, match="revoked"):
             authenticate(s, token, "admin")
+
+
+# --- expiry ------------------------------------------------------------------------------------
+
+def _expire(db, token_id: int, ago: timedelta = timedelta(minutes=5)) -> datetime:
+    """Move the token's expiry into the past (what waiting would do): the time it expired."""
+    at = datetime.now(timezone.utc) - ago
+    with db.write() as s:
+        s.get(ApiToken, token_id).expires_at = at
+    return at
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("30m", timedelta(minutes=30)), ("12h", timedelta(hours=12)), ("90d", timedelta(days=90)),
+    ("52w", timedelta(weeks=52)), (" 7d\n", timedelta(days=7))])
+def test_an_expiry_is_a_number_and_a_unit(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text, error", [
+    ("90", "not a duration"), ("1y", "not a duration"), ("-5d", "not a duration"),
+    ("1.5h", "not a duration"), ("", "not a duration"), ("90 d", "not a duration"),
+    ("0d", "more than 0"), ("3651d", "at most 3650d"), ("999999999999w", "at most 3650d")])
+def test_a_bad_expiry_names_the_forms_it_takes(text, error):
+    with pytest.raises(InvalidInput, match=error) as refused:
+        parse_duration(text)
+    message = str(refused.value)
+    assert "30m, 12h, 90d, 52w" in message or "leave it out" in message, message
+
+
+def test_an_expired_token_is_refused_and_its_holder_told_when(db):
+    """Tokens never expired: one leaked from an old CI log was good forever unless someone
+    remembered to revoke it."""
+    with db.write() as s:
+        row, token = create_token(s, ["jobs:work"], "nightly-bot", expires_in=timedelta(hours=1))
+        _, forever = create_token(s, ["admin"], "forever")
+        row_id = row.id
+        left = row.expires_at - datetime.now(timezone.utc)
+        assert timedelta(minutes=59) < left <= timedelta(hours=1)
+        created = s.scalar(select(AuditEvent).where(AuditEvent.target == f"token:{row_id}"))
+        assert created.detail["expires_at"] == row.expires_at.isoformat(timespec="seconds")
+    with db.read() as s:
+        assert authenticate(s, token, "jobs:work").id == row_id  # not yet
+        assert state_of(s.get(ApiToken, row_id)) == "live"
+    at = _expire(db, row_id)
+    with db.read() as s:
+        for check in (lambda: authenticate(s, token, "jobs:work"), lambda: identify(s, token),
+                      lambda: check_live(s, row_id)):
+            with pytest.raises(Unauthorized, match="expired at") as refused:
+                check()
+            message = str(refused.value)
+            assert at.isoformat(timespec="seconds") in message and "tokens create" in message
+            # nothing else of the token: not its name, id or scopes
+            assert "nightly-bot" not in message and "jobs:work" not in message, message
+            assert f"token:{row_id}" not in message and f"id {row_id}" not in message
+        authenticate(s, forever, "admin")                        # no expiry: good until revoked
+        assert {t.name: state_of(t) for t in list_tokens(s)} == {"nightly-bot": "expired",
+                                                              "forever": "live"}
+
+
+def test_an_expired_token_revoked_is_only_unknown_or_revoked(db):
+    """Revoked wins: the holder of a revoked token learns no more than today (not that it had
+    also expired), as the holder of an unknown one learns nothing."""
+    with db.write() as s:
+        row, token = create_token(s, ["admin"], "ci", expires_in=timedelta(days=1))
+        row_id = row.id
+    _expire(db, row_id)
+    with db.write() as s:
+        revoke_token(s, str(row_id))
+    with db.read() as s:
+        for check in (lambda: authenticate(s, token, "admin"), lambda: check_live(s, row_id)):
+            with pytest.raises(Unauthorized, match="revoked") as refused:
+                check()
+            assert "expired" not in str(refused.value)
+        assert state_of(list_tokens(s)[0]) == "revoked"
+
+
+def test_an_expired_token_keeps_its_name_until_revoked(db):
+    """The name is the actor of the token's writes (one live token per name, the index counts
+    every token not revoked): reusing it takes a revoke, and the refusal says so."""
+    with db.write() as s:
+        row, _ = create_token(s, ["admin"], "ci", expires_in=timedelta(days=1))
+        row_id = row.id
+    _expire(db, row_id)
+    with db.write() as s:
+        with pytest.raises(InvalidInput, match=rf"named 'ci' \(id {row_id}\) expired at .* keeps "
+                                               rf"its name until it is revoked.*oscar-zoo tokens "
+                                               rf"revoke {row_id}"):
+            create_token(s, ["admin"], "ci")
+    with db.write() as s:
+        assert revoke_token(s, "ci").id == row_id                # an expired token is revocable
+    with db.write() as s:
+        assert create_token(s, ["admin"], "ci")[0].expires_at is None
+
+
+def test_migration_0010_downgrade_revokes_the_expired_tokens(registry_db_url):
+    """The schema before 0010 has no expiry: an expired token would be good again there."""
+    from alembic import command
+
+    from oscar_zoo.registry_db import migrate
+    from oscar_zoo.registry_db.session import Database
+
+    db = Database(registry_db_url)
+    migrate.upgrade(db)
+    with db.write() as s:
+        old, _ = create_token(s, ["admin"], "old", expires_in=timedelta(days=1))
+        fresh, _ = create_token(s, ["admin"], "fresh", expires_in=timedelta(days=1))
+        ids = (old.id, fresh.id)
+    _expire(db, ids[0])
+    cfg = migrate._config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0009")
+    with db.engine.connect() as conn:
+        rows = dict(conn.execute(sa.text("select id, revoked_at from api_tokens")).all())
+        events = conn.execute(sa.text("select actor, action, target from audit_log "
+                                      "where action = 'token.revoke'")).all()
+    assert rows[ids[0]] is not None and rows[ids[1]] is None
+    assert events == [("migration 0010 downgrade", "token.revoke", f"token:{ids[0]}")]
+    db.dispose()

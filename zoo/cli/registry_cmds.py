@@ -113,34 +113,58 @@ def tokens_group():
     """API tokens for writes (publish, jobs, admin)."""
 
 
+class Duration(click.ParamType):
+    """30m, 12h, 90d, 52w: a bad form is a usage error (exit 2) naming the forms."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        from ...registry_db.tokens import parse_duration
+        from ..errors import InvalidInput
+
+        try:
+            return parse_duration(value)
+        except InvalidInput as e:
+            self.fail(str(e), param, ctx)
+
+
 @tokens_group.command("create")
 @click.option("--scope", "scopes", multiple=True, required=True,
               type=click.Choice(["bundles:publish", "jobs:submit", "jobs:work", "admin"]),
               help="Scope; repeat for several.")
 @click.option("--name", default="", help="A label to recognise the token by.")
-def tokens_create(scopes: tuple[str, ...], name: str):
+@click.option("--expires-in", type=Duration(),
+              help="Refuse the token after this long: 30m, 12h, 90d, 52w. Default: never expires.")
+def tokens_create(scopes: tuple[str, ...], name: str, expires_in):
     """Create a token and print it once (store it now: only its hash is kept)."""
     from ...registry_db.registry import open_registry
     from ...registry_db.tokens import create_token
 
     registry = open_registry()
     with registry.db.write() as session:
-        row, token = create_token(session, list(scopes), name, created_by="cli")
-    info(f"token {row.name!r} ({', '.join(row.scopes)}); it is shown only this once")
+        row, token = create_token(session, list(scopes), name, created_by="cli",
+                                  expires_in=expires_in)
+    # said on every create, so that a token with no expiry is a choice someone saw
+    until = (f"expires {row.expires_at.isoformat(timespec='seconds')}" if row.expires_at
+             else "never expires (--expires-in 90d makes one that does)")
+    info(f"token {row.name!r} ({', '.join(row.scopes)}), {until}; it is shown only this once")
     click.echo(token)
 
 
 @tokens_group.command("list")
 @json_option
 def tokens_list(as_json: bool):
-    """Tokens with their scopes (never the tokens themselves)."""
+    """Tokens with their scopes, expiry and state: live, expired or revoked (never the tokens
+    themselves)."""
     from ...registry_db.registry import open_registry
-    from ...registry_db.tokens import list_tokens
+    from ...registry_db.tokens import list_tokens, state_of
 
     with open_registry().db.read() as session:
         rows = [{"id": t.id, "name": t.name, "prefix": t.prefix, "scopes": t.scopes,
                  "created_at": t.created_at.isoformat(),
-                 "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
+                 "expires_at": t.expires_at.isoformat() if t.expires_at else None,
+                 "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+                 "state": state_of(t)}
                 for t in list_tokens(session)]
     emit(rows, as_json, _human_tokens)
 
@@ -149,8 +173,16 @@ def _human_tokens(rows: list[dict]) -> str:
     if not rows:
         return "no tokens; create one with `oscar-zoo tokens create --scope ...`"
     return "\n".join(f"{r['id']:>4}  {r['prefix']}...  {r['name']:<24} {','.join(r['scopes']):<28}"
-                     f"{'revoked ' + r['revoked_at'][:19] if r['revoked_at'] else 'live'}"
-                     for r in rows)
+                     f"{_state_shown(r)}" for r in rows)
+
+
+def _state_shown(row: dict) -> str:
+    """revoked <when>, expired <when>, live until <when>, or live (no expiry)."""
+    if row["state"] == "revoked":
+        return f"revoked {row['revoked_at'][:19]}"
+    if row["state"] == "expired":
+        return f"expired {row['expires_at'][:19]}"
+    return f"live until {row['expires_at'][:19]}" if row["expires_at"] else "live"
 
 
 @tokens_group.command("revoke")

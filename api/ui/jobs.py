@@ -4,12 +4,15 @@ Rows come from the jobs API's own queries and serializers (registry_db/jobs.py,
 api/routes/jobs.py), so the page shows exactly `GET /v1/jobs` and `GET /v1/jobs/{id}`. The job
 page subscribes to `GET /v1/jobs/{id}/events` with EventSource (static/app.js), whose events
 carry that same JSON; without JavaScript it shows the state at load time and a refresh link.
+Both link a job's model to its page (whose recent jobs, pages.recent_jobs, link back here) and
+the version a job published to that version's page.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
 
 from ...registry_db import jobs as jobs_db
 from ...registry_db import ui_queries
@@ -31,10 +34,11 @@ def job_list(request: Request, status: str | None = Query(None, max_length=20),
         found = jobs_db.list_jobs(session, status, _model_name(session, model), 50, cursor)
         results = results_of(session, found.items)
         jobs = [job_summary(j, results.get(j.result_version_id)) for j in found.items]
+        pages = model_pages(session, jobs)
     query = request.url.query
     return page(request, "jobs.html", {
-        "jobs": jobs, "status": status or "", "model": model or "", "statuses": jobs_db.STATUSES,
-        "more": next_page(request, found.next_cursor),
+        "jobs": jobs, "model_pages": pages, "status": status or "", "model": model or "",
+        "statuses": jobs_db.STATUSES, "more": next_page(request, found.next_cursor),
         "api": "/v1/jobs" + (f"?{query}" if query else "")})
 
 
@@ -44,9 +48,20 @@ def job_page(request: Request, job_id: str):
         row = jobs_db.resolve(session, job_id)   # whole, or a unique prefix as the CLI shows
         job = detail_of(session, row)
         hardware = ui_queries.calibrated_on(session, row.result_version_id)
+        pages = model_pages(session, [job])
     return page(request, "job.html", {
-        "job": job, "terminal": job["status"] in jobs_db.TERMINAL, "worker": worker_of(job),
-        "hardware": hardware, "events": f"/v1/jobs/{job['id']}/events", "api": f"/v1/jobs/{job['id']}"})
+        "job": job, "model_page": pages.get(job["id"]), "worker": worker_of(job),
+        "terminal": job["status"] in jobs_db.TERMINAL, "hardware": hardware,
+        "events": f"/v1/jobs/{job['id']}/events", "api": f"/v1/jobs/{job['id']}"})
+
+
+def model_pages(session: Session, jobs: list[dict]) -> dict[str, str]:
+    """job id -> the name of the model page its model links to. Jobs from before migration 0002
+    name no model, but the version one published names its own; a job submitted by a hub id
+    nobody has published is filed under a name that is no model yet: no link, not a 404."""
+    wanted = {j["id"]: j["model"] or j["result_model"] for j in jobs}
+    known = ui_queries.known_models(session, list(wanted.values()))
+    return {job_id: name for job_id, name in wanted.items() if name in known}
 
 
 def worker_of(job: dict) -> str:

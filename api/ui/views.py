@@ -3,8 +3,8 @@ registry_db/queries.py), so a page and `GET /v1/...` always agree."""
 
 from __future__ import annotations
 
-
 from ...registry_db.models import BundleVersion
+from ...registry_db.ui_queries import extra_loss
 from ...zoo.interop.convert import oscar_names
 from ...zoo.manifest import Manifest
 from ...zoo.recipes import sglang_recipe
@@ -26,10 +26,9 @@ def headline(v: BundleVersion | None) -> dict | None:
     """The at-a-glance summary of a model's recommended (else latest) version."""
     if v is None:
         return None
-    by = {r["name"]: r for r in (v.validation or {}).get("variants", [])}
-    return {**serialize.version_summary(v, []),
-            "delta_nll": by.get("bundle", {}).get("delta_nll"),
-            "naive_delta_nll": by.get("naive", {}).get("delta_nll")}
+    # the same number the home page sorts by (ui_queries.sorted_models)
+    return {**serialize.version_summary(v, []), "delta_nll": extra_loss(v.validation),
+            "naive_delta_nll": extra_loss(v.validation, "naive")}
 
 
 def other_versions(counts: dict[str, int]) -> str:

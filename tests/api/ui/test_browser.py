@@ -98,7 +98,76 @@ def test_model_page_shows_versions_and_validation(page, shots):
     expect(page.locator("#pull-cmd")).to_contain_text("oscar-zoo pull smollm2-135m@2")
     expect(page.locator("#sglang-cmd")).to_contain_text("--kv-cache-dtype int2")
     expect(page.locator("button[data-copy]").first).to_be_visible()   # JS enhanced the page
+
+
+def test_a_job_links_its_model_and_the_model_its_jobs(page, site, shots):
+    from oscar_zoo.registry_db import queries
+    from playwright.sync_api import expect
+
+    server = site.server
+    with server.registry.db.read() as session:
+        v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2).id
+    done = add_job(server, status="succeeded", phase="succeeded", result_version_id=v2,
+                   created_by="alice", lease_holder=None, finished_at=datetime.now(timezone.utc),
+                   progress={"phase": "succeeded", "done": 1, "total": 1})
+    running = add_job(server, phase="pass2", created_by="bob",
+                      progress={"phase": "pass2", "done": 12, "total": 30, "layer": 11})
+    page.goto("/jobs")
+    row = page.locator("tbody tr").filter(has=page.locator(f'a[href="/jobs/{done}"]'))
+    row.get_by_role("link", name="smollm2-135m", exact=True).click()
+    expect(page).to_have_title("smollm2-135m · oscar-zoo")
+    jobs = page.locator('section[aria-labelledby="jobs"] tbody tr')
+    expect(jobs.nth(0)).to_contain_text(running[:8])          # newest first
+    expect(jobs.nth(0)).to_contain_text("bob")
+    expect(jobs.nth(1)).to_contain_text(done[:8])
+    expect(jobs.nth(1)).to_contain_text("alice")
+    expect(page.locator("button[data-copy]").first).to_be_visible()   # JS enhanced the page
     page.screenshot(path=shots / "model.png", full_page=True)
+    jobs.nth(1).get_by_role("link", name="v2", exact=True).click()     # the version it published
+    expect(page).to_have_title("smollm2-135m v2 · oscar-zoo")
+    page.go_back()
+    page.get_by_role("link", name="These jobs on the jobs page").click()
+    expect(page).to_have_url(re.compile(r"/jobs\?model=smollm2-135m$"))
+    expect(page.locator("tbody tr").first).to_contain_text(running[:8])
+    page.get_by_role("link", name=running[:8]).click()
+    expect(page).to_have_title(f"Job {running[:8]} · oscar-zoo")
+    page.get_by_role("heading", level=1).get_by_role("link", name="smollm2-135m").click()
+    expect(page).to_have_title("smollm2-135m · oscar-zoo")
+
+
+def test_sorting_a_table_by_its_header(page):
+    """Headers are links (no JavaScript): a click sorts, the next one reverses the order, and
+    the sorted column says so to assistive technology (aria-sort)."""
+    from playwright.sync_api import expect
+
+    page.goto("/")
+    names = page.locator("table.models tbody th a")
+    loss = page.get_by_role("columnheader", name="Extra loss vs BF16")
+    expect(page.get_by_role("columnheader", name="Model")).to_have_attribute("aria-sort", "ascending")
+    expect(loss).not_to_have_attribute("aria-sort", re.compile("."))
+    page.get_by_role("link", name="Extra loss vs BF16").click()
+    expect(page).to_have_url(re.compile(r"/\?sort=loss$"))
+    expect(loss).to_have_attribute("aria-sort", "ascending")
+    assert names.all_text_contents()[:2] == ["smollm2-135m", "qwen3.5-4b"]   # +0.0044, +0.0052
+    page.get_by_role("link", name="Extra loss vs BF16").click()
+    expect(page).to_have_url(re.compile(r"/\?sort=-loss$"))
+    expect(loss).to_have_attribute("aria-sort", "descending")
+    assert names.all_text_contents()[:2] == ["qwen3.5-4b", "smollm2-135m"]
+    # models with no version have no loss: last, by name, whichever the direction
+    rest = names.all_text_contents()[2:]
+    assert rest == sorted(rest) and len(rest) > 2
+
+    page.goto("/models/smollm2-135m")
+    versions = page.locator("#versions ~ table tbody th a")
+    expect(versions).to_have_text(["v3", "v2", "v1"])
+    page.locator("#versions ~ table").get_by_role("link", name="Version").click()
+    expect(page).to_have_url(re.compile(r"/models/smollm2-135m\?sort=version#versions$"))
+    expect(versions).to_have_text(["v1", "v2", "v3"])
+    expect(page.locator("#versions")).to_be_in_viewport()     # the page opens at its table
+    page.locator("#versions ~ table").get_by_role("link", name="Size").click()
+    expect(page).to_have_url(re.compile(r"\?sort=size#versions$"))
+    expect(versions.first).not_to_have_text("v3")             # the per-KV-head bundle is biggest
+    expect(versions.last).to_have_text("v3")
 
 
 def test_version_page_renders_its_charts(page, shots):

@@ -373,3 +373,239 @@ def test_a_page_that_hits_a_bug_answers_a_browser_in_html(seeded, monkeypatch, c
     assert r.status_code == 500 and r.headers["content-type"].startswith("text/html")
     assert "<title>Internal error · oscar-zoo</title>" in r.text and "a bug" not in r.text
     assert any(rec.exc_info and rec.exc_info[0] is ZeroDivisionError for rec in caplog.records)
+
+
+# --- sorting ---------------------------------------------------------------------------------
+
+HOME_SORTS = ("name", "-name", "published", "-published", "versions", "-versions", "loss", "-loss")
+VERSION_SORTS = ("version", "-version", "created", "-created", "size", "-size", "loss", "-loss")
+
+
+def sort_header(page: str, label: str) -> tuple[str, str | None]:
+    """A sortable column's header: (its link, unescaped; its aria-sort, None when not sorted)."""
+    found = re.search(r'<th scope="col"(?: aria-sort="(\w+)")?><a class="sort" href="([^"]*)">'
+                      + re.escape(label) + r"[&<]", page)
+    assert found, f"no sortable header {label!r}"
+    return html.unescape(found.group(2)), found.group(1)
+
+
+def version_numbers(page: str) -> list[int]:
+    table = page[page.index('<h2 id="versions">'):page.index('<h2 id="jobs">')]
+    return [int(n) for n in re.findall(r'<th scope="row"><a href="/models/[^"]+/versions/(\d+)">', table)]
+
+
+def bundle_loss(validation: dict | None) -> float | None:
+    return next((r["delta_nll"] for r in (validation or {}).get("variants", [])
+                 if r["name"] == "bundle"), None)
+
+
+def in_order(keys: dict, sort: str, tie_descending: bool = False) -> list:
+    """The rows of `keys` (row -> value) in the order `sort` names, worked out here: rows with
+    no value last either way, ties by the row itself (a name; a version number, newest first)."""
+    valued = sorted((r for r in keys if keys[r] is not None), reverse=tie_descending)
+    valued.sort(key=lambda r: keys[r], reverse=sort.startswith("-"))     # stable: ties stay
+    return valued + sorted((r for r in keys if keys[r] is None), reverse=tie_descending)
+
+
+def home_keys(http) -> dict[str, dict]:
+    """Each model's sort values as the JSON API gives them."""
+    out = {}
+    for m in http.get("/v1/models", params={"limit": 200}).json()["items"]:
+        versions = http.get(f"/v1/models/{m['name']}/versions", params={"limit": 200}).json()["items"]
+        published = [v["created_at"] for v in versions if v["status"] == "published"]
+        head = m["recommended_version"] or m["latest_version"]
+        detail = head and http.get(f"/v1/models/{m['name']}/versions/{head}").json()
+        out[m["name"]] = {"name": m["name"], "published": max(published, default=None),
+                          "versions": len(published),
+                          "loss": bundle_loss(detail["validation"]) if detail else None}
+    return out
+
+
+def test_home_sorts_by_each_column(seeded):
+    with seeded.server.client() as http:
+        keys = home_keys(http)
+        for sort in HOME_SORTS:
+            want = in_order({name: k[sort.lstrip("-")] for name, k in keys.items()}, sort)
+            assert model_names(http.get("/", params={"sort": sort}).text) == want, sort
+        first_two = lambda sort: model_names(http.get("/", params={"sort": sort}).text)[:2]
+        # the seeded models tell the orders apart (every other model has no version)
+        assert first_two("loss") == ["smollm2-135m", "qwen3.5-4b"]     # v2's +0.0044, +0.0052
+        assert first_two("-loss") == ["qwen3.5-4b", "smollm2-135m"]
+        assert first_two("-published") == ["qwen3.5-4b", "smollm2-135m"]  # published last
+        assert first_two("published") == ["smollm2-135m", "qwen3.5-4b"]
+        assert first_two("-versions") == ["smollm2-135m", "qwen3.5-4b"]    # 3 and 1
+        names = model_names(http.get("/").text)
+        assert names == sorted(names) and model_names(http.get("/?sort=-name").text) == names[::-1]
+        at = keys["qwen3.5-4b"]["published"]
+        assert (f'<td><time datetime="{at}" title="{at[:10]} {at[11:16]} UTC">{at[:10]}</time></td>'
+                in http.get("/?q=qwen3.5-4b").text)
+
+
+def test_model_page_sorts_versions(seeded):
+    with seeded.server.client() as http:
+        items = http.get("/v1/models/smollm2-135m/versions").json()["items"]
+        details = {v["version"]: http.get(f"/v1/models/smollm2-135m/versions/{v['version']}").json()
+                   for v in items}
+        keys = {"version": {n: n for n in details}, "created": {v["version"]: v["created_at"] for v in items},
+                "size": {v["version"]: v["size"] for v in items},
+                "loss": {n: bundle_loss(d["validation"]) for n, d in details.items()}}
+        for sort in VERSION_SORTS:
+            page = http.get("/models/smollm2-135m", params={"sort": sort}).text
+            assert version_numbers(page) == in_order(keys[sort.lstrip("-")], sort, True), sort
+        assert version_numbers(http.get("/models/smollm2-135m").text) == [3, 2, 1]
+        assert version_numbers(http.get("/models/smollm2-135m?sort=version").text) == [1, 2, 3]
+        assert version_numbers(http.get("/models/smollm2-135m?sort=-size").text)[0] == 3  # per KV head
+        page = http.get("/models/smollm2-135m").text
+        row = page[page.index('href="/models/smollm2-135m/versions/1">v1</a></th>'):]
+        assert f'<td class="num">{keys["loss"][1]:+.4f}</td>' in row[:row.index("</tr>")]
+        # a redirect to the model's own name keeps the order asked for
+        r = http.get("/models/HuggingFaceTB/SmolLM2-135M-Instruct?sort=loss", follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == "/models/smollm2-135m?sort=loss"
+
+
+def test_sort_headers_link_the_other_order_and_mark_the_sorted_one(seeded):
+    from oscar_zoo.registry_db.queries import encode_cursor
+
+    with seeded.server.client() as http:
+        page = http.get("/").text
+        assert sort_header(page, "Model") == ("?sort=-name", "ascending")
+        assert sort_header(page, "Published versions") == ("?sort=-versions", None)
+        assert sort_header(page, "Last published") == ("?sort=-published", None)
+        assert sort_header(page, "Extra loss vs BF16") == ("?sort=loss", None)
+        # filters stay, the cursor goes (it belongs to the order it was made in)
+        page = http.get("/", params={"q": "s", "sort": "loss", "cursor": encode_cursor(["loss", 0.0, "a"])}).text
+        assert sort_header(page, "Extra loss vs BF16") == ("?q=s&sort=-loss", "ascending")
+        assert sort_header(page, "Model") == ("?q=s", None)          # the default order
+        assert page.count("aria-sort=") == 1 and page.count('<span aria-hidden="true">▲</span>') == 1
+        assert "(sort descending)</span>" in page                    # what a click does, said
+        page = http.get("/?sort=-published").text
+        assert sort_header(page, "Last published") == ("?sort=published", "descending")
+        assert '<span aria-hidden="true">▼</span>' in page
+        page = http.get("/models/smollm2-135m").text
+        assert sort_header(page, "Version") == ("?sort=version#versions", "descending")
+        assert sort_header(page, "Created") == ("?sort=-created#versions", None)
+        assert sort_header(page, "Size") == ("?sort=size#versions", None)
+        assert sort_header(page, "Extra loss vs BF16") == ("?sort=loss#versions", None)
+        page = http.get("/models/smollm2-135m?sort=version").text
+        assert sort_header(page, "Version") == ("?#versions", "ascending")   # back to the default
+
+
+def follow(http, path: str, query: str, more: str) -> tuple[list[str], int]:
+    """Every page of a list through its rel=next links: (the pages' text, how many)."""
+    pages, link = [], query
+    while link:
+        pages.append(http.get(path + link).text)
+        found = re.search(r'<a href="([^"]+)" rel="next">' + more, pages[-1])
+        link = html.unescape(found.group(1)) if found else None
+    return pages, len(pages)
+
+
+def test_sorted_lists_page_through_every_row_once(seeded, monkeypatch):
+    from oscar_zoo.api.ui import pages
+
+    with seeded.server.client() as http:
+        whole = {(q, sort): model_names(http.get(f"/?{q}sort={sort}").text)
+                 for q in ("", "validated=true&") for sort in HOME_SORTS}
+        versions = {sort: version_numbers(http.get("/models/smollm2-135m", params={"sort": sort}).text)
+                    for sort in VERSION_SORTS}
+        monkeypatch.setattr(pages, "PAGE_SIZE", 2)        # the server runs in this process
+        for (q, sort), want in whole.items():
+            texts, n = follow(http, "/", f"?{q}sort={sort}", "More models")
+            assert [m for t in texts for m in model_names(t)] == want, (q, sort)
+            assert n == max(1, -(-len(want) // 2)), (q, sort)
+        assert whole["validated=true&", "-loss"] == ["qwen3.5-4b", "smollm2-135m"]
+        for sort, want in versions.items():
+            texts, n = follow(http, "/models/smollm2-135m", f"?sort={sort}", "Older versions")
+            assert [v for t in texts for v in version_numbers(t)] == want and n == 2, sort
+        # a cursor is refused in an order it was not made in
+        second = re.search(r'href="\?sort=loss&amp;cursor=([^"]+)" rel="next"',
+                           http.get("/?sort=loss").text).group(1)
+        for query in (f"?sort=-loss&cursor={second}", f"?sort=name&cursor={second}"):
+            r = http.get("/" + query)
+            assert r.status_code == 422 and "cursor" in r.text, query
+
+
+def test_a_sort_outside_the_whitelist_is_refused_with_the_accepted_values(seeded):
+    with seeded.server.client() as http:
+        for path, accepted in (("/", HOME_SORTS), ("/models/smollm2-135m", VERSION_SORTS),
+                               ("/models/qwen3.5-4b", VERSION_SORTS)):
+            for bad in ("bogus", "Name", "--loss", "loss ", "name;drop", "x" * 300):
+                r = http.get(path, params={"sort": bad})
+                assert r.status_code == 422 and r.headers["content-type"].startswith("text/html")
+                assert "<title>Invalid input · oscar-zoo</title>" in r.text, (path, bad)
+                said = html.unescape(re.search(r'<p role="alert">(.*?)</p>', r.text, re.S).group(1))
+                assert f"is not one of {', '.join(accepted)}" in said, said
+                assert len(said) < 300
+            assert http.get(path, params={"sort": ""}).status_code == 200   # empty: the default
+
+
+# --- jobs and models, both ways --------------------------------------------------------------
+
+def job_rows(section: str) -> dict[str, str]:
+    """job id -> its table row (the rows in order)."""
+    return dict(re.findall(r'<tr>\s*<th scope="row"><a href="/jobs/([0-9a-f-]{36})">(.*?)</tr>',
+                           section, re.S))
+
+
+def test_model_page_lists_its_latest_jobs_and_links_them(seeded):
+    server = seeded.server
+    with server.registry.db.read() as session:
+        from oscar_zoo.registry_db import queries
+        v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2).id
+    done = add_job(server, status="succeeded", phase="succeeded", result_version_id=v2,
+                   created_by="alice", progress={"phase": "succeeded", "done": 1, "total": 1})
+    running = add_job(server, phase="pass2", created_by="bob",
+                      progress={"phase": "pass2", "done": 7, "total": 30, "layer": 6})
+    other = add_job(server, model="qwen3.5-4b")
+    section = lambda page: page[page.index('<h2 id="jobs">'):].split("</section>")[0]
+    with server.client() as http:
+        jobs = section(http.get("/models/smollm2-135m").text)
+        rows = job_rows(jobs)
+        api = [j["id"] for j in http.get("/v1/jobs", params={"model": "smollm2-135m"}).json()["items"]]
+        assert list(rows) == api == [running, done]                  # newest first
+        assert other not in jobs
+        assert "status-succeeded" in rows[done] and "<td>alice</td>" in rows[done]
+        assert '<td><a href="/models/smollm2-135m/versions/2">v2</a></td>' in rows[done]
+        assert "status-running" in rows[running] and "<td>bob</td>" in rows[running]
+        assert 'value="7"' in rows[running] and "<td>pass2</td>" in rows[running]
+        assert "/versions/" not in rows[running]
+        submitted = http.get(f"/v1/jobs/{done}").json()["created_at"]
+        assert f"<td>{submitted[:10]} {submitted[11:16]} UTC</td>" in rows[done]
+        link = re.search(r'<a href="([^"]+)">These jobs on the jobs page</a>', jobs).group(1)
+        assert link == "/jobs?model=smollm2-135m"
+        listed = http.get(link).text
+        assert re.findall(r'href="/jobs/([0-9a-f-]{36})"', listed) == api
+        for _ in range(10):
+            add_job(server, status="queued", progress={})
+        jobs = section(http.get("/models/smollm2-135m").text)
+        api = [j["id"] for j in http.get("/v1/jobs", params={"model": "smollm2-135m"}).json()["items"]]
+        assert list(job_rows(jobs)) == api[:10] and len(api) == 12
+        assert "The 10 latest jobs." in jobs
+        assert '<a href="/jobs?model=smollm2-135m">All jobs for smollm2-135m →</a>' in jobs
+        quiet = section(http.get("/models/glm-4.7-fp8").text)
+        assert "No calibration job for this model here yet" in quiet and "<table" not in quiet
+        assert "oscar-zoo jobs submit glm-4.7-fp8" in quiet
+
+
+def test_jobs_link_their_model_where_it_has_a_page(seeded):
+    server = seeded.server
+    with server.registry.db.read() as session:
+        from oscar_zoo.registry_db import queries
+        v2 = queries.resolve_version(session, queries.resolve_model(session, "smollm2-135m"), 2).id
+    plain = add_job(server, model="qwen3.5-4b")
+    old = add_job(server, model=None, status="succeeded", result_version_id=v2)      # before 0002
+    hub = add_job(server, model="tiny-model", spec={"model": "SomeOrg/Tiny-Model"})  # no model row
+    with server.client() as http:
+        rows = job_rows(http.get("/jobs").text)
+        model_cell = lambda job: re.search(r"</th>\s*<td>(.*?)</td>", rows[job], re.S).group(1)
+        assert model_cell(plain) == '<a href="/models/qwen3.5-4b">qwen3.5-4b</a>'
+        assert model_cell(old) == '<a href="/models/smollm2-135m">smollm2-135m</a>'  # its version's
+        assert model_cell(hub) == "tiny-model"                        # its page would be a 404
+        assert '<a href="/models/smollm2-135m/versions/2">v2</a>' in rows[old]
+        assert http.get("/models/tiny-model").status_code == 404
+        title = lambda job: re.search(r"<h1>(.*?)</h1>", http.get(f"/jobs/{job}").text).group(1)
+        assert title(plain).endswith(' · <a href="/models/qwen3.5-4b">qwen3.5-4b</a>')
+        assert title(old).endswith(' · <a href="/models/smollm2-135m">smollm2-135m</a>')
+        assert title(hub).endswith(" · tiny-model") and "<a " not in title(hub)
+        page = http.get(f"/jobs/{old}").text
+        assert '<a href="/models/smollm2-135m/versions/2">smollm2-135m v2</a>' in page

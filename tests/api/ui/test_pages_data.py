@@ -12,7 +12,7 @@ from oscar_zoo.zoo.bundle import Bundle, write
 
 from tests.api.ui.conftest import add_job
 from tests.api.ui.seeding import make_validated_bundle
-from tests.api.ui.test_pages import charts, decode_grid, model_names
+from tests.api.ui.test_pages import charts, decode_grid, model_names, sort_header, version_numbers
 from tests.utils.bundles import make_bundle, make_manifest, make_tensors
 from tests.utils.registry_server import upload_bundle
 
@@ -121,7 +121,7 @@ def test_home_counts_published_versions_and_does_not_call_every_model_calibrated
         home = http.get("/").text
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row_of(home, "smollm2-135m"), re.S)
     assert re.sub(r"\s+", " ", cells[2]).strip() == "1 <small>(also 1 draft, 1 yanked)</small>"
-    assert "<th scope=\"col\">Published versions</th>" in home
+    assert sort_header(home, "Published versions")[0] == "?sort=-versions"
     # catalog entries with no version are listed, and say so, under a heading that allows them
     assert "qwen3-8b" in model_names(home)
     assert "not calibrated yet" in row_of(home, "qwen3-8b")
@@ -210,3 +210,39 @@ def test_one_clip_pair_is_not_called_per_global(registry_server, tmp_path):
         page = http.get("/models/smollm2-135m/versions/1").text
     fact = re.search(r"<dt>clip ratios</dt><dd>(.*?)</dd>", page).group(1)
     assert fact == "K 0.96 / V 0.92 (one pair for every layer)"
+
+
+def test_orders_count_what_a_pull_gets_and_put_missing_values_last(registry_server, tmp_path):
+    """The sorted columns' edge cases: versions of equal loss (newest first either way), versions
+    and models with no validation report (last either way), and drafts and yanked versions,
+    which are neither counted as published nor date a model's last publish."""
+    def publish(name: str, model: str = "smollm2-135m", seed: int = 0, validated: bool = True,
+                **kw) -> None:
+        make = make_validated_bundle if validated else make_bundle
+        make(tmp_path / name, model=model, seed=seed)
+        registry_server.publish_dir(tmp_path / name, **kw)
+
+    for n, seed in enumerate((3, 5, 4, 0), 1):         # extra loss +0.0052, +0.0040, +0.0056, +0.0040
+        publish(f"s{n}", seed=seed)
+    publish("s5", seed=5, validated=False)             # smollm2-135m v5: no report
+    publish("q1", "qwen3.5-4b", seed=1)
+    publish("q2", "qwen3.5-4b", seed=2)
+    publish("s6", seed=6, validated=False, status="draft")   # the newest upload, a draft
+    with registry_server.client(registry_server.token("bundles:publish")) as http:
+        for n in (1, 2, 3, 4):
+            r = http.post(f"/v1/models/smollm2-135m/versions/{n}/yank", json={"reason": "bad"})
+            assert r.status_code == 200, r.text
+        names = lambda sort: model_names(http.get("/", params={"sort": sort}).text)
+        numbers = lambda sort: version_numbers(http.get("/models/smollm2-135m", params={"sort": sort}).text)
+        assert numbers("loss") == [4, 2, 1, 3, 6, 5]
+        assert numbers("-loss") == [3, 1, 4, 2, 6, 5]
+        # smollm2-135m: 1 version published (v5) and the newest upload (a draft); qwen3.5-4b: 2
+        assert names("-versions")[:2] == ["qwen3.5-4b", "smollm2-135m"]
+        assert names("-published")[:2] == ["qwen3.5-4b", "smollm2-135m"]
+        assert names("published")[:2] == ["smollm2-135m", "qwen3.5-4b"]
+        v5 = http.get("/v1/models/smollm2-135m/versions/5").json()["created_at"]
+        assert f'<time datetime="{v5}"' in row_of(http.get("/").text, "smollm2-135m")
+        for sort in ("loss", "-loss"):      # smollm2-135m's row shows v5, which has no report
+            shown = names(sort)
+            assert shown[0] == "qwen3.5-4b" and shown[1:] == sorted(shown[1:]), sort
+            assert "smollm2-135m" in shown[1:]

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..zoo.errors import NotFound, OscarZooError, RangeNotSatisfiable, Unauthorized
+from ..zoo.errors import NotFound, OscarZooError, RangeNotSatisfiable, StorageFull, Unauthorized
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("oscar_zoo.api")
@@ -44,7 +44,10 @@ async def domain_error(request: Request, exc: OscarZooError) -> ProblemResponse:
     if isinstance(exc, RangeNotSatisfiable) and getattr(exc, "size", None) is not None:
         headers["Content-Range"] = f"bytes */{exc.size}"
     if exc.http_status >= 500:
-        log.error("%s on %s %s: %s", type(exc).__name__, request.method, request.url.path, exc)
+        # the answer names no server path; the operator's log says which directory is full
+        where = f" [{exc.path}]" if isinstance(exc, StorageFull) and exc.path else ""
+        log.error("%s on %s %s: %s%s", type(exc).__name__, request.method, request.url.path, exc,
+                  where)
     suggestions = exc.suggestions if isinstance(exc, NotFound) and exc.suggestions else None
     return problem(exc.http_status, exc.title, str(exc), request.url.path, headers or None,
                    suggestions=suggestions)

@@ -51,18 +51,40 @@ class JobsRuntime:
             self._start_executor()
 
     def stop(self) -> None:
-        if self.executor is not None:
+        """Stop the executor, give back the jobs its workers held and revoke its token, then the
+        sweeper. The executor failing to stop re-raises only once the rest is done: its token
+        (scope jobs:work) must not outlive the server, nor the sweeper keep running."""
+        try:
+            if self.executor is not None:
+                self._stop_executor()
+        finally:
+            self.stopping.set()
+            if self.thread is not None:
+                self.thread.join(10)
+
+    def _stop_executor(self) -> None:
+        holders: list[str] = []
+        try:
             holders = self.executor.stop()
-            with self.registry.db.write() as session:
-                holders = holders + _ray_tasks_of(session, holders)
-                for job_id, status in jobs_db.release_held_by(session, holders):
-                    done = "requeued" if status == "queued" else status  # cancelled: one was pending
-                    log.warning("job %s: %s (its worker stopped with the server)", job_id, done)
-                if self.token_id is not None:
-                    revoke_token(session, str(self.token_id), by="serve")
-        self.stopping.set()
-        if self.thread is not None:
-            self.thread.join(10)
+        except Exception as e:
+            # which jobs its workers held is not known: as after a kill, a sweeper requeues
+            # them once their leases run out
+            log.error("the job executor failed to stop (%s: %s); revoking its token anyway, and "
+                      "the jobs it held return to the queue when their leases expire",
+                      type(e).__name__, e)
+            raise
+        finally:
+            self._release(holders)
+
+    def _release(self, holders: list[str]) -> None:
+        """Requeue the jobs these lease holders still held, and revoke the executor's token."""
+        with self.registry.db.write() as session:
+            holders = holders + _ray_tasks_of(session, holders)
+            for job_id, status in jobs_db.release_held_by(session, holders):
+                done = "requeued" if status == "queued" else status  # cancelled: one was pending
+                log.warning("job %s: %s (its worker stopped with the server)", job_id, done)
+            if self.token_id is not None:
+                revoke_token(session, str(self.token_id), by="serve")
 
     # --- sweeper -------------------------------------------------------------------------------
 

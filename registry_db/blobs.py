@@ -38,9 +38,15 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from ..zoo.errors import IntegrityError, StorageCorrupt
-from ..zoo.files import copy_checked, fsync_dir, is_sha256, sha256_bytes, sha256_file
+from ..zoo.files import (copy_checked, fsync_dir, is_sha256, out_of_space, sha256_bytes,
+                         sha256_file)
 
 log = logging.getLogger("oscar_zoo.blobs")
+
+# What a full registry disk answers (StorageFull, HTTP 507), after what was being written.
+FREE_SPACE = ("no version was recorded and nothing half-written is kept. To fix: the registry's "
+              "operator frees space in its data dir (OSCAR_ZOO_DATA_DIR), where `oscar-zoo db gc` "
+              "removes the blobs no version references and uploads that died; then send it again")
 
 # `.<sha256>.<random>.tmp`: the names _write gives its temp files (and zoo.files gave them before).
 _TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\.[^/]+\.tmp$")
@@ -122,7 +128,15 @@ class BlobStore:
 
     def _write(self, src: BinaryIO, sha256: str, size: int | None) -> None:
         """Stream src into a temp file beside the blob while hashing it, and rename it over
-        whatever is stored under that name only when size and hash match; else leave nothing."""
+        whatever is stored under that name only when size and hash match; else leave nothing.
+        Raises IntegrityError, StorageFull (the disk is full; the temp file is gone too)."""
+        # no path in the message: the API answers with it, and clients need not know the
+        # server's data dir (the server's log gets it from StorageFull.path)
+        doing = f"storing a bundle file (sha256:{sha256[:12]}...)"
+        with out_of_space("the registry's blob store", doing, FREE_SPACE, self.root):
+            self._write_temp_then_rename(src, sha256, size)
+
+    def _write_temp_then_rename(self, src: BinaryIO, sha256: str, size: int | None) -> None:
         fd, tmp = self._create_temp(sha256)
         try:
             # Closing the file releases its flock: the rename happens before, inside the `with`.

@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError as DBIntegrityError
 
 from ..zoo import settings
 from ..zoo.errors import Conflict
+from ..zoo.files import out_of_space
 from . import migrate
-from .blobs import BlobStore
+from .blobs import FREE_SPACE, BlobStore
 from .models import Job
 from .publish import Publication, model_for, prepare_bundle, record_version, store_blobs
 from .seed import seed_catalog
@@ -70,8 +71,10 @@ class Registry:
         collect_garbage removes such a dir once it is old, never one whose upload is alive.
         """
         root = self.data_dir / STAGING
-        root.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        with out_of_space("the registry's data dir", "making a staging dir for an upload",
+                          FREE_SPACE, self.data_dir):
+            root.mkdir(parents=True, exist_ok=True)
+            path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows the name yet: never waits

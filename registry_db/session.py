@@ -15,10 +15,11 @@ from typing import Iterator
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..zoo import settings
-from ..zoo.errors import ConfigError
+from ..zoo.errors import ConfigError, StorageFull
 
 SQLITE_BUSY_MS = 30_000
 
@@ -59,18 +60,59 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A transaction that commits on clean exit and rolls back on error."""
-        if self._write_lock is None:
-            with self._sessions() as session, session.begin():
-                yield session
-            return
-        with self._write_lock:
-            immediate = self.engine.execution_options(sqlite_immediate=True)
-            with Session(immediate, expire_on_commit=False) as session, session.begin():
-                yield session
+        """A transaction that commits on clean exit and rolls back on error. Raises StorageFull
+        (rolled back) when the database's disk is full."""
+        with _full_disk_told():
+            if self._write_lock is None:
+                with self._sessions() as session, session.begin():
+                    yield session
+                return
+            with self._write_lock:
+                immediate = self.engine.execution_options(sqlite_immediate=True)
+                with Session(immediate, expire_on_commit=False) as session, session.begin():
+                    yield session
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+SQLITE_FULL = 13
+
+
+@contextmanager
+def _full_disk_told() -> Iterator[None]:
+    """A database that cannot grow (SQLite's SQLITE_FULL, PostgreSQL's disk_full, 53100) as
+    StorageFull: left as a driver error, the API answered a bare 500."""
+    try:
+        yield
+    except OperationalError as e:
+        orig = _disk_full(e)
+        if orig is None:
+            raise
+        raise StorageFull(
+            f"out of disk space in the registry's database ({_first_line(orig)}); the change "
+            "was rolled back. To fix: the registry's operator frees space where the database "
+            "keeps its files (for SQLite, the data dir: OSCAR_ZOO_DATA_DIR, where `oscar-zoo db "
+            "gc` removes the blobs no version references); then send it again") from e
+
+
+def _disk_full(e: BaseException | None) -> BaseException | None:
+    """The driver's disk-full error behind e, if any. SQLite rolls the whole transaction back on
+    SQLITE_FULL, so the error that surfaces may be SQLAlchemy's failed ROLLBACK TO SAVEPOINT,
+    raised while handling it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        orig = getattr(e, "orig", e)
+        if getattr(orig, "sqlite_errorcode", None) == SQLITE_FULL \
+                or getattr(orig, "sqlstate", None) == "53100":
+            return orig
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _sqlite_engine(url: str) -> Engine:

@@ -51,8 +51,8 @@ from typing import Callable, Iterable, Iterator
 
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
-from .files import (CACHED_PART, atomic_write_bytes, is_sha256, publish_dir, safe_join, sha256_file,
-                    staging_dir)
+from .files import (CACHED_PART, atomic_write_bytes, is_sha256, out_of_space, publish_dir,
+                    safe_join, sha256_file, staging_dir)
 
 try:
     import fcntl
@@ -122,6 +122,16 @@ class Cache:
 
     def export_dir(self, digest: str, fmt: str, layer_spec: str | None = None) -> Path:
         return self.root / "exports" / _sha(digest) / (fmt if not layer_spec else f"{fmt}-layers-{layer_spec}")
+
+    def out_of_space(self, doing: str):
+        """A context in which a full disk (or quota) is one actionable StorageFull naming the
+        cache. The cache's writers leave nothing half-written: temp files and staging dirs go
+        with the failed write, and a download that hit the full disk drops its partial file."""
+        return out_of_space(
+            f"the oscar-zoo cache {self.root}", doing, "nothing half-written was kept. To fix: "
+            "`oscar-zoo prune` removes what no ref uses and `oscar-zoo cache rm NAME` a whole "
+            "model; or free space on that disk, or set OSCAR_ZOO_CACHE to a directory on a "
+            "larger one", self.root)
 
     def ensure(self) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)
@@ -559,7 +569,7 @@ def prune(cache: Cache, dry_run: bool = False,
           only: set[Path] | None = None) -> list[tuple[Path, int]]:
     """Remove what nothing points at: snapshots no ref names (and their meta and exports),
     blobs no snapshot uses, import records of bundles no longer held, stale partial downloads
-    and temp dirs. Returns [(path, bytes)].
+    and temp dirs; then the directory of a model left with nothing. Returns [(path, bytes)].
 
     Waits for pulls in progress (their blobs have no ref yet). `only`: remove no more than
     these paths, the list a user confirmed; what became garbage since stays for the next prune.
@@ -574,6 +584,7 @@ def prune(cache: Cache, dry_run: bool = False,
         if not dry_run:
             for path, _ in gone:
                 _delete(cache, path)
+            drop_emptied_model_dirs(cache, [p for p, _ in gone])
     return gone
 
 
@@ -718,6 +729,33 @@ def _delete(cache: Cache, path: Path) -> bool:
             shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(aside, ignore_errors=True)
     return not os.path.lexists(path)
+
+
+_MODEL_PARTS = ("snapshots", "partial", "meta", "imports", "refs")
+
+
+def drop_emptied_model_dirs(cache: Cache, removed: Iterable[Path]) -> None:
+    """Remove models/<name>/ of each model that lost one of `removed`, once nothing is left in it
+    but empty folders: else a model whose last bundle went stays behind as a bare directory.
+
+    Call with gc.lock held exclusively (prune, cache rm): pulls, the only writers under models/,
+    create these folders under it held shared. rmdir never removes a file, nor a folder holding
+    one (a staging dir a killed pull left is aged out by prune), so what is in use stays."""
+    models = cache.root / "models"
+    touched = {models / p.relative_to(models).parts[0] for p in removed if models in p.parents}
+    for mdir in sorted(touched):
+        if mdir.is_symlink():   # never followed: not a directory oscar-zoo made
+            continue
+        for part in _MODEL_PARTS:
+            _rmdir_if_empty(mdir / part)
+        _rmdir_if_empty(mdir)
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:     # not empty, gone already, or not ours to remove: it stays
+        pass
 
 
 def model_dirs(cache: Cache) -> list[Path]:

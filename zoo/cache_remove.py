@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .cache import (Cache, _blobs_of, _delete, _entries, _freed, _links, _read_digest, _ref_file,
-                    model_dirs, model_key)
+                    drop_emptied_model_dirs, model_dirs, model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
 from .files import fsync_dir, is_sha256
@@ -196,6 +196,10 @@ def remove(cache: Cache, targets: list[Target], dry_run: bool = False,
             for model in sorted({m for m, _, _ in plan.refs}):
                 fsync_dir(cache.root / "models" / model / "refs")
             plan.failed = [p for p, _ in plan.paths if not _removed(cache, p)]
+            # a model can lose its last bundle to a plan that did not name its directory (the
+            # plan confirmed before another removal took the rest)
+            drop_emptied_model_dirs(cache, [p for p, _ in plan.paths] + [
+                cache.root / "models" / model / "refs" for model, _, _ in plan.refs])
     return plan
 
 

@@ -8,6 +8,8 @@ on stderr and a non-zero exit (zoo/cli/main.py).
 
 from __future__ import annotations
 
+import errno as _errno
+
 
 class OscarZooError(Exception):
     """Base of every domain error. `http_status` is used by the API's single handler."""
@@ -165,6 +167,20 @@ class StorageCorrupt(IntegrityError):
     title = "Stored file failed verification"
 
 
+class StorageFull(OscarZooError, OSError):
+    """A write found its disk, or its owner's quota, full (ENOSPC, EDQUOT). The writers leave
+    nothing half-written; the message says where, and how to make room. `path`: the directory,
+    for the server's log (the API's answers never show the server's paths)."""
+
+    http_status = 507
+    title = "Insufficient storage"
+
+    def __init__(self, message: str, errno: int | None = None, path: str | None = None):
+        super().__init__(message)
+        self.errno = errno      # ENOSPC or EDQUOT, for callers that test OSError's errno
+        self.path = path
+
+
 class LockTimeout(OscarZooError, TimeoutError):
     http_status = 503
     title = "Lock timeout"
@@ -195,6 +211,14 @@ def is_transient(e: Exception) -> bool:
         return False
     status = getattr(e, "status", None)
     return status is None or status in (408, 429) or status >= 500
+
+
+NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
+
+def is_no_space(e: BaseException) -> bool:
+    """A full disk or quota (ENOSPC, EDQUOT) not yet told as StorageFull."""
+    return isinstance(e, OSError) and not isinstance(e, StorageFull) and e.errno in NO_SPACE
 
 
 class Unauthorized(OscarZooError, PermissionError):

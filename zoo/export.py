@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import Cache
-from .errors import InvalidInput
-from .files import (PARTIAL, atomic_write_bytes, atomic_writers, publish_dir, sha256_file,
-                    staging_dir)
+from .errors import InvalidInput, is_no_space
+from .files import (PARTIAL, atomic_write_bytes, atomic_writers, out_of_space, publish_dir,
+                    sha256_file, staging_dir)
 from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
@@ -75,7 +75,7 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
     """Engine files for the bundle in `bundle_dir` (a snapshot or a --layers partial).
 
     Raises InvalidInput for an unknown format, vLLM with per-head rotations, or layers that a
-    --layers output does not hold.
+    --layers output does not hold; StorageFull when the cache's disk or --out's is full.
     """
     manifest = json.loads((bundle_dir / "bundle.json").read_text())
     check_format(fmt, manifest["method"]["granularity"])
@@ -87,14 +87,18 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
         edir = cache.export_dir(digest, fmt, layer_spec(layers))
         info = _intact(edir, layers)
         if info is None:
-            with cache.lock(f"export-{digest}-{fmt}-{layer_spec(layers)}", f"the {fmt} export"):
+            with cache.out_of_space(f"building the {fmt} export"), \
+                    cache.lock(f"export-{digest}-{fmt}-{layer_spec(layers)}", f"the {fmt} export"):
                 info = _intact(edir, layers)
                 if info is None:
                     info = _build(bundle_dir, fmt, layers, edir)
         files = {role: edir / name for role, name in info["files"].items()}
     if out is not None:
-        files = _copy_out(files, Path(out))
-        _mark_out(Path(out), digest, fmt, layers, files)
+        with out_of_space(f"--out {out}", "copying the engine files there", "nothing "
+                          "half-written was kept. To fix: free space on that disk, or choose "
+                          "another --out", out):
+            files = _copy_out(files, Path(out))
+            _mark_out(Path(out), digest, fmt, layers, files)
         edir = Path(out)
     # absolute: the recipe is saved and run from elsewhere (a launch script, a systemd unit)
     paths = {role: os.path.abspath(p) for role, p in files.items()}
@@ -285,6 +289,8 @@ def _copy_out(files: dict[str, Path], out: Path) -> dict[str, Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file in the way, no permission: say which --out, not a traceback
+        if is_no_space(e):
+            raise       # no path problem: export() says the disk is full
         raise InvalidInput(f"--out {out}: cannot create that directory ({e.strerror}); choose "
                            "another path") from None
     copied = {role: out / src.name for role, src in files.items()}

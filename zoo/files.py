@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import IntegrityError, UnsafePathError
+from .errors import IntegrityError, StorageFull, UnsafePathError, is_no_space
 
 CHUNK = 1 << 20
 PARTIAL = "partial.json"   # beside a --layers output's files: its layers and their tensors' sha256
@@ -55,6 +55,22 @@ def safe_join(root: str | Path, name: str) -> Path:
     if target != root and root not in target.parents:
         raise UnsafePathError(f"file name {name!r} escapes its directory")
     return target
+
+
+@contextmanager
+def out_of_space(where: str, doing: str, then: str,
+                 path: str | Path | None = None) -> Iterator[None]:
+    """Raise a full disk met inside as one actionable StorageFull: "out of disk space in
+    {where} ({the OS's reason}) while {doing}; {then}". `then` says what was kept and how to make
+    room. A StorageFull from deeper down names its own place and passes as it is."""
+    try:
+        yield
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        reason = e.strerror or os.strerror(e.errno)
+        raise StorageFull(f"out of disk space in {where} ({reason}) while {doing}; {then}",
+                          e.errno, str(path) if path is not None else None) from e
 
 
 def _umask() -> int:

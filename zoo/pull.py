@@ -27,11 +27,11 @@ from . import catalog, settings
 from .cache import Cache, link_file, model_key, seal
 from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, IntegrityError,
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
-                     Unauthorized, VersionNotFound)
+                     Unauthorized, VersionNotFound, is_no_space)
 from .export import ExportResult, check_format, export, layer_spec
 from .files import CACHED_PART, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
 from .sources.base import Plan, Ref, parse_spec
-from .sources.download import RemoteFile, download_to, fetch
+from .sources.download import RemoteFile, StopSignal, download_to, fetch
 
 MANIFEST = "bundle.json"
 _FALLBACK = (NotFound, RemoteError, OfflineError, Unauthorized, Forbidden, IntegrityError)
@@ -71,7 +71,8 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
     """Resolve, fetch, verify and cache one bundle; export it when `fmt` is given.
 
     Raises ModelNotFound (with suggestions), VersionNotFound, BundleNotFound, OfflineError,
-    RemoteError, Unauthorized, Forbidden, IntegrityError, LockTimeout, InvalidInput.
+    RemoteError, Unauthorized, Forbidden, IntegrityError, LockTimeout, InvalidInput,
+    StorageFull (the cache's disk, or --out's, is full; nothing half-written is kept).
     """
     cache = cache or Cache()
     name, ref = parse_spec(spec)
@@ -81,24 +82,26 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
         check_format(fmt, None)  # an unknown format, too, before any network
     entry = catalog.find(name)
     offline = settings.is_offline()
-    if not offline:
-        cache.ensure()
-    # One hold of the gc lock from the first request to the last export file: prune and cache rm
-    # wait for all of it. Released in between, a `cache rm` (or a prune, after another pull moved
-    # the ref) could take the snapshot away just before the export read it.
-    with cache.gc_guard():
-        if offline:
-            result = from_cache(cache, entry, name, ref, "offline mode is on (OSCAR_ZOO_OFFLINE "
-                                                         "or HF_HUB_OFFLINE)", layers)
-        else:
-            result = _pull_online(cache, entry, name, ref, layers, progress, sources, fmt)
-        if layers and result.layers is None:  # a whole bundle (hub files are whole): slice locally
-            result.layers = _layers_of(result.path, layers)
-            if result.imported and not result.cached:
-                result.notes.append(f"RotationZoo files hold every layer, so all of them were "
-                                    f"fetched; the export keeps layers {layer_spec(result.layers)}")
-        if fmt is not None:
-            result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
+    with cache.out_of_space(f"pulling {spec}"):
+        if not offline:
+            cache.ensure()
+        # One hold of the gc lock from the first request to the last export file: prune and
+        # cache rm wait for all of it. Released in between, a `cache rm` (or a prune, after
+        # another pull moved the ref) could take the snapshot away just before the export read it.
+        with cache.gc_guard():
+            if offline:
+                result = from_cache(cache, entry, name, ref, "offline mode is on "
+                                    "(OSCAR_ZOO_OFFLINE or HF_HUB_OFFLINE)", layers)
+            else:
+                result = _pull_online(cache, entry, name, ref, layers, progress, sources, fmt)
+            if layers and result.layers is None:  # a whole bundle (hub files are whole): slice
+                result.layers = _layers_of(result.path, layers)
+                if result.imported and not result.cached:
+                    result.notes.append(f"RotationZoo files hold every layer, so all of them were "
+                                        f"fetched; the export keeps layers "
+                                        f"{layer_spec(result.layers)}")
+            if fmt is not None:
+                result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
     return result
 
 
@@ -195,9 +198,10 @@ def materialize(plan: Plan, cache: Cache, layers: str | None = None, progress: b
     Takes the gc lock; pull() holds it already (it is not reentrant: a prune waiting between
     two holds would deadlock them) and calls _materialize.
     """
-    cache.ensure()
-    with cache.gc_guard():  # a prune now would take our new blobs for garbage
-        return _materialize(plan, cache, layers, progress, fmt)
+    with cache.out_of_space(f"caching {plan.model} from {plan.origin}"):
+        cache.ensure()
+        with cache.gc_guard():  # a prune now would take our new blobs for garbage
+            return _materialize(plan, cache, layers, progress, fmt)
 
 
 def _materialize(plan: Plan, cache: Cache, layers: str | None, progress: bool,
@@ -323,10 +327,11 @@ def _check_snapshot(path: Path) -> None:
 
 def _fetch_all(remotes: list[RemoteFile], cache: Cache, progress: bool) -> list[str]:
     """Up to 4 files at a time. When one fails, or on Ctrl-C, the others stop at their next
-    chunk (their partial files kept for the next pull to resume) rather than run to the end."""
+    chunk (their partial files kept for the next pull to resume, unless the disk is full)
+    rather than run to the end."""
     if len(remotes) <= 1:
         return [fetch(r, cache, progress) for r in remotes]
-    stop = threading.Event()
+    stop = StopSignal()
     with ThreadPoolExecutor(max_workers=min(4, len(remotes))) as pool:
         futures = [pool.submit(fetch, r, cache, progress, stop) for r in remotes]
         try:
@@ -336,6 +341,7 @@ def _fetch_all(remotes: list[RemoteFile], cache: Cache, progress: bool) -> list[
             raise
         failed = [f.exception() for f in futures if f in done and f.exception() is not None]
         if failed:
+            stop.full_disk = any(is_no_space(e) for e in failed)
             _stop_all(stop, futures)
             raise failed[0]
         return [f.result() for f in futures]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
@@ -23,10 +24,11 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect
 
+from ...registry_db.blobs import FREE_SPACE
 from ...registry_db.mirrors import mirror_after_publish
 from ...registry_db.models import BundleVersion
 from ...zoo.errors import InvalidInput, OscarZooError, UnsafePathError, UnsupportedMediaType
-from ...zoo.files import CHUNK, safe_join
+from ...zoo.files import CHUNK, out_of_space, safe_join
 from ...zoo.manifest import MANIFEST
 from ..auth import Caller, caller
 from ..schemas import VersionDetail
@@ -57,7 +59,7 @@ UPLOAD_SCHEMA = {
                                "description": "the same content was already this version"}})
 async def publish(name: str, request: Request, who: Caller = Depends(caller("bundles:publish"))):
     registry = request.app.state.registry
-    async with staged_upload(request, "upload-") as (staging, fields):
+    async with staged_upload(request, "upload-", "the bundle upload") as (staging, fields):
         pub = await run_in_threadpool(
             registry.publish, staging, who.actor, fields.get("source_job") or None,
             fields.get("status") or "published", name, who.token_id)
@@ -71,28 +73,43 @@ async def publish(name: str, request: Request, who: Caller = Depends(caller("bun
 
 
 @asynccontextmanager
-async def staged_upload(request: Request, prefix: str) -> AsyncIterator[tuple[Path, dict[str, str]]]:
+async def staged_upload(request: Request, prefix: str,
+                        what: str) -> AsyncIterator[tuple[Path, dict[str, str]]]:
     """The multipart body's files in a fresh staging dir under the data dir (Registry.staging),
-    and its text fields; the dir is removed afterwards, whatever happened."""
+    and its text fields; the dir is removed afterwards, whatever happened. `what` names the
+    upload in the answer to a full disk (StorageFull, 507)."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise UnsupportedMediaType("send the bundle files as multipart/form-data")
+    form = await _receive(request, what)
     try:
-        form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
-                                  max_part_size=64 * 1024)
-    except ClientDisconnect:
-        # A client gone mid-upload (a dropped link, Ctrl-C) is no server fault: nothing is staged
-        # yet. Left to the catch-all, each one was logged as an unhandled error with a traceback.
-        raise InvalidInput("the connection closed before the upload's end; nothing was stored: "
-                           "send the bundle again") from None
-    try:
-        with request.app.state.registry.staging(prefix) as staging:
+        registry = request.app.state.registry
+        with registry.staging(prefix) as staging:
             try:
-                yield staging, await run_in_threadpool(_stage, form, staging)
+                with out_of_space("the registry's data dir", f"staging {what}", FREE_SPACE,
+                                  registry.data_dir):
+                    fields = await run_in_threadpool(_stage, form, staging)
+                yield staging, fields
             except OscarZooError as e:
                 _without_path(e, staging)
                 raise
     finally:
         await form.close()
+
+
+async def _receive(request: Request, what: str):
+    """The parsed multipart form; parts past 1 MB are spooled to the server's temp dir."""
+    try:
+        with out_of_space("the registry server's temp dir", f"receiving {what}",
+                          "no version was recorded. To fix: the registry's operator frees space "
+                          "there, or points TMPDIR at a larger disk; then send it again",
+                          tempfile.gettempdir()):
+            return await request.form(max_files=MAX_FILES, max_fields=MAX_FILES,
+                                      max_part_size=64 * 1024)
+    except ClientDisconnect:
+        # A client gone mid-upload (a dropped link, Ctrl-C) is no server fault: nothing is staged
+        # yet. Left to the catch-all, each one was logged as an unhandled error with a traceback.
+        raise InvalidInput("the connection closed before the upload's end; nothing was stored: "
+                           "send the bundle again") from None
 
 
 def _without_path(e: OscarZooError, staging: Path) -> None:

@@ -201,7 +201,7 @@ def release(job_id: str, body: LeaseRequest, request: Request, actor: str = Depe
              summary="Upload the job's bundle (multipart, like publishing); one version per job")
 async def result(job_id: str, request: Request,
                  x_lease_token: str = Header(..., max_length=64), actor: str = Depends(work)):
-    async with staged_upload(request, "job-") as (staging, fields):
+    async with staged_upload(request, "job-", f"job {job_id}'s result") as (staging, fields):
         body, created = await run_in_threadpool(
             _record, request.app.state.registry, job_id, x_lease_token, staging,
             fields.get("status") or "published", actor)

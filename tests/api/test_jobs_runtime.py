@@ -74,3 +74,45 @@ def test_the_sweeper_outlives_a_lease_setting_turned_bad_and_resumes_once_fixed(
     finally:
         runtime.stopping.set()
         thread.join(10)
+
+
+class _ExecutorThatFailsToStop:
+    """Stands in for the local or Ray executor: neither can be made to fail at stop() on demand
+    (a worker that will not die, a Ray cluster gone mid-shutdown), and stop() is all the runtime
+    calls at shutdown."""
+
+    def stop(self) -> list[str]:
+        raise RuntimeError("worker 0 did not exit")
+
+
+def test_an_executor_that_fails_to_stop_still_has_its_token_revoked(registry_db_url, tmp_path,
+                                                                     caplog):
+    """The revoke came after executor.stop() in the same block: one that raised left the
+    executor's jobs:work token live after the server was gone, and the sweeper running."""
+    import pytest
+    from fastapi import FastAPI
+
+    from oscar_zoo.api.jobs_runtime import JobsRuntime
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        app = FastAPI()
+        app.state.registry = registry
+        runtime = JobsRuntime(app)
+        runtime.start()                 # the sweeper thread; no executor of its own
+        with registry.db.write() as session:
+            row, token = create_token(session, ["jobs:work"], f"local executor of serve pid "
+                                      f"{os.getpid()} on {_host()}", created_by="serve")
+        runtime.token_id, runtime.executor = row.id, _ExecutorThatFailsToStop()
+
+        with pytest.raises(RuntimeError, match="did not exit"):
+            runtime.stop()
+
+        with registry.db.read() as session, pytest.raises(Unauthorized):
+            authenticate(session, token, "jobs:work")
+        assert runtime.stopping.is_set() and not runtime.thread.is_alive()
+        assert ("the job executor failed to stop (RuntimeError: worker 0 did not exit)"
+                in caplog.text)
+    finally:
+        registry.close()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
+import pytest
+
 from oscar_zoo.zoo.bundle import read
 from tests.utils.bundles import make_bundle
+from tests.utils.full_disk import full_disk
 from tests.utils.registry_server import upload_bundle
 
 
@@ -287,4 +293,98 @@ def test_a_client_gone_mid_upload_stores_nothing_and_logs_no_error(publisher, tm
     assert http.get("/v1/health").status_code == 200
     time.sleep(0.5)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert snapshot(server) == before
+
+
+@pytest.mark.parametrize("fills, code, where, doing", [
+    ("staging", errno.ENOSPC, "the registry's data dir", "staging the bundle upload"),
+    ("blobs", errno.ENOSPC, "the registry's blob store", "storing a bundle file (sha256:"),
+    ("blobs", errno.EDQUOT, "the registry's blob store", "storing a bundle file (sha256:")])
+def test_a_full_disk_is_a_507_that_stores_nothing_and_says_how_to_make_room(
+        publisher, tmp_path, snapshot, monkeypatch, caplog, fills, code, where, doing):
+    """A full disk (or quota) under the upload's staging dir or the blob store was a bare 500
+    "unexpected error" with a traceback in the log. Now: 507 naming what was being written and
+    how to make room, no server path in it, and nothing kept: no row, no blob, no temp file,
+    nothing staged. The disk is simulated (tests/utils/full_disk.py says why): its writes fail
+    with ENOSPC partway through the first file."""
+    server, http = publisher
+    make_bundle(tmp_path / "b", seed=1)
+    before = snapshot(server)
+    root = server.data_dir / "staging" if fills == "staging" else server.registry.blobs.root
+    with full_disk(monkeypatch, root, free=500, code=code) as disk:
+        r = upload_bundle(http, tmp_path / "b")
+    assert disk.refused == 1
+    assert r.status_code == 507, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert body["title"] == "Insufficient storage" and body["status"] == 507
+    detail = body["detail"]
+    assert detail.startswith(f"out of disk space in {where} ({os.strerror(code)}) while {doing}")
+    assert "no version was recorded" in detail and "OSCAR_ZOO_DATA_DIR" in detail
+    assert "`oscar-zoo db gc`" in detail and str(server.data_dir) not in detail
+    assert "\n" not in detail
+    assert snapshot(server) == before
+    # the operator's log says which directory, with no traceback
+    logged = [rec for rec in caplog.records if "StorageFull" in rec.getMessage()]
+    assert logged and f"[{root if fills == 'blobs' else server.data_dir}]" in logged[0].getMessage()
+    assert not any(rec.exc_info for rec in caplog.records)
+    # room made: the same upload goes through
+    assert upload_bundle(http, tmp_path / "b").status_code == 201
+
+
+def test_a_database_that_cannot_grow_is_a_507_and_records_nothing(publisher, tmp_path, snapshot):
+    """SQLite's "database or disk is full" (SQLITE_FULL) at the commit was a bare 500. Made real
+    here with PRAGMA max_page_count, which SQLite enforces as it would a full disk; PostgreSQL's
+    disk_full cannot be caused on demand, so that backend is skipped."""
+    from sqlalchemy import event
+
+    server, http = publisher
+    if not server.registry.db.is_sqlite:
+        pytest.skip("PostgreSQL's disk_full (53100) cannot be caused on demand")
+    make_bundle(tmp_path / "b", seed=1)
+    engine = server.registry.db.engine
+
+    def cannot_grow(dbapi_conn, _record):
+        dbapi_conn.execute("PRAGMA max_page_count = 1")     # SQLite keeps the size it has
+
+    before = snapshot(server)
+    engine.dispose()            # pooled connections come back with the limit
+    event.listen(engine, "connect", cannot_grow)
+    try:
+        r = upload_bundle(http, tmp_path / "b")
+    finally:
+        event.remove(engine, "connect", cannot_grow)
+        engine.dispose()
+    assert r.status_code == 507, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("out of disk space in the registry's database (database or disk "
+                             "is full); the change was rolled back"), detail
+    assert "`oscar-zoo db gc`" in detail
+    after = snapshot(server)
+    assert after["rows"] == before["rows"] and after["staging"] == []
+    # its blobs were written before the transaction: unreferenced, `db gc` takes them
+    assert server.registry.collect_garbage(min_age_s=-1) and snapshot(server) == before
+    assert upload_bundle(http, tmp_path / "b").status_code == 201
+
+
+def test_no_room_for_the_uploads_staging_dir_is_a_507_too(publisher, tmp_path, snapshot,
+                                                          monkeypatch):
+    """A full disk can refuse the staging dir itself (a directory takes a block). Simulated at
+    os.mkdir, which tempfile.mkdtemp calls (why not a real full disk: tests/utils/full_disk.py)."""
+    server, http = publisher
+    make_bundle(tmp_path / "b", seed=1)
+    before = snapshot(server)
+    real_mkdir, staging = os.mkdir, str(server.data_dir / "staging")
+
+    def full_mkdir(path, *args, **kwargs):
+        if os.fspath(path).startswith(staging + os.sep):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", full_mkdir)
+    r = upload_bundle(http, tmp_path / "b")
+    assert r.status_code == 507, r.text
+    assert r.json()["detail"].startswith(
+        "out of disk space in the registry's data dir (No space left on device) while making a "
+        "staging dir for an upload;")
     assert snapshot(server) == before

@@ -335,6 +335,39 @@ def test_cli_removes_no_more_than_was_confirmed(bundles, filled, monkeypatch):
     rotations = blob_of(bundles, "A", "rotations.safetensors")
     assert str(rotations) not in removed and rotations.exists()
     assert rotations in {p for p, _ in prune(cache)}
+    # the plan confirmed kept models/<name>/ (v2 was still there), yet nothing of the model is
+    # left: it used to stay behind with empty refs/, snapshots/ and meta/ folders
+    assert not cache.model_dir(SMOL).exists()
+    assert cache.model_dir(FORK).is_dir()
+
+
+def test_prune_removes_the_directory_of_a_model_it_took_the_last_bundle_of(bundles, filled):
+    """A pull killed before it wrote its refs (or a `cache rm` killed after removing them)
+    leaves a bundle no ref names; prune removed it and left models/<name>/ behind for good,
+    holding empty refs/, snapshots/ and meta/ folders. Another model's stays whole."""
+    cache = Cache()
+    for ref in (cache.model_dir(FORK) / "refs").iterdir():
+        ref.unlink()
+    smol_before = tree(cache.model_dir(SMOL))
+    removed = {p for p, _ in prune(cache)}
+    assert cache.snapshot_dir(FORK, filled["C"]) in removed
+    assert not cache.model_dir(FORK).exists()
+    assert tree(cache.model_dir(SMOL)) == smol_before
+    assert sorted(p.name for p in (cache.root / "models").iterdir()) == [SMOL]
+
+
+def test_prune_keeps_a_model_directory_something_still_lives_in(bundles, filled):
+    """rmdir, never rmtree: a file prune does not own (a ref naming a bundle not held, a staging
+    dir of a pull) keeps its folder and the model's directory."""
+    cache = Cache()
+    for ref in (cache.model_dir(FORK) / "refs").iterdir():
+        ref.unlink()
+    cache.write_ref(FORK, "latest", "f" * 64)           # names nothing held: prune keeps refs
+    staging = cache.model_dir(FORK) / "snapshots" / ".abc.123.partial"
+    staging.mkdir()
+    prune(cache)
+    assert cache.refs(FORK) == {"latest": "f" * 64} and staging.is_dir()
+    assert not (cache.model_dir(FORK) / "meta").exists()      # emptied by prune: gone
 
 
 # --- the lock, crashes -------------------------------------------------------------------------

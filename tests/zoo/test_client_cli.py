@@ -4,6 +4,7 @@ triton, and the warm pull imports no numpy, safetensors or pydantic either (meas
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -187,3 +188,145 @@ def test_cache_ls_orders_parts_by_their_first_layer_in_every_spelling(spec, firs
     from oscar_zoo.zoo.cli.client_cmds import _first_layer
 
     assert _first_layer(spec) == first
+
+
+# --- a full disk ---------------------------------------------------------------------------------
+# Simulated (tests/utils/full_disk.py: a real full disk cannot be made in a test run in general),
+# except in the last test, which mounts a tiny tmpfs where a user namespace allows it.
+
+def _cache_leftovers(root) -> list[str]:
+    """What a failed pull left in the cache besides its locks and CACHEDIR.TAG: only whole,
+    verified blobs may stay (each named by its own sha256)."""
+    import hashlib
+
+    left = []
+    for p in sorted(root.rglob("*")):
+        if p.is_dir() or ".locks" in p.parts or p.name == "CACHEDIR.TAG":
+            continue
+        if p.parent.name == "sha256" and hashlib.sha256(p.read_bytes()).hexdigest() == p.name:
+            continue
+        left.append(str(p.relative_to(root)))
+    return left
+
+
+def _one_error_line(result, *says: str) -> str:
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.stdout == ""                       # data on stdout only: there is none
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for text in says:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def registry_with_qwen(tmp_path, monkeypatch, hub):
+    """A registry holding a qwen3-8b bundle (a 4.7 MB rotations file), the only source."""
+    from tests.utils.bundles import make_bundle
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        server.publish_dir(bundle.path)
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+        yield server
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_pull_into_a_full_cache_says_how_to_make_room_and_keeps_nothing_half_written(
+        registry_with_qwen, cache_root, monkeypatch, code):
+    """The cache's disk filling up mid-download ended in "[Errno 28] No space left on device"
+    naming no directory and no way out, and left the partial download (4.7 MB, kept for a resume
+    that cannot fit) where prune spares it for an hour."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.full_disk import full_disk
+
+    with full_disk(monkeypatch, cache_root, free=100_000, code=code) as disk:
+        result = CliRunner().invoke(cli, ["pull", "qwen3-8b", "-q"])
+    assert disk.refused                 # the rotations file, partway (and what came after)
+    _one_error_line(result, f"out of disk space in the oscar-zoo cache {cache_root} "
+                    f"({os.strerror(code)}) while pulling qwen3-8b;", "nothing half-written",
+                    "`oscar-zoo prune`", "`oscar-zoo cache rm NAME`", "OSCAR_ZOO_CACHE")
+    assert _cache_leftovers(cache_root) == []
+    assert not (cache_root / "models" / "qwen3-8b" / "snapshots").exists()
+    # room made: the same pull goes through
+    again = CliRunner().invoke(cli, ["pull", "qwen3-8b", "-q"])
+    assert again.exit_code == 0, again.output
+    assert "SGLANG_OSCAR_K_ROTATION_PATH" in again.stdout
+
+
+@pytest.mark.parametrize("fills", ["cache", "out"])
+def test_an_export_onto_a_full_disk_names_the_directory_and_keeps_nothing_half_written(
+        tmp_path, cache_root, monkeypatch, fills):
+    """The export is built in the cache, then copied to --out: either disk may be the full one,
+    and the error says which, and what to do about it."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+    from tests.utils.full_disk import full_disk
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    out = tmp_path / "rotations"
+    with full_disk(monkeypatch, cache_root if fills == "cache" else out, free=10_000):
+        result = CliRunner().invoke(cli, ["export", str(bundle.path), "--out", str(out)])
+    if fills == "cache":
+        _one_error_line(result, f"out of disk space in the oscar-zoo cache {cache_root} (No space "
+                        "left on device) while building the sglang export;", "`oscar-zoo prune`",
+                        "OSCAR_ZOO_CACHE")
+        assert [p for p in cache_root.rglob("*") if p.is_file() and ".locks" not in p.parts
+                and p.name != "CACHEDIR.TAG"] == []
+    else:
+        _one_error_line(result, f"out of disk space in --out {out} (No space left on device) while "
+                        "copying the engine files there;", "choose another --out")
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_pull_onto_a_real_full_disk(registry_with_qwen, tmp_path):
+    """The simulation's premise checked on a real filesystem: a 64 KB tmpfs as the cache, in a
+    user namespace of its own (skipped where the kernel or the container refuses one)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "-rm", "sh", "-c", "mount -t tmpfs -o size=64k "
+                                        f"tmpfs {tmp_path}"], capture_output=True, timeout=30)
+    if not probe or probe.returncode != 0:
+        pytest.skip("cannot mount a tmpfs in a user namespace here: "
+                    + (probe.stderr.decode().strip() if probe else "no unshare"))
+    cache, listing = tmp_path / "cache", tmp_path / "left.txt"
+    cache.mkdir()
+    script = (f'mount -t tmpfs -o size=64k tmpfs "{cache}" || exit 99; '
+              f'"{sys.executable}" -m oscar_zoo.zoo.cli.main pull qwen3-8b -q; rc=$?; '
+              f'find "{cache}" -type f > "{listing}"; exit $rc')
+    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "OSCAR_ZOO_CACHE": str(cache)}, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"Error: out of disk space in the oscar-zoo cache {cache} (No "
+                               "space left on device) while pulling qwen3-8b;"), lines[0]
+    left = listing.read_text().split()
+    assert not [f for f in left if f.endswith((".incomplete", ".tmp"))], left
+    assert not [f for f in left if "/models/" in f], left
+
+
+def test_any_other_write_onto_a_full_disk_says_to_free_space(monkeypatch):
+    """Commands that do not name their directory (here `login`, storing the token) still answer
+    a full disk with one line saying what to do, no traceback. Simulated at os.write, which
+    store_token calls (a real full disk: see the test above)."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    def full_write(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full_write)
+    result = CliRunner().invoke(cli, ["login", "--token", "ozk_test"])
+    _one_error_line(result, "No space left on device", "free space on that disk",
+                    "`oscar-zoo prune`")

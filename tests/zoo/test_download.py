@@ -94,6 +94,26 @@ def test_one_file_failing_stops_the_others_and_keeps_their_partial_files(hf_only
     assert cache.incomplete(v_sha).stat().st_size == 1_000_000
 
 
+def test_a_full_disk_stops_the_others_and_drops_their_partial_files_too(hf_only, hub, zoo_files,
+                                                                       monkeypatch):
+    """As above, but K's write finds the disk full: V's partial would hold room the user must
+    now free for a resume that cannot fit, and the error says nothing half-written is kept.
+    The full disk is K's partial file alone, simulated (tests/utils/full_disk.py)."""
+    from oscar_zoo.zoo.errors import StorageFull
+    from tests.utils.full_disk import full_disk
+
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_TIMEOUT", "1")
+    hub.truncate(GLM_FILES[1], after=1_000_000, stall=3.0)
+    cache = Cache()
+    v_sha = hashlib.sha256(zoo_files[f"{GLM_FOLDER}/{GLM_FILES[1]}"]).hexdigest()
+    with full_disk(monkeypatch, cache.incomplete(k_sha(zoo_files)), free=0), \
+            pytest.raises(StorageFull, match="nothing half-written was kept"):
+        pull("glm-4.7-fp8")
+    assert len(hub.requests("GET", GLM_FILES[1])) == 1
+    assert not cache.incomplete(k_sha(zoo_files)).exists()
+    assert not cache.incomplete(v_sha).exists() and not cache.has_blob(v_sha)
+
+
 def test_files_listed_without_a_hash_get_partial_files_of_their_own(hub, monkeypatch):
     """Neither a sha256 nor a git blob id (a hub listing that gave none): two such files used to
     share one partial file and one lock, so the second resumed from the first one's bytes."""

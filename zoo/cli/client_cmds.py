@@ -577,7 +577,7 @@ def export_command(target, fmt, out, layers, as_json):
         bdir, digest = Path(target), sha256_file(Path(target) / "bundle.json")
     # as pull --format does: prune and cache rm wait, instead of taking away the snapshot (or
     # the exports/ dir) this reads and writes
-    with cache.gc_guard():
+    with cache.out_of_space(f"exporting {target}"), cache.gc_guard():
         if bdir is None:
             name, ref = parse_spec(target)
             result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)

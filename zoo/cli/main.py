@@ -8,7 +8,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import OscarZooError
+from ..errors import OscarZooError, is_no_space
 from . import (bundle_cmds, calibrate_cmds, client_cmds, jobs_cmds, mirror_cmds, registry_cmds,
                settings_cmd, versions_cmds, worker_cmd)
 
@@ -26,8 +26,12 @@ class ZooGroup(click.Group):
             click.echo(click.style("Error: ", fg="red") + str(e), err=True)
             sys.exit(1)
         except OSError as e:    # a cache or data dir that is a file, read-only or full
-            click.echo(click.style("Error: ", fg="red") + f"{e} (`oscar-zoo settings` shows "
-                       "the directories oscar-zoo uses and their variables)", err=True)
+            # pull and export say which directory is full (StorageFull); any other write that
+            # meets a full disk at least says what to do
+            fix = ("free space on that disk (`oscar-zoo prune` removes what no ref uses from the "
+                   "cache); " if is_no_space(e) else "")
+            click.echo(click.style("Error: ", fg="red") + f"{e} ({fix}`oscar-zoo settings` "
+                       "shows the directories oscar-zoo uses and their variables)", err=True)
             sys.exit(1)
 
 

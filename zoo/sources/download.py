@@ -20,18 +20,20 @@ import hashlib
 import logging
 import math
 import random
+import shutil
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .. import settings
 from ..cache import Cache
 from ..errors import (BundleNotFound, Forbidden, IntegrityError, OfflineError, RemoteError,
-                      Unauthorized, is_transient)
+                      Unauthorized, is_no_space, is_transient)
 from ..files import CHUNK, sha256_file
 
 log = logging.getLogger("oscar_zoo.download")
@@ -247,7 +249,12 @@ def _fetch_with_hub_client(remote: RemoteFile, cache: Cache, partial: Path, key:
             return _verify_and_adopt(remote, cache, partial)
         except IntegrityError:
             _note(f"{remote.name}: the copy a killed run left did not verify; fetching it again")
-    got = remote.fetch(workdir, show_bar)
+    try:
+        got = remote.fetch(workdir, show_bar)
+    except OSError as e:
+        if is_no_space(e):  # as _dropped_on_full_disk: the hub client's part is in its workdir
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     partial.unlink(missing_ok=True)
     got.replace(partial)
     return _verify_and_adopt(remote, cache, partial)
@@ -284,13 +291,28 @@ def _git_sha1(path: Path) -> str:
 
 class Stopped(Exception):
     """A download given up because `stop` was set (another file of the pull failed, or Ctrl-C);
-    its partial file stays for the next pull to resume."""
+    its partial file stays for the next pull to resume, unless the failure was a full disk."""
+
+
+class StopSignal(threading.Event):
+    """`stop` for the downloads of one pull. `full_disk`, set before the signal, says a sibling
+    ran out of disk space: their partial files go too, rather than hold room the user must now
+    free for a resume that would not fit."""
+
+    full_disk = False
 
 
 def download_to(remote: RemoteFile, partial: Path, progress: bool = True,
                 stop: threading.Event | None = None) -> None:
     """Download (resuming) into `partial` without verifying it: the caller checks the bytes.
-    Setting `stop` ends it at the next chunk (Stopped)."""
+    Setting `stop` ends it at the next chunk (Stopped). On a full disk (this download's, or a
+    sibling's by StopSignal.full_disk) `partial` is deleted: the next pull starts it afresh."""
+    with _dropped_on_full_disk(partial, stop):
+        _download_with_retries(remote, partial, progress, stop)
+
+
+def _download_with_retries(remote: RemoteFile, partial: Path, progress: bool,
+                           stop: threading.Event | None) -> None:
     httpx = import_httpx()
 
     retries = int(settings.get("http_retries"))
@@ -339,6 +361,23 @@ def _attempt(remote: RemoteFile, partial: Path, progress: bool, stop: threading.
                     raise Stopped(remote.name)
     if remote.size is not None and partial.stat().st_size < remote.size:
         raise _Retry(f"connection closed after {partial.stat().st_size} of {remote.size} bytes")
+
+
+@contextmanager
+def _dropped_on_full_disk(partial: Path, stop: threading.Event | None) -> Iterator[None]:
+    """Delete the partial file when its disk (or quota) is full. A resume needs the room it
+    takes, which is what the user must now free (`oscar-zoo prune` spares a partial download
+    for an hour, as one may be in progress)."""
+    try:
+        yield
+    except Stopped:
+        if getattr(stop, "full_disk", False):
+            partial.unlink(missing_ok=True)
+        raise
+    except OSError as e:
+        if is_no_space(e):
+            partial.unlink(missing_ok=True)
+        raise
 
 
 def _check_status(remote: RemoteFile, r) -> None:

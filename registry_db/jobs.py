@@ -17,8 +17,10 @@ process that attaches (Ray's retry of a task whose node it took for dead) replac
 earlier process still alive behind a partition is fenced too, and may not attach again. The
 dispatcher's claim token stays good for its own calls (heartbeat, fail, release) and for the
 attach of a retry (whose arguments carry it); progress, results and completion are the
-attached task's alone. A task attaching again (its reply was lost) gets a new token in place of
-the one it never received: that one's hash cannot be given back.
+attached task's alone. A task's token is derived from the claim's (an HMAC keyed by it, over
+the job, the attempt and the task's name), so the same task attaching again, its reply lost,
+gets the same token back though only its hash is stored, whichever of its two requests lands
+last; anyone able to derive it holds the claim token, which may attach anyway.
 
 Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
@@ -38,6 +40,7 @@ timestamp, hence a new digest) returns the version the first attempt made.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 import secrets
@@ -290,9 +293,9 @@ def _check_submitter(session: Session, job: Job, token_id: int) -> None:
         raise Forbidden(f"job {job.id} was submitted by {who}, which is revoked since; only an "
                         "admin token can cancel it now")
     if is_expired(row):     # its holder can no longer use it to cancel
-        raise Forbidden(f"job {job.id} was submitted by {who}, which expired at "
-                        f"{row.expires_at.isoformat(timespec='seconds')}; only an admin token "
-                        "can cancel it now")
+        # not when: another principal's token is none of the caller's business
+        raise Forbidden(f"job {job.id} was submitted by {who}, which has expired; only an admin "
+                        "token can cancel it now")
     raise Forbidden(f"job {job.id} was submitted by {who}; cancel it with that token or an "
                     "admin token")
 
@@ -367,8 +370,12 @@ def _holds(stored: str | None, token: str) -> bool:
     return stored is not None and token.isascii() and hmac.compare_digest(stored, hash_token(token))
 
 
-def _new_task_token(job: Job) -> str:
-    token = secrets.token_hex(16)
+def _task_token(job: Job, claim_token: str) -> str:
+    """The attached task's token, stored as its hash. Derived, not random: a retried attach
+    whose first request lands after it (a timeout, then both run) must not replace the token
+    its task got with one no one received."""
+    message = f"{job.id}:{job.attempts}:{job.lease_holder}".encode()
+    token = hmac.new(claim_token.encode(), message, hashlib.sha256).hexdigest()[:32]
     job.task_token = hash_token(token)
     return token
 
@@ -383,8 +390,7 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
     (check the returned job's status: the caller must commit).
 
     Idempotent for one task: the same `worker` attaching again (its first reply was lost) gets
-    the job as it is, without another attempt counted or its timings reset, and a new token in
-    place of the one it never received (only that one's hash is stored).
+    the job as it is and the same token, without another attempt counted or its timings reset.
     A task that a later one replaced stays replaced: its attach, even one retried after a lost
     reply that raced the retry's, is refused (LeaseLost) rather than taking the lease back.
     """
@@ -410,7 +416,7 @@ def attach(session: Session, job_id: str, token: str, worker: str) -> tuple[Job,
         job.timings = {}
         job.fenced_holders = [*(job.fenced_holders or []), job.lease_holder]
     job.lease_holder = worker
-    return job, _new_task_token(job)
+    return job, _task_token(job, token)
 
 
 def heartbeat(session: Session, job_id: str, token: str) -> Job:

@@ -200,16 +200,18 @@ def release(job_id: str, body: LeaseRequest, request: Request, actor: str = Depe
 @router.post("/v1/jobs/{job_id}/result", status_code=201,
              summary="Upload the job's bundle (multipart, like publishing); one version per job")
 async def result(job_id: str, request: Request,
-                 x_lease_token: str = Header(..., max_length=64), actor: str = Depends(work)):
+                 x_lease_token: str = Header(..., max_length=64),
+                 who: Caller = Depends(caller("jobs:work"))):
     async with staged_upload(request, "job-", f"job {job_id}'s result") as (staging, fields):
         body, created = await run_in_threadpool(
             _record, request.app.state.registry, job_id, x_lease_token, staging,
-            fields.get("status") or "published", actor)
+            fields.get("status") or "published", who)
     return JSONResponse(body, status_code=201 if created else 200)
 
 
-def _record(registry, job_id: str, token: str, staging: Path, status: str, actor: str):
-    """Verify (no side effects), fence, store blobs, then one transaction (as Registry.publish)."""
+def _record(registry, job_id: str, token: str, staging: Path, status: str, who: Caller):
+    """Verify (no side effects), fence, store blobs, then one transaction (as Registry.publish).
+    The upload may take long: a token revoked or expired meanwhile writes nothing."""
     prepared = prepare_bundle(staging)
     with registry.db.read() as session:
         job = jobs_db.leased(session, job_id, token)
@@ -218,7 +220,9 @@ def _record(registry, job_id: str, token: str, staging: Path, status: str, actor
         model_for(session, prepared.manifest, job.model, create=False)
     store_blobs(registry.blobs, prepared)
     with registry.db.write() as session:
-        version, created = jobs_db.record_result(session, job_id, token, prepared, status, actor)
+        check_live(session, who.token_id)
+        version, created = jobs_db.record_result(session, job_id, token, prepared, status,
+                                                 who.actor)
         body = version_body(session, version)
     if created:     # in the background; the spec's targets only where the server allows them
         mirror_published(registry, body["model"], body["version"])

@@ -150,3 +150,28 @@ def test_a_worker_token_revoked_during_a_long_poll_claims_nothing(jobs_api):
     assert isinstance(outcome.get("error"), Unauthorized), outcome
     assert "revoked while this request was in progress" in str(outcome["error"])
     assert jobs_api.submitter.get(job["id"])["status"] == "queued"
+
+
+def test_a_worker_token_revoked_during_a_result_upload_records_nothing(jobs_api, tmp_path,
+                                                                     monkeypatch):
+    """The token was checked when the upload began only: revoked while its bytes were stored
+    (a large bundle takes a while), the result was still recorded and published."""
+    from oscar_zoo.api.routes import workers
+    from oscar_zoo.zoo.errors import Unauthorized
+    from tests.utils.bundles import make_bundle
+
+    job = jobs_api.submit()
+    lease = jobs_api.worker.claim("w1", 0)["lease"]["token"]
+    real = workers.store_blobs
+
+    def revoked_meanwhile(blobs, prepared):
+        with jobs_api.server.registry.db.write() as session:
+            revoke_token(session, "gpu-worker")
+        return real(blobs, prepared)
+
+    monkeypatch.setattr(workers, "store_blobs", revoked_meanwhile)
+    make_bundle(tmp_path / "a", seed=1)
+    with pytest.raises(Unauthorized, match="revoked while this request was in progress"):
+        jobs_api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
+    got = jobs_api.submitter.get(job["id"])
+    assert got["result_version"] is None and got["status"] == "running"

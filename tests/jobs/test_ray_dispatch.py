@@ -113,13 +113,11 @@ def test_an_attach_whose_reply_was_lost_is_retried_without_spending_an_attempt(j
     monkeypatch.setattr(jobs_api.worker, "attach", landed_but_reply_lost)
     attached = R._attach(jobs_api.worker, job["id"], lease, "ray-task:h:1:node:f00", patience=10)
     assert len(calls) == 2 and attached["attempts"] == 1
-    # a task token in place of the one the lost reply carried (the registry keeps only its
-    # hash), and one that holds the lease: the retry did not fence its own task
-    token, lost = attached["lease"]["token"], answers[0]["lease"]["token"]
-    assert token not in (lost, lease)
+    # the task token the lost reply carried, not one that fences it (the registry keeps only
+    # its hash: the retry's is derived the same), and it holds the lease
+    token = attached["lease"]["token"]
+    assert token == answers[0]["lease"]["token"] != lease
     jobs_api.worker.progress(job["id"], token, "loading", {})
-    with pytest.raises(LeaseLost):
-        jobs_api.worker.heartbeat(job["id"], lost)
     after = jobs_api.submitter.get(job["id"])
     assert after["status"] == "running" and after["attempts"] == 1, after
     assert after["lease"]["holder"] == "ray-task:h:1:node:f00"

@@ -387,9 +387,22 @@ def test_show_of_a_version_gives_its_clips_validation_and_yank_reason(registry, 
     text = CliRunner().invoke(cli, ["show", "smollm2-135m@1"]).stdout
     clip = detail["manifest"]["clip"]
     assert f"clip         K {clip['k_global']:g} / V {clip['v_global']:g} (searched per" in text
-    bundle = next(r for r in detail["validation"]["variants"] if r["name"] == "bundle")
-    assert f"validation   passed: extra loss {bundle['delta_nll']:+.4f} nats/token (hadamard" in text
-    assert "yanked       clip search bug" in text
+    loss = {r["name"]: r["delta_nll"] for r in detail["validation"]["variants"]}
+    # as served beside it: the verdict judges both (a per-layer bundle failing as served only
+    # read "FAILED: extra loss +0.04" with no sign why)
+    assert (f"validation   passed: extra loss {loss['bundle']:+.4f}, as served "
+            f"{loss['bundle-served']:+.4f} nats/token (hadamard") in text
+    assert "yanked       clip search bug" in text and "criterion" not in text
+
+
+def test_show_of_a_failed_version_gives_the_criterion_it_failed(registry, tmp_path):
+    from tests.api.ui.seeding import make_validated_bundle
+
+    registry.publish_dir(make_validated_bundle(tmp_path / "b", passed=False).path)
+    criterion = RegistryClient().version("smollm2-135m", 1)["validation"]["criterion"]
+    text = CliRunner().invoke(cli, ["show", "smollm2-135m@1"]).stdout
+    assert "validation   FAILED: extra loss" in text
+    assert f"criterion    {criterion}" in text
 
 
 def test_offline_default_pull_says_when_recommended_is_cached_only_in_part(registry, glm_bundles,

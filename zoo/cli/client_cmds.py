@@ -311,9 +311,14 @@ def _version_lines(v: dict) -> list[str]:
     val = v.get("validation") or {}
     by = {r["name"]: r["delta_nll"] for r in val.get("variants", [])}
     if "bundle" in by:
+        # as served (one K / V pair) beside it: the verdict judges both
+        served = f", as served {by['bundle-served']:+.4f}" if "bundle-served" in by else ""
         rest = ", ".join(f"{n} {by[n]:+.4f}" for n in ("hadamard", "naive") if n in by)
         out.append(f"    validation   {'passed' if val.get('passed') else 'FAILED'}: extra loss "
-                   f"{by['bundle']:+.4f} nats/token ({rest}) at context {val.get('context_len')}")
+                   f"{by['bundle']:+.4f}{served} nats/token ({rest}) at context "
+                   f"{val.get('context_len')}")
+        if not val.get("passed") and val.get("criterion"):
+            out.append(f"    criterion    {val['criterion']}")
     return out
 
 

@@ -57,6 +57,8 @@ class JobsRuntime:
         try:
             if self.executor is not None:
                 self._stop_executor()
+            elif self.token_id is not None:     # made, and its executor never came to be
+                self._release([])
         finally:
             self.stopping.set()
             if self.thread is not None:
@@ -85,6 +87,7 @@ class JobsRuntime:
                 log.warning("job %s: %s (its worker stopped with the server)", job_id, done)
             if self.token_id is not None:
                 revoke_token(session, str(self.token_id), by="serve")
+        self.token_id = None        # revoked: a second stop() must not look for it again
 
     # --- sweeper -------------------------------------------------------------------------------
 
@@ -119,18 +122,40 @@ class JobsRuntime:
             row, token = create_token(session, ["jobs:work"], f"{kind} executor of serve pid "
                                       f"{os.getpid()} on {_host()}", created_by="serve")
             self.token_id = row.id
-        if kind == "local":
-            from ..calibrate.executors.local import LocalExecutor
+        try:
+            if kind == "local":
+                from ..calibrate.executors.local import LocalExecutor
 
-            # the registry's own data dir: a restarted server finds its killed predecessor's
-            # GPU locks there whatever the environment says
-            self.executor = LocalExecutor(url, token,
-                                          lock_dir=Path(self.registry.data_dir) / "gpu-locks")
-        else:   # ray: settings refuses any other choice
-            from ..calibrate.executors.ray_executor import RayExecutor
+                # the registry's own data dir: a restarted server finds its killed
+                # predecessor's GPU locks there whatever the environment says
+                self.executor = LocalExecutor(url, token,
+                                              lock_dir=Path(self.registry.data_dir) / "gpu-locks")
+            else:   # ray: settings refuses any other choice
+                from ..calibrate.executors.ray_executor import RayExecutor
 
-            self.executor = RayExecutor(url, token, settings.get("ray_address"))
-        self.executor.start()
+                self.executor = RayExecutor(url, token, settings.get("ray_address"))
+            self.executor.start()
+        except BaseException:
+            # The token (scope jobs:work) would stay live after this server failed to start:
+            # only a later serve on this host revokes a dead one's. An executor half started
+            # (some workers up) is stopped with it.
+            self._undo_start()
+            raise
+
+    def _undo_start(self) -> None:
+        try:
+            if self.executor is not None:
+                self._stop_executor()
+            else:
+                self._release([])
+        except Exception as e:  # noqa: BLE001 - the failure to start is what is raised
+            left = "" if self.token_id is None else (
+                f"; its token {self.token_id} is still live: `oscar-zoo tokens revoke "
+                f"{self.token_id}`")
+            log.error("could not undo the job executor's start (%s: %s)%s", type(e).__name__,
+                      e, left)
+        finally:
+            self.executor = None
 
 
 _EXECUTOR_TOKEN = re.compile(r"\w+ executor of serve pid (\d+) on (\S+)")
@@ -206,8 +231,9 @@ def install(app: FastAPI) -> None:
     async def lifespan(a):
         runtime = JobsRuntime(app)
         app.state.jobs_runtime = runtime
-        runtime.start()
         try:
+            # inside: a start that fails after the sweeper began (the executor's) stops it
+            runtime.start()
             async with inner(a) as state:
                 yield state
         finally:

@@ -8,8 +8,8 @@ failed; `GET /v1/models/{name}/versions/{v}/mirrors` reads them (queries.mirrors
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,8 @@ from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo import settings
-from ..zoo.errors import ConfigError, Conflict
+from ..zoo.errors import ConfigError, Conflict, StorageFull
+from ..zoo.files import out_of_space
 from ..zoo.mirror.runner import (MirrorResult, configured_targets, mark_yanked, mirror_bundle,
                                  parse_target)
 from . import queries
@@ -95,7 +96,7 @@ def mirror_version(registry, model: str, version: str | int,
 
     Raises ModelNotFound / VersionNotFound for a bad name, NotPublished for a draft or a
     yanked version, ConfigError for a bad target or none; hub failures are returned (status "failed")
-    and recorded, not raised.
+    and recorded, not raised, and so is a registry that cannot stage the files (a full disk).
     """
     vf = version_files(registry, model, version)
     _require_published(vf)
@@ -108,10 +109,11 @@ def mirror_version(registry, model: str, version: str | int,
     for t in targets:
         parse_target(t)
     results = []
-    with tempfile.TemporaryDirectory(prefix="oscar-zoo-mirror-") as tmp:
-        bundle_dir = Path(tmp)
-        for name, path in vf.files.items():
-            _link_or_copy(path, bundle_dir / name)
+    with ExitStack() as staged:
+        try:
+            bundle_dir = _stage(registry, vf, staged)
+        except OSError as e:
+            return _staging_failed(registry, vf, targets, e)
         for target in targets:
             kind, repo = parse_target(target)
             with registry.db.write() as session:
@@ -122,6 +124,45 @@ def mirror_version(registry, model: str, version: str | int,
                 record_mirror(session, vf.version_id, kind, repo, result.status, result.path,
                               result.revision, result.url, result.error)
             results.append(result)
+    return results
+
+
+def _stage(registry, vf: VersionFiles, staged: ExitStack) -> Path:
+    """The version's files in a staging dir of the registry's data dir (removed when `staged`
+    closes). There, not in TMPDIR: on the blob store's filesystem the files are hard links,
+    which take no room, and a TMPDIR on a full disk of its own failed every mirror; the dir is
+    flocked while the mirror runs, and `db gc` removes one that a killed server left."""
+    doing = f"staging {vf.model} v{vf.number}'s files for its mirrors"
+    then = _not_mirrored(vf)
+    bundle_dir = staged.enter_context(registry.staging("mirror-", doing, then))
+    with out_of_space("the registry's data dir", doing, then, registry.data_dir):
+        for name, path in vf.files.items():
+            _link_or_copy(path, bundle_dir / name)
+    return bundle_dir
+
+
+def _not_mirrored(vf: VersionFiles) -> str:
+    return ("nothing was sent to the hubs. To fix: the registry's operator frees space in its "
+            "data dir (OSCAR_ZOO_DATA_DIR), where `oscar-zoo db gc` removes the blobs no version "
+            "references and uploads that died; then `oscar-zoo mirror "
+            f"{vf.model}@{vf.number}` mirrors it")
+
+
+def _staging_failed(registry, vf: VersionFiles, targets: list[str],
+                    e: OSError) -> list[MirrorResult]:
+    """Every target recorded as failed, with why: a background mirror's exception only reaches
+    the log, and left no record at all (not pending, not failed) to see or to act on."""
+    error = str(e) if isinstance(e, StorageFull) else (
+        f"could not stage {vf.model} v{vf.number}'s files for its mirrors ({type(e).__name__}: "
+        f"{e}); nothing was sent to the hubs: once that is fixed, `oscar-zoo mirror "
+        f"{vf.model}@{vf.number}` mirrors it")
+    log.error("%s v%s not mirrored: %s", vf.model, vf.number, error)
+    results = []
+    for target in targets:
+        kind, repo = parse_target(target)
+        with registry.db.write() as session:
+            record_mirror(session, vf.version_id, kind, repo, "failed", error=error)
+        results.append(MirrorResult(kind, repo, "failed", error=error))
     return results
 
 

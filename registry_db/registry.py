@@ -64,15 +64,16 @@ class Registry:
             return record_version(session, model, prepared, created_by, source_job, status)
 
     @contextmanager
-    def staging(self, prefix: str) -> Iterator[Path]:
-        """A fresh dir under `<data_dir>/staging` for an upload's files, removed afterwards.
+    def staging(self, prefix: str, doing: str = "making a staging dir for an upload",
+                then: str = FREE_SPACE) -> Iterator[Path]:
+        """A fresh dir under `<data_dir>/staging` for an upload's files (or a mirror's), removed
+        afterwards. `doing` and `then` word the StorageFull of a disk too full to make it.
 
         flocked while in use: a server killed mid-upload leaves its dir behind, and
         collect_garbage removes such a dir once it is old, never one whose upload is alive.
         """
         root = self.data_dir / STAGING
-        with out_of_space("the registry's data dir", "making a staging dir for an upload",
-                          FREE_SPACE, self.data_dir):
+        with out_of_space("the registry's data dir", doing, then, self.data_dir):
             root.mkdir(parents=True, exist_ok=True)
             path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -18,6 +18,9 @@
       exports/<digest>/<format>[-layers-<spec>]/      engine files, built once per digest
       tmp/                                  a bundle being converted; a directory that prune or
                                             cache rm renamed here to delete it
+      rescued/calibrate-<time>-<random>/<name>/   a bundle `oscar-zoo calibrate` could not write
+                                            to its full --out; kept until its user moves it
+                                            (prune and cache rm leave it alone)
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
       .locks/gc.lock                        shared by pulls, exports and verify's hashing,
@@ -122,6 +125,10 @@ class Cache:
 
     def export_dir(self, digest: str, fmt: str, layer_spec: str | None = None) -> Path:
         return self.root / "exports" / _sha(digest) / (fmt if not layer_spec else f"{fmt}-layers-{layer_spec}")
+
+    @property
+    def rescued(self) -> Path:
+        return self.root / "rescued"
 
     def out_of_space(self, doing: str):
         """A context in which a full disk (or quota) is one actionable StorageFull naming the

@@ -180,6 +180,13 @@ class StorageFull(OscarZooError, OSError):
         self.errno = errno      # ENOSPC or EDQUOT, for callers that test OSError's errno
         self.path = path
 
+    def __reduce__(self):
+        # OSError's own reduce rebuilds from args (the message alone) and loses errno, which
+        # lives outside __dict__: a StorageFull raised in a Ray task or a child process came
+        # back without it
+        message = self.args[0] if self.args else ""
+        return type(self), (message, self.errno, self.path), dict(self.__dict__)
+
 
 class LockTimeout(OscarZooError, TimeoutError):
     http_status = 503
@@ -202,12 +209,24 @@ class RemoteError(OscarZooError, ConnectionError):
     title = "Remote error"
 
 
+class RemoteStorageFull(StorageFull, RemoteError):
+    """A registry answered 507: its disk, quota or database is full. Its message is the
+    registry's (what it was writing, and that its operator must make room). A RemoteError too,
+    so what waits out a registry's errors while holding a lease (a worker's heartbeats, claims,
+    small reports) still does; but not transient: the same request is refused until someone
+    makes room, so nothing re-sends it on its own (is_transient, RegistryClient.request).
+    errno stays None: the registry's disk is not this machine's."""
+
+    status = 507
+
+
 def is_transient(e: Exception) -> bool:
     """Worth another try: connection errors, 408/429/5xx, and remote errors of no known status (a
-    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between."""
+    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between, and
+    so is a 507 (a full disk stays full until someone makes room)."""
     if isinstance(e, OfflineError):
         return "offline mode" not in str(e)
-    if not isinstance(e, RemoteError):
+    if not isinstance(e, RemoteError) or isinstance(e, StorageFull):
         return False
     status = getattr(e, "status", None)
     return status is None or status in (408, 429) or status >= 500

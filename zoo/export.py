@@ -27,8 +27,8 @@ from pathlib import Path
 
 from .cache import Cache
 from .errors import InvalidInput, is_no_space
-from .files import (PARTIAL, atomic_write_bytes, atomic_writers, out_of_space, publish_dir,
-                    sha256_file, staging_dir)
+from .files import (PARTIAL, atomic_write_bytes, atomic_writers, out_dir_out_of_space,
+                    publish_dir, sha256_file, staging_dir)
 from .recipes import Recipe, recipe_for
 
 FORMATS = ("safetensors", "sglang", "vllm")
@@ -94,9 +94,7 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
                     info = _build(bundle_dir, fmt, layers, edir)
         files = {role: edir / name for role, name in info["files"].items()}
     if out is not None:
-        with out_of_space(f"--out {out}", "copying the engine files there", "nothing "
-                          "half-written was kept. To fix: free space on that disk, or choose "
-                          "another --out", out):
+        with out_dir_out_of_space(out, "copying the engine files there"):
             files = _copy_out(files, Path(out))
             _mark_out(Path(out), digest, fmt, layers, files)
         edir = Path(out)
@@ -248,10 +246,13 @@ def _build(bundle_dir: Path, fmt: str, layers: list[int] | None, edir: Path) -> 
 def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]:
     """bundle.json and README.md as they are, plus a rotations.safetensors of the chosen layers
     (it no longer matches the manifest's sha256: partial.json says what it holds)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
-    save_file(bundle.to_tensors(), str(tmp / "rotations.safetensors"),
-              metadata={"format": "oscar-zoo.bundle", "layers": ",".join(map(str, bundle.layers))})
+    # serialized here and written by our writer, as bundle.write does: save_file's own write
+    # reports a full disk as a SafetensorError, not an OSError, so no out_of_space told it
+    layers = ",".join(map(str, bundle.layers))
+    tensors = save(bundle.to_tensors(), metadata={"format": "oscar-zoo.bundle", "layers": layers})
+    atomic_write_bytes(tmp / "rotations.safetensors", tensors)
     shutil.copyfile(bundle_dir / "bundle.json", tmp / "bundle.json")
     files = {"bundle.json": "bundle.json", "rotations.safetensors": "rotations.safetensors"}
     if (bundle_dir / "README.md").is_file():  # a registry --layers part comes without one

@@ -73,6 +73,15 @@ def out_of_space(where: str, doing: str, then: str,
                           e.errno, str(path) if path is not None else None) from e
 
 
+OUT_FULL = "nothing half-written was kept. To fix: free space on that disk, or choose another --out"
+
+
+def out_dir_out_of_space(out: str | Path, doing: str):
+    """out_of_space for a command's --out DIR: the error names the option and its directory,
+    and the fix is there, not in the cache (`oscar-zoo prune` frees nothing on that disk)."""
+    return out_of_space(f"--out {out}", doing, OUT_FULL, out)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -7,7 +7,8 @@
 Model names may be catalog names, aliases or hub ids (`zai-org/GLM-4.7-FP8`; the slash is
 passed as is, the API's routes take `{name:path}`). Errors come back as application/problem+json
 and are raised as our domain errors (zoo.errors), with the server's explanation. Idempotent
-reads are retried on connection errors and 5xx; writes are not retried.
+reads are retried on connection errors and 5xx other than 507 (a full disk); writes are not
+retried.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from urllib.parse import quote
 
 from . import settings
 from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelled, ModelNotFound,
-                     NotFound, OfflineError, PayloadTooLarge, RemoteError, Unauthorized,
-                     VersionNotFound)
+                     NotFound, OfflineError, PayloadTooLarge, RemoteError, RemoteStorageFull,
+                     Unauthorized, VersionNotFound)
 
 TOKEN_FILE = "token"
 
@@ -140,7 +141,8 @@ class RegistryClient:
                     f"cannot reach the registry at {self.where} ({type(e).__name__}); check "
                     "OSCAR_ZOO_ENDPOINT and your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
                     "local cache") from None
-            if r.status_code >= 500 and attempt + 1 < attempts:
+            # 507: the registry's disk is full, and stays so until its operator makes room
+            if r.status_code >= 500 and r.status_code != 507 and attempt + 1 < attempts:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
                 continue
             if r.status_code >= 400:
@@ -198,7 +200,11 @@ class RegistryClient:
             return PayloadTooLarge(f"{where}: {detail}")
         if 400 <= code < 500:
             return InvalidInput(f"{where}: {detail}")
-        return RemoteError(f"{where}: {code} {title or r.reason_phrase}: {detail}")
+        if code == 507:     # the detail says what the registry was writing and how to make room
+            return RemoteStorageFull(f"{where}: {detail}")
+        err = RemoteError(f"{where}: {code} {title or r.reason_phrase}: {detail}")
+        err.status = code   # what is_transient decides by, as for the hubs' errors
+        return err
 
     # --- reads -------------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ One Attempt per claimed job:
 - done: upload the bundle (published, or draft when it failed validation), complete; the
   registry moves the spec's aliases and starts mirroring when it records the version.
 - anything else that breaks the attempt (the registry refuses the result, a local I/O error, a
-  bug) stops the runner and fails the job with the cause (retried only for local I/O), so the
-  job neither waits out its lease nor reruns the whole calibration with the cause lost;
+  bug) stops the runner and fails the job with the cause (retried only for local I/O and a full
+  disk, the registry's included), so the job neither waits out its lease nor reruns the whole
+  calibration with the cause lost;
 - a SIGTERM to the runner that the worker did not send is a retryable failure, not a cancel.
 """
 
@@ -39,7 +40,7 @@ from typing import Callable
 
 from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost, OfflineError,
-                                  OscarZooError, RemoteError)
+                                  OscarZooError, RemoteError, RemoteStorageFull, StorageFull)
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -202,6 +203,17 @@ class Attempt:
         self._wait_released()
         retryable = isinstance(e, OSError) and not isinstance(e, OscarZooError)
         message = f"the worker could not finish the attempt: {type(e).__name__}: {e}"
+        if isinstance(e, StorageFull):
+            # The registry's disk (or this host's) was full. Retryable, as a local I/O error
+            # is: nothing is wrong with the job, room is an operator's to make, and the job's
+            # max_attempts bounds the reruns. Its message (what was full, how to make room)
+            # becomes the job's error, which `jobs show` gives while it waits in the queue.
+            # Failed for good, its owner would have to submit it again once room is made;
+            # retried here (as _call did), the whole bundle went up again every second for
+            # as long as the heartbeats kept the lease, holding the GPU.
+            retryable = True
+            if isinstance(e, RemoteStorageFull):   # only the result upload is let through _call
+                message = f"the result could not be stored: {e}"
         try:
             job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         except OscarZooError as report_error:   # LeaseLost included: nothing left to report to
@@ -282,14 +294,21 @@ class Attempt:
 
     # --- talking to the registry ---------------------------------------------------------------
 
-    def _call(self, fn: Callable, patience: float | None = None):
+    def _call(self, fn: Callable, patience: float | None = None, full_retried: bool = True):
         """fn() with retries while the registry is unreachable, until our lease would have run
-        out (or `patience` seconds). LeaseLost propagates; giving up sets `lost`."""
+        out (or `patience` seconds). LeaseLost propagates; giving up sets `lost`.
+
+        full_retried=False: a registry whose disk is full (StorageFull, 507) is raised at once.
+        A small report is retried through it: room may be made while the lease lasts, and a
+        full database refuses the heartbeats too, so the lease runs out soon. A result upload
+        is not: each try sends the whole bundle again."""
         deadline = time.monotonic() + patience if patience is not None else None
         while True:
             try:
                 return fn()
             except (OfflineError, RemoteError) as e:
+                if isinstance(e, StorageFull) and not full_retried:
+                    raise
                 if time.monotonic() > (deadline or self.expires):
                     self.lost.set()
                     log.error("job %s: registry unreachable (%s); giving the attempt up", self.id, e)
@@ -439,10 +458,12 @@ class Attempt:
         """The result as the job's version (None: the registry stayed unreachable). A plain 409
         (no version number free after the registry's own retries, a model created at the same
         moment) is a race another upload may lose: tried again, as one version per job makes
-        safe. A lost lease or yanked content is final and propagates."""
+        safe. A lost lease or yanked content is final and propagates, and so does a registry
+        out of disk space (StorageFull: _broke fails the attempt, to be retried)."""
         for attempt in range(tries):
             try:
-                got = self._call(lambda: self.client.upload_result(self.id, self.token, bundle_dir, status))
+                got = self._call(lambda: self.client.upload_result(self.id, self.token, bundle_dir,
+                                                                   status), full_retried=False)
                 return got[0] if got else None
             except Conflict as e:
                 if type(e) is not Conflict or attempt == tries - 1:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from oscar_zoo.api.jobs_runtime import _host, _revoke_orphaned_tokens
 from oscar_zoo.registry_db.registry import open_registry
 from oscar_zoo.registry_db.tokens import authenticate, create_token, list_tokens
@@ -89,7 +91,6 @@ def test_an_executor_that_fails_to_stop_still_has_its_token_revoked(registry_db_
                                                                      caplog):
     """The revoke came after executor.stop() in the same block: one that raised left the
     executor's jobs:work token live after the server was gone, and the sweeper running."""
-    import pytest
     from fastapi import FastAPI
 
     from oscar_zoo.api.jobs_runtime import JobsRuntime
@@ -114,5 +115,77 @@ def test_an_executor_that_fails_to_stop_still_has_its_token_revoked(registry_db_
         assert runtime.stopping.is_set() and not runtime.thread.is_alive()
         assert ("the job executor failed to stop (RuntimeError: worker 0 did not exit)"
                 in caplog.text)
+    finally:
+        registry.close()
+
+
+@pytest.mark.parametrize("breaks", ["its construction", "its start"])
+def test_an_executor_that_fails_to_start_leaves_no_live_token_and_no_sweeper(
+        registry_db_url, tmp_path, monkeypatch, breaks):
+    """The executor's token was made before the executor, and the runtime started outside the
+    lifespan's try: an executor that failed to come up left its jobs:work token live (until a
+    later serve on this host revoked it) and the sweeper thread running. Real failures of the
+    local executor: a bad OSCAR_ZOO_WORKERS when it is made, a file where its GPU locks go when
+    it starts."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from oscar_zoo.api import jobs_runtime
+    from oscar_zoo.zoo.errors import ConfigError
+
+    monkeypatch.setenv("OSCAR_ZOO_EXECUTOR", "local")
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        if breaks == "its construction":
+            monkeypatch.setenv("OSCAR_ZOO_WORKERS", "lots")
+            raised = ConfigError
+        else:
+            (tmp_path / "data" / "gpu-locks").write_text("a file in the way")
+            raised = FileExistsError
+        app = FastAPI()
+        app.state.registry, app.state.start_workers = registry, True
+        app.state.self_url = "http://127.0.0.1:9"
+        jobs_runtime.install(app)
+
+        async def serve() -> None:
+            async with app.router.lifespan_context(app):
+                raise AssertionError("the server started")
+
+        with pytest.raises(raised):
+            asyncio.run(serve())
+        runtime = app.state.jobs_runtime
+        assert runtime.stopping.is_set() and not runtime.thread.is_alive()
+        with registry.db.read() as session:
+            made = [t for t in list_tokens(session) if t.created_by == "serve"]
+        assert len(made) == 1 and made[0].revoked_at is not None
+        assert runtime.token_id is None and runtime.executor is None
+    finally:
+        registry.close()
+
+
+def test_stop_revokes_a_token_whose_executor_never_came_to_be(registry_db_url, tmp_path):
+    """stop() revoked the token only beside an executor: one made for an executor that then
+    failed to come up stayed live."""
+    from fastapi import FastAPI
+
+    from oscar_zoo.api.jobs_runtime import JobsRuntime
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        app = FastAPI()
+        app.state.registry = registry
+        runtime = JobsRuntime(app)
+        runtime.start()
+        with registry.db.write() as session:
+            row, token = create_token(session, ["jobs:work"], f"local executor of serve pid "
+                                      f"{os.getpid()} on {_host()}", created_by="serve")
+        runtime.token_id = row.id
+        runtime.stop()
+        with registry.db.read() as session, pytest.raises(Unauthorized):
+            authenticate(session, token, "jobs:work")
+        assert not runtime.thread.is_alive()
+        runtime.stop()          # again: nothing left to revoke, no error
     finally:
         registry.close()

@@ -403,7 +403,7 @@ def test_a_result_upload_on_a_full_disk_is_a_507_naming_the_job_and_keeps_the_le
     result could not be stored and how to make room; nothing is recorded, the worker keeps its
     lease, and the same upload goes through once there is room. The disk is simulated (why not
     a real one: tests/utils/full_disk.py)."""
-    from oscar_zoo.zoo.errors import RemoteError
+    from oscar_zoo.zoo.errors import StorageFull, is_transient
     from tests.utils.full_disk import full_disk
 
     api = jobs_api
@@ -411,10 +411,12 @@ def test_a_result_upload_on_a_full_disk_is_a_507_naming_the_job_and_keeps_the_le
     lease = api.worker.claim("w1", 0)["lease"]["token"]
     make_bundle(tmp_path / "a", seed=1)
     staging = api.server.data_dir / "staging"
-    with full_disk(monkeypatch, staging, free=0), pytest.raises(RemoteError) as failed:
+    with full_disk(monkeypatch, staging, free=0), pytest.raises(StorageFull) as failed:
         api.worker.upload_result(job["id"], lease, tmp_path / "a", "published")
-    message = str(failed.value)
-    assert "507 Insufficient storage" in message
+    message = str(failed.value)     # the client's StorageFull for a 507: the registry's message
+    assert message.startswith(f"registry {api.server.url}: out of disk space in the registry's "
+                              "data dir (No space left on device)")
+    assert not is_transient(failed.value)
     assert f"while staging job {job['id']}'s result" in message and "`oscar-zoo db gc`" in message
     assert _count(api.server, BundleVersion) == 0 and list(staging.iterdir()) == []
     assert api.submitter.get(job["id"])["status"] == "running"

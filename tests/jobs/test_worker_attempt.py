@@ -87,6 +87,49 @@ def test_a_local_io_error_is_reported_as_a_retryable_failure(jobs_api, monkeypat
     assert "No space left on device" in after["error"]
 
 
+def test_a_registry_out_of_disk_space_requeues_the_job_with_its_message_after_one_upload(
+        jobs_api, monkeypatch):
+    """The registry's 507 on the result was a RemoteError of no status, retried as transient:
+    the worker sent the whole bundle again every second for as long as its heartbeats kept the
+    lease (here, for ever), then gave the job up as lost, the cause nowhere. Now the attempt
+    fails, retryable, with the registry's message as the job's error. The registry's blob
+    store is simulated full (a real full disk cannot be made in a test run in general:
+    tests/utils/full_disk.py); the registry's own handling of it is tests/api/test_publish.py's."""
+    from tests.utils.full_disk import full_disk
+
+    uploads, real_upload = [], JobsClient.upload_result
+
+    def counted(self, *args, **kwargs):
+        uploads.append(1)
+        return real_upload(self, *args, **kwargs)
+
+    def runner_made_a_bundle(self, work):
+        make_bundle(work / "bundle")
+        return self._finish(work, {"bundle_dir": str(work / "bundle"), "timings": {}})
+
+    monkeypatch.setattr(JobsClient, "upload_result", counted)
+    monkeypatch.setattr(W.Attempt, "_run_child", runner_made_a_bundle)
+    job = jobs_api.submit(max_attempts=3)
+    attempt = _attempt(jobs_api)
+    outcome: dict = {}
+    with full_disk(monkeypatch, jobs_api.server.registry.blobs.root) as disk:
+        thread = threading.Thread(target=lambda: outcome.update(result=attempt.run()), daemon=True)
+        thread.start()
+        thread.join(20)
+        still_uploading = thread.is_alive()
+    thread.join(30)         # without the fix: its next upload, the disk freed, goes through
+    assert not still_uploading, f"still uploading the result after {len(uploads)} tries"
+    assert disk.refused == 1 and len(uploads) == 1
+    after = jobs_api.submitter.get(job["id"])
+    assert outcome["result"] == "requeued" and after["status"] == "queued", after
+    assert after["attempts"] == 1 and after["result"] is None
+    assert after["error"].startswith("attempt 1 failed and will be retried: the result could not "
+                                     "be stored: registry "), after["error"]
+    assert ("out of disk space in the registry's blob store (No space left on device) while "
+            "storing a bundle file") in after["error"]
+    assert "the registry's operator frees space" in after["error"]
+
+
 def test_a_refused_progress_report_is_skipped_not_raised(jobs_api, monkeypatch):
     jobs_api.submit()
     attempt = _attempt(jobs_api)

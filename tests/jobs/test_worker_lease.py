@@ -175,3 +175,34 @@ def test_one_unreadable_heartbeat_reply_does_not_end_the_heartbeats():
         assert len(client.beats) >= 3
     finally:
         attempt.ended.set()
+
+
+def test_a_registry_out_of_disk_space_does_not_end_the_heartbeats():
+    """A registry whose database is full answers a heartbeat 507 (StorageFull): like a 503, the
+    next beat may get through once its operator makes room, so the runner goes on until the
+    lease runs out, not at the first such answer (RemoteStorageFull is a RemoteError for this)."""
+    from oscar_zoo.zoo.errors import RemoteStorageFull
+
+    client = FakeClient(lease_s=2.0)
+    real = client.heartbeat
+
+    def full_once(*a, **k):
+        if len(client.beats) == 0:
+            client.beats.append(time.monotonic())
+            raise RemoteStorageFull("registry http://r: out of disk space in the registry's "
+                                    "database (database or disk is full)")
+        return real(*a, **k)
+
+    client.heartbeat = full_once
+    attempt = _attempt(client, lease_s=2.0)
+    threads = [threading.Thread(target=attempt._heartbeats, daemon=True),
+               threading.Thread(target=attempt._watchdog, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        assert not attempt.lost.wait(4), "the lease was given up after one 507"
+        assert len(client.beats) >= 3
+    finally:
+        attempt.ended.set()
+        for t in threads:
+            t.join(5)

@@ -22,6 +22,8 @@ import builtins
 import errno
 import io
 import os
+import shutil
+import subprocess
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,3 +112,19 @@ def full_disk(monkeypatch, root: str | Path, free: int = 0,
         # temp files, from tempfile.mkstemp) too: an fd is followed to its path
         m.setattr(io, "open", filling_open)
         yield disk
+
+
+def unshare_or_skip(where: str | Path) -> str:
+    """The `unshare` binary, where it can mount a tmpfs (at `where`) in a user namespace of its
+    own: `unshare -rm sh -c 'mount -t tmpfs -o size=64k tmpfs DIR; ...'` then gives a real full
+    disk to a child process. Else the calling test is skipped (the kernel or the container
+    refuses user namespaces)."""
+    import pytest
+
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "-rm", "sh", "-c", "mount -t tmpfs -o size=64k "
+                                        f"tmpfs {where}"], capture_output=True, timeout=30)
+    if not probe or probe.returncode != 0:
+        pytest.skip("cannot mount a tmpfs in a user namespace here: "
+                    + (probe.stderr.decode().strip() if probe else "no unshare"))
+    return unshare

@@ -7,7 +7,10 @@ the command passes them, what it writes and when."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -315,3 +318,118 @@ def test_progress_off_a_terminal_is_plain_lines_not_a_redrawn_bar(monkeypatch, c
     assert "\r" not in err
     assert err.splitlines() == ["pass1: 0/5 layer=0", "pass1: 3/5 layer=3", "pass1: 5/5 layer=4",
                                 "clip_search: 0/2 loss=0.123"]
+
+
+# --- a full --out --------------------------------------------------------------------------------
+
+def _calibrates_to(monkeypatch, made) -> None:
+    monkeypatch.setattr(pipeline, "calibrate", lambda cfg, progress=None, loaded=None, text=None:
+                        SimpleNamespace(bundle=made, tokens_per_pass=1, timings={"total": 1.0}))
+
+
+@pytest.mark.parametrize("elsewhere", ["has room", "is full too"])
+def test_a_calibration_meeting_a_full_out_is_saved_elsewhere_and_the_error_says_where(
+        monkeypatch, tmp_path, sandbox, elsewhere):
+    """The bundle is written after hours of GPU work: a full --out ended in "[Errno 28] ... (free
+    space on that disk (`oscar-zoo prune` removes what no ref uses from the cache)...)", naming
+    neither --out nor a fix that frees room there, and the calibration was gone. Now it is saved
+    in the cache's rescued/ dir (else the temp dir), and the error says where; or, when that
+    fails too, that it is lost. The disks are simulated (tests/utils/full_disk.py: a real full
+    disk cannot be made in a test run in general; the test below uses one where it can)."""
+    import tempfile
+    from contextlib import ExitStack
+
+    from tests.utils.full_disk import full_disk
+
+    made = bundle_mod.read(make_bundle(tmp_path / "made", model="qwen3-8b").path)
+    _calibrates_to(monkeypatch, made)
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))     # for --validate
+    disk, temp = tmp_path / "disk", tmp_path / "temp"
+    disk.mkdir()
+    temp.mkdir()
+    out, rescued = disk / "qwen3-8b-bundle", sandbox / "cache" / "rescued"
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    with ExitStack() as disks:
+        disks.enter_context(full_disk(monkeypatch, disk, free=1000))
+        if elsewhere == "is full too":
+            disks.enter_context(full_disk(monkeypatch, sandbox / "cache"))
+            disks.enter_context(full_disk(monkeypatch, temp))
+        r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--validate", "--out", str(out)])
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("loading: ")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"Error: out of disk space in --out {out} (No space left on "
+                               "device) while writing the calibrated bundle; nothing "
+                               "half-written was kept there"), lines[0]
+    assert "prune" not in lines[0]
+    assert not out.exists() and list(disk.iterdir()) == []
+    if elsewhere == "has room":
+        [saved] = rescued.glob("calibrate-*/qwen3-8b-bundle")
+        assert (f". The calibration is not lost: it was saved to {saved} instead; move it where "
+                f"it belongs (`mv {saved} DIR`)") in lines[0]
+        assert f"it was not validated: run `oscar-zoo validate {saved}`" in lines[0]
+        assert bundle_mod.read(saved).manifest.model.name == "qwen3-8b"     # whole and verified
+    else:
+        assert (f"; saving it elsewhere failed too ({rescued}: No space left on device; {temp}: "
+                "No space left on device), so the calibration is lost. To fix: free space on "
+                "that disk, or choose another --out, and calibrate again") in lines[0]
+        assert list(rescued.iterdir()) == [] and list(temp.iterdir()) == []
+
+
+def test_a_validation_report_that_does_not_fit_keeps_the_calibrated_bundle_and_says_so(
+        monkeypatch, tmp_path):
+    """--validate writes the bundle again with its report: a disk that filled in between said
+    only "[Errno 28] ...", not that the calibration was still there, nor how to get the report.
+    Simulated (tests/utils/full_disk.py): the disk has room for the first write only."""
+    from tests.utils.full_disk import full_disk
+
+    made_dir = make_bundle(tmp_path / "made", model="qwen3-8b").path
+    _calibrates_to(monkeypatch, bundle_mod.read(made_dir))
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
+    monkeypatch.setattr(calibrate_cmds, "_validate_in_place", lambda bundle, loaded, bars: bundle)
+    first = sum(p.stat().st_size for p in made_dir.iterdir())   # what the first write writes
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "b"
+    with full_disk(monkeypatch, disk, free=first) as full:
+        r = CliRunner().invoke(cli, ["calibrate", "qwen3-8b", "--validate", "--out", str(out)])
+    assert full.refused and r.exit_code == 1, r.output
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"Error: out of disk space in --out {out} (No space left on device) while storing the "
+        "validation report in the bundle; the calibrated bundle there is kept as it was, without "
+        f"the report. To fix: free space on that disk, then run `oscar-zoo validate {out}`")
+    assert bundle_mod.read(out).manifest.model.name == "qwen3-8b"
+
+
+def test_a_calibration_meeting_a_real_full_out_is_saved_on_another_disk(tmp_path, sandbox):
+    """As above on a real filesystem: --out on a 64 KB tmpfs, in a user namespace of its own
+    (skipped where the kernel or the container refuses one), the cache on the test's disk. The
+    calibration itself is replaced (in the child process, which has the tmpfs)."""
+    from tests.utils.full_disk import unshare_or_skip
+
+    unshare = unshare_or_skip(tmp_path)
+    made = make_bundle(tmp_path / "made", model="qwen3-8b").path       # 4.7 MB of rotations
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "calibrate.py"
+    script.write_text(
+        "import sys\n"
+        "from types import SimpleNamespace\n"
+        "import oscar_zoo.calibrate.pipeline as pipeline\n"
+        "from oscar_zoo.zoo import bundle\n"
+        f"made = bundle.read({str(made)!r})\n"
+        "pipeline.calibrate = lambda cfg, progress=None, loaded=None, text=None: SimpleNamespace("
+        "bundle=made, tokens_per_pass=1, timings={'total': 1.0})\n"
+        "from oscar_zoo.zoo.cli.main import main\n"
+        f"sys.argv = ['oscar-zoo', 'calibrate', 'qwen3-8b', '--out', {str(disk / 'b')!r}]\n"
+        "main()\n")
+    proc = subprocess.run([unshare, "-rm", "sh", "-c", f'mount -t tmpfs -o size=64k tmpfs '
+                           f'"{disk}" || exit 99; "{sys.executable}" "{script}"'],
+                          capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    [saved] = (sandbox / "cache" / "rescued").glob("calibrate-*/b")
+    assert (f"Error: out of disk space in --out {disk / 'b'} (No space left on device) while "
+            "writing the calibrated bundle; nothing half-written was kept there. The calibration "
+            f"is not lost: it was saved to {saved} instead") in proc.stderr.strip().splitlines()[-1]
+    assert bundle_mod.read(saved).manifest.model.name == "qwen3-8b"

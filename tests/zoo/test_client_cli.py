@@ -287,17 +287,44 @@ def test_an_export_onto_a_full_disk_names_the_directory_and_keeps_nothing_half_w
     assert not out.exists() or list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("direction", ["--from", "--to"])
+def test_a_convert_onto_a_full_out_names_it_and_the_fix_there(tmp_path, monkeypatch, direction):
+    """`convert ... --out DIR` onto a full disk said "[Errno 28] ... (free space on that disk
+    (`oscar-zoo prune` removes what no ref uses from the cache)...)": neither --out nor a fix
+    that frees room there."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.bundle import read
+    from oscar_zoo.zoo.cli.main import cli
+    from oscar_zoo.zoo.interop.convert import export_files
+    from tests.utils.bundles import make_bundle
+    from tests.utils.full_disk import full_disk
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "out"
+    if direction == "--from":
+        k, v = export_files(read(bundle.path), tmp_path / "sglang")
+        args, doing = ["--from", "sglang", str(k), str(v), "--model", "qwen3-8b"], "the bundle"
+    else:
+        args, doing = ["--to", "sglang", str(bundle.path)], "the sglang files"
+    with full_disk(monkeypatch, disk, free=10_000):   # the bundle's staging dir is beside --out
+        result = CliRunner().invoke(cli, ["convert", *args, "--out", str(out)])
+    line = _one_error_line(result, f"out of disk space in --out {out} (No space left on device) "
+                           f"while writing {doing}; nothing half-written was kept. To fix: free "
+                           "space on that disk, or choose another --out")
+    assert "prune" not in line
+    assert not out.exists() or list(out.iterdir()) == []
+    assert list(p for p in disk.iterdir() if p != out) == []
+
+
 def test_a_pull_onto_a_real_full_disk(registry_with_qwen, tmp_path):
     """The simulation's premise checked on a real filesystem: a 64 KB tmpfs as the cache, in a
     user namespace of its own (skipped where the kernel or the container refuses one)."""
-    import shutil
+    from tests.utils.full_disk import unshare_or_skip
 
-    unshare = shutil.which("unshare")
-    probe = unshare and subprocess.run([unshare, "-rm", "sh", "-c", "mount -t tmpfs -o size=64k "
-                                        f"tmpfs {tmp_path}"], capture_output=True, timeout=30)
-    if not probe or probe.returncode != 0:
-        pytest.skip("cannot mount a tmpfs in a user namespace here: "
-                    + (probe.stderr.decode().strip() if probe else "no unshare"))
+    unshare = unshare_or_skip(tmp_path)
     cache, listing = tmp_path / "cache", tmp_path / "left.txt"
     cache.mkdir()
     script = (f'mount -t tmpfs -o size=64k tmpfs "{cache}" || exit 99; '
@@ -313,6 +340,38 @@ def test_a_pull_onto_a_real_full_disk(registry_with_qwen, tmp_path):
     left = listing.read_text().split()
     assert not [f for f in left if f.endswith((".incomplete", ".tmp"))], left
     assert not [f for f in left if "/models/" in f], left
+
+
+def test_a_layers_safetensors_export_onto_a_real_full_disk(tmp_path):
+    """`export --format safetensors --layers` wrote its rotations with safetensors' save_file,
+    whose full disk is a SafetensorError, not an OSError: a traceback, not the one line that
+    names the cache. On a real disk (a 64 KB tmpfs as the cache, in a user namespace), as
+    tests/utils/full_disk.py cannot simulate it: it fails Python's writes, and save_file
+    writes from Rust."""
+    from tests.utils.bundles import make_bundle
+
+    from tests.utils.full_disk import unshare_or_skip
+
+    unshare = unshare_or_skip(tmp_path)
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")    # layers 0-3: 512 KB of rotations
+    cache, out, listing = tmp_path / "cache", tmp_path / "out", tmp_path / "left.txt"
+    cache.mkdir()
+    script = (f'mount -t tmpfs -o size=64k tmpfs "{cache}" || exit 99; '
+              f'"{sys.executable}" -m oscar_zoo.zoo.cli.main export "{bundle.path}" --format '
+              f'safetensors --layers 0-3 --out "{out}"; rc=$?; '
+              f'find "{cache}" -type f > "{listing}"; exit $rc')
+    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "OSCAR_ZOO_CACHE": str(cache)}, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"Error: out of disk space in the oscar-zoo cache {cache} (No "
+                               "space left on device) while building the safetensors export;"), \
+        lines[0]
+    assert "`oscar-zoo prune`" in lines[0]
+    left = listing.read_text().split()
+    assert not [f for f in left if "/.locks/" not in f and not f.endswith("CACHEDIR.TAG")], left
+    assert not out.exists()
 
 
 def test_any_other_write_onto_a_full_disk_says_to_free_space(monkeypatch):

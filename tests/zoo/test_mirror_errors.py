@@ -122,3 +122,72 @@ def test_a_hub_asking_for_a_longer_wait_than_the_cap_fails_at_once_naming_it(
     assert "oscar-zoo mirror smollm2-135m@1" in r.error
     assert ("rate-limiting" in r.error) == (status == 429)
     assert len(hub.requests("POST", r"/commit/")) == 1   # no retry at all
+
+
+def test_a_full_tmpdir_does_not_stop_a_mirror(registry, hub, tmp_path):
+    """The version's files were copied into a TemporaryDirectory before any record was made: a
+    TMPDIR on a full filesystem of its own (the blobs cannot be hard-linked across, so they are
+    copied) made the background mirror a traceback in the log, and no record said it failed.
+    They are staged in the registry's data dir now, beside the blobs. On a real full disk: a
+    64 KB tmpfs as TMPDIR, in a user namespace of its own, for the mirror run in a child."""
+    from tests.utils.full_disk import unshare_or_skip
+
+    unshare = unshare_or_skip(tmp_path)
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    tmpdir, out = tmp_path / "tmpdir", tmp_path / "results.json"
+    tmpdir.mkdir()
+    code = ("import json, sys; from oscar_zoo.registry_db.registry import open_registry; "
+            "from oscar_zoo.registry_db.mirrors import mirror_version; "
+            "r = open_registry(); "
+            f"res = mirror_version(r, 'smollm2-135m', 1, ['{HF}']); "
+            f"open('{out}', 'w').write(json.dumps([x.to_dict() for x in res]))")
+    script = (f'mount -t tmpfs -o size=64k tmpfs "{tmpdir}" || exit 99; '
+              f'head -c 60000 /dev/zero > "{tmpdir}/filler"; '     # what little it had, taken
+              f'"{sys.executable}" -c "{code}"')
+    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(r["target"], r["status"], r["tag"]) for r in json.loads(out.read_text())] == [
+        ("hf", "done", TAG)]
+    assert TAG in hub.repo("hf", REPO).tags
+    staging = registry.data_dir / "staging"
+    assert not staging.exists() or list(staging.iterdir()) == []
+
+
+def test_a_data_dir_too_full_to_stage_in_records_each_target_failed(registry, hub, tmp_path,
+                                                                    monkeypatch, caplog):
+    """Where even the registry's data dir has no room for the staging dir (a directory takes a
+    block), every target is recorded failed with the reason and the fix, and nothing reaches a
+    hub; before, nothing was recorded at all. Simulated at os.mkdir, which tempfile.mkdtemp
+    calls: a disk full to the last block cannot be made in a test run in general
+    (tests/utils/full_disk.py)."""
+    import errno
+
+    from oscar_zoo.registry_db.mirrors import mirror_version
+
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    real_mkdir, staging = os.mkdir, str(registry.data_dir / "staging")
+
+    def full_mkdir(path, *args, **kwargs):
+        if os.fspath(path).startswith(staging + os.sep):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_mkdir(path, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "mkdir", full_mkdir)
+        results = mirror_version(registry.registry, "smollm2-135m", 1, [HF, MS])
+    says = ("out of disk space in the registry's data dir (No space left on device) while "
+            "staging smollm2-135m v1's files for its mirrors; nothing was sent to the hubs.")
+    assert [(r.target, r.status) for r in results] == [("hf", "failed"), ("modelscope", "failed")]
+    assert all(r.error.startswith(says) for r in results), results[0].error
+    assert "`oscar-zoo mirror smollm2-135m@1`" in results[0].error
+    with registry.client() as http:
+        items = http.get("/v1/models/smollm2-135m/versions/1/mirrors").json()["items"]
+    assert sorted((i["target"], i["status"]) for i in items) == [("hf", "failed"),
+                                                                 ("modelscope", "failed")]
+    assert all(i["error"].startswith(says) for i in items)
+    assert hub.repo("hf", REPO) is None and hub.repo("ms", REPO) is None
+    assert "Traceback" not in caplog.text and says in caplog.text
+    # room made: the same run mirrors it
+    again = mirror_version(registry.registry, "smollm2-135m", 1, [HF])
+    assert [r.status for r in again] == ["done"]

@@ -82,13 +82,17 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
     """
     if bool(from_fmt) == bool(to_fmt):
         raise click.UsageError("pass exactly one of --from sglang or --to sglang")
+    from ..files import out_dir_out_of_space
+
     if to_fmt:
         from .. import bundle as bundle_mod
         from ..interop.convert import export_files
 
         if len(inputs) != 1:
             raise click.UsageError("--to sglang takes one bundle directory")
-        k_path, v_path = export_files(bundle_mod.read(inputs[0]), out)
+        bundle = bundle_mod.read(inputs[0])
+        with out_dir_out_of_space(out, "writing the sglang files"):
+            k_path, v_path = export_files(bundle, out)
         emit({"k": str(k_path), "v": str(v_path)}, as_json, lambda d: f"{d['k']}\n{d['v']}")
         return
     if not model:
@@ -106,7 +110,9 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
 
         # what SGLang's INT2 kernels take; the bundle would record it for every launch recipe
         check_int2_geometry(group_size, entry.geometry)
-    written = bundle_mod.write(import_files(k_path, v_path, entry, serving), out, overwrite=overwrite)
+    bundle = import_files(k_path, v_path, entry, serving)
+    with out_dir_out_of_space(out, "writing the bundle"):
+        written = bundle_mod.write(bundle, out, overwrite=overwrite)
     info(f"imported {k_path.name} + {v_path.name} -> {out}")
     emit(_summary(written.manifest), as_json, _human_summary_unverified)
 

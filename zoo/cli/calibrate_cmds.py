@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import click
 
 from .. import settings
+from ..files import out_of_space
 from .output import emit, info, json_option, warn
 
 
@@ -137,18 +139,97 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     for phase in ("loading", "total"):  # calibrate() times a load only when it does it
         result.timings[phase] = result.timings.get(phase, 0.0) + load_s
     bars.close()
-    written = bundle_mod.write(result.bundle, out, overwrite=overwrite)
+    written = _write_calibration(result.bundle, out, overwrite, run_validation)
     info(f"wrote {out} ({result.tokens_per_pass:,} tokens per pass, {result.timings['total']:.1f} s)")
     if run_validation:  # after the write: a failure here keeps the calibration
         bundle = _validate_in_place(result.bundle, loaded, bars)
         bars.close()
-        written = bundle_mod.write(bundle, out, overwrite=True)
+        with out_of_space(f"--out {out}", "storing the validation report in the bundle", "the "
+                          "calibrated bundle there is kept as it was, without the report. To "
+                          f"fix: free space on that disk, then run `oscar-zoo validate {out}`",
+                          out):
+            written = bundle_mod.write(bundle, out, overwrite=True)
         info(f"validation report stored in {out}/bundle.json")
     data_out = {**bundle_mod.summary(written.manifest), "path": str(out),
                 "timings_s": {k: round(v, 3) for k, v in result.timings.items()}}
     emit(data_out, as_json, _human)
     if run_validation:
         _exit_unless_passed(written.manifest.validation, out)
+
+
+def _write_calibration(bundle, out: Path, overwrite: bool, validating: bool):
+    """Write the calibrated bundle at --out. Hours of GPU work end here: when --out's disk (or
+    quota) is full, the bundle is saved elsewhere (_rescue), and the error says where, or that
+    it could not be."""
+    from .. import bundle as bundle_mod
+    from ..errors import StorageFull, is_no_space
+
+    try:
+        return bundle_mod.write(bundle, out, overwrite=overwrite)
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        full = e
+    said = (f"out of disk space in --out {out} ({full.strerror or os.strerror(full.errno)}) "
+            "while writing the calibrated bundle; nothing half-written was kept there")
+    saved, failures = _rescue(bundle, out)
+    if saved is not None:
+        said += (f". The calibration is not lost: it was saved to {saved} instead; move it "
+                 f"where it belongs (`mv {saved} DIR`), or free space on that disk and move it "
+                 "to --out")
+        if validating:
+            said += f"; it was not validated: run `oscar-zoo validate {saved}`"
+    else:
+        said += (f"; saving it elsewhere failed too ({'; '.join(failures)}), so the calibration "
+                 "is lost. To fix: free space on that disk, or choose another --out, and "
+                 "calibrate again")
+    raise StorageFull(said, full.errno, str(out)) from full
+
+
+def _rescue(bundle, out: Path) -> tuple[Path | None, list[str]]:
+    """Write the bundle under the first of _rescue_roots that takes it: (its path, or None;
+    why each root before it failed). A root on --out's own disk is tried too: a quota or a
+    project quota may cover --out's directory only."""
+    import shutil
+    import tempfile
+
+    from .. import bundle as bundle_mod
+
+    failures = []
+    for root, prefix in _rescue_roots():
+        made = None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            # a new dir of our own (0700), never one another user of a shared temp dir made
+            made = Path(tempfile.mkdtemp(prefix=time.strftime(f"{prefix}%Y%m%d-%H%M%S-"),
+                                         dir=root))
+            saved = made / (out.name or "bundle")
+            bundle_mod.write(bundle, saved)
+            return saved, failures
+        except OSError as e:
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            failures.append(f"{root}: {e.strerror or e}")
+    return None, failures
+
+
+def _rescue_roots() -> list[tuple[Path, str]]:
+    """Where a calibration goes when --out is full, and the prefix of its dir there: the
+    cache's rescued/ dir, which prune and cache rm leave alone (not its tmp/, which prune
+    empties of what is an hour old), then the system's temp dir (often RAM, emptied at
+    reboot: better than nothing)."""
+    import tempfile
+
+    from ..cache import Cache
+    from ..errors import ConfigError
+
+    roots = []
+    try:
+        roots.append((Cache().rescued, "calibrate-"))
+    except ConfigError:     # a bad OSCAR_ZOO_CACHE: the temp dir may still take it
+        pass
+    roots.append((Path(tempfile.gettempdir()), "oscar-zoo-calibrate-"))
+    return roots
 
 
 def _check_writable(out: Path) -> None:

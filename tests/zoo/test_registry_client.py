@@ -1,0 +1,81 @@
+"""RegistryClient (zoo/registry_client.py): how a registry out of disk space (507) is told to
+the client, and StorageFull crossing a process boundary."""
+
+from __future__ import annotations
+
+import errno
+import pickle
+
+import httpx
+import pytest
+
+from oscar_zoo.zoo.errors import (RemoteError, RemoteStorageFull, StorageFull, is_no_space,
+                                  is_transient)
+from oscar_zoo.zoo.registry_client import RegistryClient
+from tests.utils.bundles import make_bundle
+
+
+def test_a_registry_out_of_disk_space_is_storage_full_with_its_message_and_not_transient(
+        tmp_path, monkeypatch):
+    """A 507 was a plain RemoteError without a status, which is_transient takes for a damaged
+    read: worth sending again. The registry's blob store is simulated full (a real full disk
+    cannot be made in a test run in general: tests/utils/full_disk.py)."""
+    from tests.utils.databases import fresh_database
+    from tests.utils.full_disk import full_disk
+    from tests.utils.registry_server import run_registry
+
+    bundle = make_bundle(tmp_path / "b")
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server, \
+            RegistryClient(server.url, server.token("bundles:publish")) as client:
+        with full_disk(monkeypatch, server.registry.blobs.root), \
+                pytest.raises(StorageFull) as caught:
+            client.publish(bundle.path)
+        e = caught.value
+        assert str(e).startswith(f"registry {server.url}: out of disk space in the registry's "
+                                 "blob store (No space left on device) while storing a bundle "
+                                 "file"), str(e)
+        assert "the registry's operator frees space" in str(e)
+        assert not is_transient(e) and e.status == 507
+        # still a RemoteError, which what holds a job's lease waits out (a worker's heartbeats)
+        assert isinstance(e, RemoteError)
+        # the registry's disk is not ours: nothing here takes it for the local one
+        assert e.errno is None and not is_no_space(e)
+        assert client.publish(bundle.path)[1]       # room made: it goes through
+
+
+def _answering(status: int, asked: list) -> RegistryClient:
+    def answer(request):
+        asked.append(request.url.path)
+        return httpx.Response(status, json={"type": "about:blank", "title": "t", "status": status,
+                                             "detail": "out of disk space in the registry's "
+                                                       "database (database or disk is full)"})
+
+    client = RegistryClient("http://registry.test")
+    client._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(answer))
+    return client
+
+
+def test_a_read_answered_507_is_not_asked_again_a_503_is(monkeypatch):
+    """request() retried reads on any 5xx: a full disk stays full, and each try waited longer."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "2")
+    asked: list = []
+    with _answering(507, asked) as client, pytest.raises(RemoteStorageFull, match="database"):
+        client.model("smollm2-135m")
+    assert len(asked) == 1
+    asked.clear()
+    with _answering(503, asked) as client, pytest.raises(RemoteError) as caught:
+        client.model("smollm2-135m")
+    assert len(asked) == 3 and caught.value.status == 503 and is_transient(caught.value)
+
+
+@pytest.mark.parametrize("error", [
+    StorageFull("out of disk space in --out /o (No space left on device)", errno.ENOSPC, "/o"),
+    StorageFull("out of disk space (Disk quota exceeded)", errno.EDQUOT),
+    RemoteStorageFull("registry http://r: out of disk space in the registry's blob store")])
+def test_storage_full_keeps_its_errno_and_path_through_pickle(error):
+    """A StorageFull crosses process boundaries (a Ray task's exception, a child process):
+    pickled as an OSError, it came back with errno None."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert (back.errno, back.path) == (error.errno, error.path)
+    assert getattr(back, "status", None) == getattr(error, "status", None)

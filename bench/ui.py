@@ -1,7 +1,8 @@
 """Web UI page render time with 100 models and 1,000 versions in the database (target < 200 ms
 server time per page).
 
-    .venv/bin/python -P bench/ui.py [--backend sqlite|postgresql|both] [--requests 30] [--out bench/results/ui.md]
+    .venv/bin/python -P bench/ui.py [--backend sqlite|postgresql|both] [--requests 30]
+                                    [--bulk-models 10000] [--out bench/results/ui.md]
 
 Seeds a fresh registry: the 10 catalog models plus 90 uploaded ones, 10 versions each (the
 catalog's GLM-4.7 and Qwen3.5 versions alternate per-layer and per-KV-head rotations), every
@@ -10,6 +11,10 @@ loopback (uvicorn, as `oscar-zoo serve`) and requests each page: once cold (temp
 blobs are verified on first read), then --requests times. Reports the server time each page
 puts in its Server-Timing header (handler + queries + tensor reads + charts + template), the
 client's wall time, and the page's size.
+
+--bulk-models N adds N more models written straight into the database (3 versions each, no
+files: their own pages are not timed; tests/api/ui/seeding.py add_bulk_models), so that the
+home page's orders are timed at a scale where an order worked out outside the database shows.
 """
 
 from __future__ import annotations
@@ -72,10 +77,18 @@ def pages(server) -> list[tuple[str, str]]:
     with server.registry.db.read() as session:
         job = jobs.list_jobs(session, limit=1).items[0].id
     return [
-        ("home (first 50 of 100 models)", "/"),
+        ("home (first 50 models by name)", "/"),
         ("home, search `bench-0*`", "/?q=bench-0*"),
         ("home, validated only", "/?validated=true"),
+        # the other orders are worked out in the database too, one query a page: near the above
+        ("home, by extra loss", "/?sort=loss"),
+        ("home, newest published first", "/?sort=-published"),
+        ("home, most versions first", "/?sort=-versions"),
+        ("home, by name descending", "/?sort=-name"),
+        ("home, validated only, by extra loss", "/?validated=true&sort=loss"),
+        ("home, by extra loss, 2nd page", next_page(server, "/?sort=loss")),
         ("model, 10 versions", "/models/bench-042"),
+        ("model, 10 versions by extra loss", "/models/bench-042?sort=loss"),
         ("model glm-4.7-fp8", "/models/glm-4.7-fp8"),
         ("version bench (30 layers, 3 KV heads)", "/models/bench-042/versions/7"),
         ("version glm-4.7-fp8 per layer (92 layers)", "/models/glm-4.7-fp8/versions/9"),
@@ -84,6 +97,16 @@ def pages(server) -> list[tuple[str, str]]:
         ("jobs list (200 jobs)", "/jobs"),
         ("job detail", f"/jobs/{job}"),
     ]
+
+
+def next_page(server, path: str) -> str:
+    """The page a list's "More models" link leads to (its cursor is made by the first page)."""
+    import html
+    import re
+
+    with server.client() as http:
+        first = http.get(path).text
+    return "/" + html.unescape(re.search(r'<a href="(\?[^"]+)" rel="next">', first).group(1))
 
 
 def measure(http, path: str, n: int) -> dict:
@@ -103,7 +126,7 @@ def measure(http, path: str, n: int) -> dict:
             "kb": runs[0][2] / 1000}
 
 
-def run(backend: str, n: int) -> list[str]:
+def run(backend: str, n: int, bulk: int = 0) -> list[str]:
     from tests.utils.databases import fresh_database
     from tests.utils.registry_server import run_registry
 
@@ -113,6 +136,15 @@ def run(backend: str, n: int) -> list[str]:
         server = stack.enter_context(run_registry(url, tmp / "data"))
         t = time.perf_counter()
         seed(server, tmp / "bundles")
+        if bulk:
+            from tests.api.ui.seeding import add_bulk_models
+
+            add_bulk_models(server.registry.db, bulk)
+            if backend == "postgresql":
+                # as autovacuum would have by the time anyone pages: without it the planner
+                # takes the tables for the near-empty ones they were before the bulk insert
+                with server.registry.db.engine.begin() as conn:
+                    conn.exec_driver_sql("analyze")
         print(f"{backend}: seeded in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         rows = []
         with server.client() as http:
@@ -136,6 +168,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--bulk-models", type=int, default=0, metavar="N",
+                    help="N more models written straight into the database (see above)")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args(argv)
     where = machine()
@@ -143,14 +177,17 @@ def main(argv=None) -> int:
               "|---|---|---|---|---|---|---|---|"]
     rows = []
     for backend in (("sqlite", "postgresql") if args.backend == "both" else (args.backend,)):
-        rows += run(backend, args.requests)
+        rows += run(backend, args.requests, args.bulk_models)
     table = "\n".join(header + rows)
     print(table)
     if args.out:
         args.out.write_text(
             f"# Web UI render time\n\n{date.today().isoformat()}, {where}.\n\n"
             f"Command: `.venv/bin/python -P bench/ui.py --backend {args.backend} --requests "
-            f"{args.requests}`\n\n{MODELS} models, {MODELS * VERSIONS_PER_MODEL} versions, {JOBS} jobs. "
+            f"{args.requests}" + (f" --bulk-models {args.bulk_models}" if args.bulk_models else "")
+            + f"`\n\n{MODELS} models, {MODELS * VERSIONS_PER_MODEL} versions, {JOBS} jobs"
+            + (f", and {args.bulk_models} bulk models (3 versions each, no files)" if args.bulk_models else "")
+            + ". "
             "Server time is the page's `Server-Timing` (route handler: queries, tensor reads, "
             "charts, template); target < 200 ms. Cold is the first request after start "
             "(template compile, first blob verification).\n\n" + table + "\n")

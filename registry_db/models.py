@@ -6,6 +6,7 @@ and nothing is deleted. Aliases move, and every move is appended to `alias_event
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -104,9 +105,25 @@ class BundleVersion(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(200))
     source_job: Mapped[str | None] = mapped_column(String(200))
+    # Migration 0012: extra_loss(validation), written with the row. A copy, so that the UI's
+    # lists sort and page by it in SQL: JSON paths differ between SQLite and PostgreSQL.
+    extra_loss: Mapped[float | None] = mapped_column(Float)
 
     model: Mapped[Model] = relationship(back_populates="versions", lazy="joined")
     files: Mapped[list[VersionFile]] = relationship(order_by="VersionFile.name", lazy="selectin")
+
+
+def extra_loss(validation: dict | None, variant: str = "bundle") -> float | None:
+    """The extra next-token loss over BF16 (nats/token) a validation report gives `variant`:
+    the number the pages show as a version's quality, and sort by. None when the report has
+    none, or no finite number: NaN would have no place in an order."""
+    rows = (validation or {}).get("variants")
+    # the last row of that name, as the pages have always read it
+    by = {r.get("name"): r for r in rows if isinstance(r, dict)} if isinstance(rows, list) else {}
+    found = by.get(variant, {}).get("delta_nll")
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
+        return None
+    return float(found)
 
 
 class VersionFile(Base):

@@ -31,7 +31,7 @@ from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
 from . import audit
 from .aliases import LATEST, lock_model, move_alias, refresh_latest
 from .blobs import BlobStore
-from .models import BundleVersion, LayerIndex, Model, VersionFile
+from .models import BundleVersion, LayerIndex, Model, VersionFile, extra_loss
 from .queries import aliases_of, resolve_model
 from .tensors import head_span, read_spans
 
@@ -249,12 +249,13 @@ def _by_digest(session: Session, model: Model, digest: str) -> BundleVersion | N
 def _insert(session: Session, model: Model, p: Prepared, number: int, created_by: str | None,
             source_job: str | None, status: str) -> BundleVersion:
     m = p.manifest
+    validation = m.validation.model_dump(mode="json") if m.validation else None
     version = BundleVersion(
         model_id=model.id, number=number, status=status, digest=p.digest, size=p.size,
         method=m.method.model_dump(mode="json"), quantization=m.quantization.model_dump(mode="json"),
         clip=m.clip.model_dump(mode="json"), calibration=m.calibration.model_dump(mode="json"),
-        validation=m.validation.model_dump(mode="json") if m.validation else None,
-        validation_passed=m.validation.passed if m.validation else None,
+        validation=validation, validation_passed=m.validation.passed if m.validation else None,
+        extra_loss=extra_loss(validation),
         manifest=m.model_dump(mode="json"), created_by=created_by, source_job=source_job)
     session.add(version)
     session.flush()

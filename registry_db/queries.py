@@ -103,20 +103,29 @@ def glob_to_like(pattern: str) -> str:
     return "".join(out)
 
 
+def model_filters(q: str | None = None, architecture: str | None = None,
+                  published: bool = False) -> list:
+    """list_models' filters as WHERE clauses on Model, for other lists of models to share.
+    Raises InvalidInput (NUL characters)."""
+    where = []
+    if q:
+        like = glob_to_like(q)
+        where.append(Model.name.like(like, escape="\\") | Model.hub_id_lower.like(like, escape="\\"))
+    if architecture:
+        check_text(architecture, "architecture")
+        where.append(func.lower(Model.architecture) == architecture.strip().lower())
+    if published:
+        where.append(exists().where(BundleVersion.model_id == Model.id,
+                                    BundleVersion.status == "published"))
+    return where
+
+
 def list_models(session: Session, q: str | None = None, architecture: str | None = None,
                 published: bool = False, limit: int = 50, cursor: str | None = None) -> Page:
     """Models ordered by name; `q` is a glob over name and hub id."""
     limit, after = check_limit(limit), decode_cursor(cursor, str)
-    stmt = select(Model).order_by(Model.name).limit(limit + 1)
-    if q:
-        like = glob_to_like(q)
-        stmt = stmt.where(Model.name.like(like, escape="\\") | Model.hub_id_lower.like(like, escape="\\"))
-    if architecture:
-        check_text(architecture, "architecture")
-        stmt = stmt.where(func.lower(Model.architecture) == architecture.strip().lower())
-    if published:
-        stmt = stmt.where(exists().where(BundleVersion.model_id == Model.id,
-                                         BundleVersion.status == "published"))
+    stmt = (select(Model).where(*model_filters(q, architecture, published))
+            .order_by(Model.name).limit(limit + 1))
     if after is not None:
         stmt = stmt.where(Model.name > after)
     rows = list(session.scalars(stmt))

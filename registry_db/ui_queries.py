@@ -3,25 +3,25 @@ version, its versions by status, the validated filter, what a job's bundle was c
 whether a version's source_job is a job here, which names are models, and the orders the UI's
 tables sort by.
 
-Everything here composes queries.py (same resolution, same pagination cursors), so a page and
-the JSON API never disagree about what exists. The default orders (models by name, versions
-newest first) are queries.py's own, cursors included; the others sort what those queries find.
+Everything here composes queries.py (same resolution, same filters, same pagination cursors),
+so a page and the JSON API never disagree about what exists. The default orders (models by
+name, versions newest first) are queries.py's own, cursors included; the others are sorted and
+paged by the database too, one query a page, whatever the number of models.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
-from functools import total_ordering
+from datetime import datetime, timezone
 from typing import Any, Callable
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, defer, raiseload
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select
+from sqlalchemy.orm import Session, aliased, defer, raiseload
 
 from ..zoo.errors import InvalidInput
 from . import queries
-from .models import Alias, BundleVersion, Job, Model
+from .models import Alias, BundleVersion, Job, Model, extra_loss  # noqa: F401 (pages read it here)
 
 HEADLINE = ("recommended", "latest")   # the version a page summarises: recommended, else latest
 
@@ -77,36 +77,6 @@ def job_exists(session: Session, job_id: str | None) -> bool:
     return bool(job_id) and session.scalar(select(Job.id).where(Job.id == job_id)) is not None
 
 
-def validated_ids(session: Session, model_ids: list[int]) -> set[int]:
-    """Models whose headline version passed validation: the version the row shows (and the
-    one `oscar-zoo list --validated` checks), not any older one that passed."""
-    stats = queries.model_stats(session, model_ids)     # its validation_passed is the headline's
-    return {model_id for model_id, s in stats.items() if s["validation_passed"]}
-
-
-def search_models(session: Session, q: str | None, architecture: str | None, validated: bool,
-                  limit: int = 50, cursor: str | None = None) -> queries.Page:
-    """queries.list_models, optionally keeping only validated models.
-
-    Pages of list_models are filtered and refilled until `limit` models are found, so the
-    cursor stays list_models' own (the last name shown). Raises InvalidInput for a bad cursor.
-    """
-    if not validated:
-        return queries.list_models(session, q, architecture, False, limit, cursor)
-    found: list[Model] = []
-    while True:
-        page = queries.list_models(session, q, architecture, True, queries.MAX_LIMIT, cursor)
-        keep = validated_ids(session, [m.id for m in page.items])
-        for m in page.items:
-            if m.id in keep:
-                found.append(m)
-                if len(found) == limit + 1:
-                    return queries.Page(found[:limit], queries.encode_cursor(found[limit - 1].name))
-        if page.next_cursor is None:
-            return queries.Page(found, None)
-        cursor = page.next_cursor
-
-
 def known_models(session: Session, names: list[str | None]) -> set[str]:
     """The names that are models here: a job is filed under the name it was submitted with,
     which for a hub id nobody has published yet is no model's (its page would be a 404)."""
@@ -114,13 +84,6 @@ def known_models(session: Session, names: list[str | None]) -> set[str]:
     if not names:
         return set()
     return set(session.scalars(select(Model.name).where(Model.name.in_(names))))
-
-
-def extra_loss(validation: dict | None, variant: str = "bundle") -> float | None:
-    """The extra next-token loss over BF16 (nats/token) a validation report gives `variant`:
-    the number the pages show as a version's quality, and sort by."""
-    by = {r.get("name"): r for r in (validation or {}).get("variants", []) if isinstance(r, dict)}
-    return by.get(variant, {}).get("delta_nll")
 
 
 def last_published(session: Session, model_ids: list[int]) -> dict[int, datetime]:
@@ -140,144 +103,179 @@ def last_published(session: Session, model_ids: list[int]) -> dict[int, datetime
 # whitelist. Rows without a value (no published version, no validation report) come last in
 # either direction, and ties keep a fixed order (by name; versions newest first), so the cursor,
 # [sort, value, tie] of the last row shown, names one place in the order: the next page starts
-# after it even when rows were added since.
-
-MODEL_SORTS = ("name", "published", "versions", "loss")
-VERSION_SORTS = ("version", "created", "size", "loss")
-
-
-@total_ordering
-class _Descending:
-    """Its value in reverse order: a descending key beside an ascending tie-break."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Descending) and self.value == other.value
-
-    def __lt__(self, other: "_Descending") -> bool:
-        return other.value < self.value
-
+# after it even when rows were added since. The database sorts, compares names (its collation
+# decides both the order and where a page starts) and pages: ORDER BY (value IS NULL), value,
+# tie with a keyset WHERE and a LIMIT, so a page costs the same whatever the number of rows.
 
 @dataclass(frozen=True)
-class _Keyed:
-    key: Any            # None: no value
-    tie: Any            # unique within the list
-    item: Any
+class _Order:
+    value: ColumnElement            # what the rows sort by
+    nullable: bool                  # rows may have no value: they come last either way
+    load: Callable[[Any], Any]      # the value a cursor holds -> the one to compare with
+    dump: Callable[[Any], Any]      # a row's value -> the one a cursor holds
 
 
-def _number(value: Any) -> float | int | None:
-    """A sort value from stored JSON: a finite number, else none (NaN would break the order)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
+def _text(value: Any) -> str:
+    # PostgreSQL text holds no NUL: a comparison with one would be a 500, not a 422
+    if not isinstance(value, str) or "\x00" in value:
+        raise ValueError(value)
+    return value
 
 
-def _timestamp(at: datetime | None) -> float | None:
-    return None if at is None else at.timestamp()
+def _whole(bits: int) -> Callable[[Any], int]:
+    def load(value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2 ** bits:
+            raise ValueError(value)     # past the column's range: PostgreSQL would error
+        return value
+    return load
 
 
-def _sorted_page(rows: list[_Keyed], sort: str, tie_descending: bool, limit: int,
-                 cursor: str | None, key_type: type | tuple, tie_type: type) -> queries.Page:
-    descending = sort.startswith("-")
+def _real(value: Any) -> float:
+    # json.loads takes NaN and Infinity: no row compares with them as the order needs, so a
+    # page after one would skip rows in silence
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, int) and not -2 ** 63 < value < 2 ** 63) or not math.isfinite(value):
+        raise ValueError(value)
+    return float(value)
 
-    def place(key: Any, tie: Any) -> tuple:
-        if key is None:
-            return (True, 0, _Descending(tie) if tie_descending else tie)
-        return (False, _Descending(key) if descending else key,
-                _Descending(tie) if tie_descending else tie)
 
-    rows = sorted(rows, key=lambda r: place(r.key, r.tie))
+def _time(value: Any) -> datetime:
+    at = datetime.fromisoformat(_text(value))
+    if at.tzinfo is None:
+        raise ValueError(value)
+    return at.astimezone(timezone.utc)      # out of range (year 1 at +05:00): raises here, not in SQL
+
+
+def _iso(at: datetime) -> str:
+    return at.isoformat()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _after(cursor: str | None, sort: str, order: _Order, tie: Callable[[Any], Any]) -> tuple | None:
+    """The (value, tie) a cursor of this sort holds. Raises InvalidInput for any other."""
     after = queries.decode_cursor(cursor, list)
+    if after is None:
+        return None
+    try:
+        if len(after) != 3 or after[0] != sort or (after[1] is None and not order.nullable):
+            raise ValueError(after)
+        return (None if after[1] is None else order.load(after[1])), tie(after[2])
+    except (ValueError, OverflowError):
+        raise InvalidInput("invalid cursor: pass the next_cursor of a previous page unchanged "
+                           "(a cursor belongs to the sort it was made with)") from None
+
+
+def _sorted(session: Session, stmt: Select, sort: str, order: _Order, tie: ColumnElement,
+            tie_descending: bool, after: tuple | None, limit: int) -> queries.Page:
+    """The page of `stmt` (selecting the item, then order.value and `tie`) that follows the
+    cursor's place `after`, in the order `sort` names."""
+    value, descending = order.value, sort.startswith("-")
+    nulls_last = [value.is_(None)] if order.nullable else []
+    stmt = stmt.order_by(*nulls_last, value.desc() if descending else value,
+                         tie.desc() if tie_descending else tie).limit(limit + 1)
     if after is not None:
-        if not (len(after) == 3 and after[0] == sort and _is(after[2], tie_type)
-                and (after[1] is None or _is(after[1], key_type))):
-            raise InvalidInput("invalid cursor: pass the next_cursor of a previous page unchanged "
-                               "(a cursor belongs to the sort it was made with)")
-        start = place(after[1], after[2])
-        rows = [r for r in rows if place(r.key, r.tie) > start]
-    shown = rows[:limit]
+        at, last = after
+        past_tie = tie < last if tie_descending else tie > last
+        if at is None:
+            stmt = stmt.where(value.is_(None), past_tie)
+        else:
+            past = or_(value < at if descending else value > at, and_(value == at, past_tie))
+            stmt = stmt.where(or_(value.is_(None), past) if order.nullable else past)
+    rows = session.execute(stmt).all()
     more = len(rows) > limit
-    return queries.Page([r.item for r in shown],
-                        queries.encode_cursor([sort, shown[-1].key, shown[-1].tie]) if more else None)
-
-
-def _is(value: Any, kind: type | tuple) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
-
-
-def all_models(session: Session, q: str | None, architecture: str | None,
-               validated: bool) -> list[Model]:
-    """Every model search_models finds (its filters and validated test), all its pages."""
-    found: list[Model] = []
+    rows = rows[:limit]
     cursor = None
-    while True:
-        page = search_models(session, q, architecture, validated, queries.MAX_LIMIT, cursor)
-        found += page.items
-        if page.next_cursor is None:
-            return found
-        cursor = page.next_cursor
+    if more:
+        _, at, last = rows[-1]
+        cursor = queries.encode_cursor([sort, None if at is None else order.dump(at), last])
+    return queries.Page([r[0] for r in rows], cursor)
+
+
+def _headline_of(stmt: Select) -> tuple[Select, Any]:
+    """`stmt` (over Model) joined to each model's headline version (headline_versions': the
+    version `recommended` points at, else `latest`'s; none: NULL columns), and that version."""
+    recommended, latest, head = aliased(Alias), aliased(Alias), aliased(BundleVersion)
+    stmt = (stmt.outerjoin(recommended, and_(recommended.model_id == Model.id,
+                                             recommended.name == HEADLINE[0]))
+            .outerjoin(latest, and_(latest.model_id == Model.id, latest.name == HEADLINE[1]))
+            .outerjoin(head, head.id == func.coalesce(recommended.version_id, latest.version_id)))
+    return stmt, head
+
+
+def _published() -> Any:
+    """Per model with a published version: `at`, the newest one's upload time, and `n`, how
+    many are published (drafts and yanked versions are not what a pull gets)."""
+    return (select(BundleVersion.model_id, func.max(BundleVersion.created_at).label("at"),
+                   func.count().label("n"))
+            .where(BundleVersion.status == "published").group_by(BundleVersion.model_id)
+            .subquery("published"))
 
 
 def sorted_models(session: Session, q: str | None, architecture: str | None, validated: bool,
                   sort: str = "name", limit: int = 50, cursor: str | None = None) -> queries.Page:
-    """search_models in the order `sort` names (one of MODEL_SORTS, `-` for descending):
-    name; published: the newest published version's time; versions: how many are published;
-    loss: the extra loss of the headline version (the one the home page's row shows).
+    """The home page's models: list_models' filters and, with `validated`, only the models
+    whose headline version passed validation (the version the row shows, and the one
+    `oscar-zoo list --validated` checks: queries.model_stats' validation_passed), not those
+    where only an older one did. In the order `sort` names (COLUMN or -COLUMN, descending):
+    name; published: the newest published version's upload time; versions: how many are
+    published; loss: the extra loss of the headline version.
 
     "name" is list_models' own order and cursor (the last name shown), which GET /v1/models
     takes too. Raises InvalidInput for a bad cursor."""
     queries.check_limit(limit)
-    if sort == "name":
-        return search_models(session, q, architecture, validated, limit, cursor)
+    if sort == "name" and not validated:
+        return queries.list_models(session, q, architecture, False, limit, cursor)
     column = sort.lstrip("-")
-    models = all_models(session, q, architecture, validated)
-    ids = [m.id for m in models]
-    keys: Callable[[Model], Any]
-    if column == "name":
-        keys, key_type = (lambda m: m.name), str
-    elif column == "published":
-        at = last_published(session, ids)
-        keys, key_type = (lambda m: _timestamp(at.get(m.id))), (int, float)
-    elif column == "versions":
-        counts = status_counts(session, ids)
-        keys, key_type = (lambda m: counts[m.id].get("published", 0)), int
-    elif column == "loss":
-        heads = headline_versions(session, ids)
-        keys, key_type = (lambda m: _number(extra_loss(
-            heads[m.id].validation if m.id in heads else None))), (int, float)
-    else:
+    if column not in ("name", "published", "versions", "loss"):
         raise ValueError(f"unknown model sort {sort!r}")
-    rows = [_Keyed(keys(m), m.name, m) for m in models]
-    return _sorted_page(rows, sort, False, limit, cursor, key_type, str)
+    stmt, head = select(Model), None
+    if validated or column == "loss":
+        stmt, head = _headline_of(stmt)
+    stmt = stmt.where(*queries.model_filters(q, architecture, published=validated))
+    if validated:   # the headline version passed: not an older one; no report is not a pass
+        stmt = stmt.where(head.validation_passed.is_(True))
+    if sort == "name":
+        after = queries.decode_cursor(cursor, str)
+        stmt = stmt.order_by(Model.name).limit(limit + 1)
+        rows = list(session.scalars(stmt if after is None else stmt.where(Model.name > after)))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return queries.Page(rows, queries.encode_cursor(rows[-1].name) if more else None)
+    if column == "name":
+        order = _Order(Model.name, False, _text, _same)
+    elif column == "loss":
+        order = _Order(head.extra_loss, True, _real, _same)
+    else:
+        published = _published()
+        stmt = stmt.outerjoin(published, published.c.model_id == Model.id)
+        order = (_Order(published.c.at, True, _time, _iso) if column == "published" else
+                 _Order(func.coalesce(published.c.n, 0), False, _whole(63), _same))
+    after = _after(cursor, sort, order, _text)
+    return _sorted(session, stmt.add_columns(order.value, Model.name), sort, order, Model.name,
+                   False, after, limit)
 
 
-_VERSION_COLUMNS = {"version": (BundleVersion.number, lambda v: v, int),
-                    "created": (BundleVersion.created_at, _timestamp, (int, float)),
-                    "size": (BundleVersion.size, lambda v: v, int),
-                    "loss": (BundleVersion.validation, lambda v: _number(extra_loss(v)), (int, float))}
+_VERSION_ORDERS = {"version": _Order(BundleVersion.number, False, _whole(31), _same),
+                   "created": _Order(BundleVersion.created_at, False, _time, _iso),
+                   "size": _Order(BundleVersion.size, False, _whole(63), _same),
+                   "loss": _Order(BundleVersion.extra_loss, True, _real, _same)}
 
 
 def sorted_versions(session: Session, model: Model, sort: str = "-version", limit: int = 50,
                     cursor: str | None = None) -> queries.Page:
-    """A model's versions in the order `sort` names (one of VERSION_SORTS, `-` for descending):
-    version number, created (upload time), size, loss (the bundle's extra loss over BF16);
-    ties newest first. "-version" is list_versions' own order and cursor. Loaded for summaries
-    (the manifest and files are not). Raises InvalidInput for a bad cursor."""
+    """A model's versions in the order `sort` names (COLUMN or -COLUMN, descending): version
+    number, created (upload time), size, loss (the bundle's extra loss over BF16); ties newest
+    first. "-version" is list_versions' own order and cursor. Loaded for summaries (the
+    manifest and files are not). Raises InvalidInput for a bad cursor."""
     queries.check_limit(limit)
     if sort == "-version":
         return queries.list_versions(session, model, None, limit, cursor)
-    column, key_of, key_type = _VERSION_COLUMNS[sort.lstrip("-")]
-    # only the sort column: loading every version's whole row to show one page is what the
-    # default order's keyset avoids
-    rows = [_Keyed(key_of(value), number, number) for number, value in session.execute(
-        select(BundleVersion.number, column).where(BundleVersion.model_id == model.id))]
-    page = _sorted_page(rows, sort, True, limit, cursor, key_type, int)
-    loaded = {v.number: v for v in session.scalars(
-        select(BundleVersion).where(BundleVersion.model_id == model.id,
-                                    BundleVersion.number.in_(page.items))
-        .options(defer(BundleVersion.manifest, raiseload=True), raiseload(BundleVersion.files)))}
-    return queries.Page([loaded[n] for n in page.items], page.next_cursor)
+    order = _VERSION_ORDERS[sort.lstrip("-")]
+    after = _after(cursor, sort, order, _whole(31))
+    stmt = (select(BundleVersion, order.value, BundleVersion.number)
+            .where(BundleVersion.model_id == model.id)
+            .options(defer(BundleVersion.manifest, raiseload=True), raiseload(BundleVersion.files)))
+    return _sorted(session, stmt, sort, order, BundleVersion.number, True, after, limit)

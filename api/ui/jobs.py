@@ -56,12 +56,14 @@ def job_page(request: Request, job_id: str):
 
 
 def model_pages(session: Session, jobs: list[dict]) -> dict[str, str]:
-    """job id -> the name of the model page its model links to. Jobs from before migration 0002
-    name no model, but the version one published names its own; a job submitted by a hub id
-    nobody has published is filed under a name that is no model yet: no link, not a 404."""
-    wanted = {j["id"]: j["model"] or j["result_model"] for j in jobs}
-    known = ui_queries.known_models(session, list(wanted.values()))
-    return {job_id: name for job_id, name in wanted.items() if name in known}
+    """job id -> the name of the model page its model links to: the name it was filed under,
+    else its published version's model. Jobs from before migration 0002 name no model; a job
+    submitted by a hub id nobody had published is filed under a name that is no model's, even
+    once the version it made names one; neither name a model: no link, not a 404."""
+    names = {j["id"]: (j["model"], j["result_model"]) for j in jobs}
+    known = ui_queries.known_models(session, [n for pair in names.values() for n in pair])
+    found = {job_id: next((n for n in pair if n in known), None) for job_id, pair in names.items()}
+    return {job_id: name for job_id, name in found.items() if name}
 
 
 def worker_of(job: dict) -> str:

@@ -60,7 +60,9 @@ def home(request: Request, q: str | None = Query(None, max_length=200),
         "sorts": MODEL_SORTS.headers(request, sort),
         # a sorted page's cursor is not list_models': the link names the JSON's first page
         "api": models_api(q, architecture, cursor if sort == "name" else None),
-        "api_note": "; ".join(notes)})
+        "api_note": "; ".join(notes),
+        # a new search keeps the order chosen (the form sends it); the default stays unsaid
+        "sort": "" if sort == MODEL_SORTS.default else sort})
 
 
 # GET /v1/models has no validated filter (its `published` is another test): the footer says so.
@@ -76,9 +78,9 @@ def models_api(q: str | None, architecture: str | None, cursor: str | None) -> s
     return "/v1/models" + (f"?{urlencode(params)}" if params else "")
 
 
-def next_page(request: Request, cursor: str | None) -> str | None:
+def next_page(request: Request, cursor: str | None, anchor: str = "") -> str | None:
     """The next page's link, relative: behind a proxy the Host header names the backend."""
-    return f"?{request.url.include_query_params(cursor=cursor).query}" if cursor else None
+    return f"?{request.url.include_query_params(cursor=cursor).query}{anchor}" if cursor else None
 
 
 @router.get("/models/{name:path}/versions/{ref}")
@@ -139,7 +141,10 @@ def model_context(request: Request, session: Session, model, cursor: str | None,
         "model": serialize.model_item(model, stats), "kv": views.kv_geometry(model.geometry),
         "versions": [{**serialize.version_summary(v, aliases[v.id]),
                       "delta_nll": ui_queries.extra_loss(v.validation)} for v in versions.items],
-        "more": next_page(request, versions.next_cursor),
+        # the next page opens at the table, as a re-sorted one does
+        "more": next_page(request, versions.next_cursor, VERSION_SORTS.anchor),
+        # only newest first are the next page's versions older ones
+        "more_label": "Older versions" if sort == "-version" else "More versions",
         "sorts": VERSION_SORTS.headers(request, sort),
         "head": views.version_view(head, head_aliases, endpoint(request)) if head else None,
         "history": [serialize.alias_event(*e) for e in history.items],

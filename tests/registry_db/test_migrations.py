@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import func, text
 
 from oscar_zoo.registry_db import migrate
 from oscar_zoo.registry_db.models import Base
@@ -86,18 +86,18 @@ def test_0006_repairs_stuck_cancels_and_aliases_left_on_yanked_versions(registry
         s.add_all([m, gone])
         s.flush()
 
-        def version(model, number, status):
-            v = BundleVersion(model_id=model.id, number=number, status=status, digest=f"{model.name}{number}",
-                              size=1, method={}, quantization={}, clip={}, calibration={}, manifest={})
-            s.add(v)
-            s.flush()
-            return v
+        def version(model, number, status) -> int:
+            # Core: the ORM writes every column of today's model (0012's extra_loss too)
+            return s.execute(BundleVersion.__table__.insert().values(
+                model_id=model.id, number=number, status=status, digest=f"{model.name}{number}",
+                size=1, method={}, quantization={}, clip={}, calibration={}, manifest={},
+            )).inserted_primary_key[0]
         v1, v2, v3 = version(m, 1, "published"), version(m, 2, "published"), version(m, 3, "yanked")
         g1 = version(gone, 1, "yanked")
-        s.add_all([Alias(model_id=m.id, name="latest", version_id=v3.id),
-                   Alias(model_id=m.id, name="recommended", version_id=v3.id),
-                   Alias(model_id=m.id, name="stable", version_id=v1.id),
-                   Alias(model_id=gone.id, name="latest", version_id=g1.id)])
+        s.add_all([Alias(model_id=m.id, name="latest", version_id=v3),
+                   Alias(model_id=m.id, name="recommended", version_id=v3),
+                   Alias(model_id=m.id, name="stable", version_id=v1),
+                   Alias(model_id=gone.id, name="latest", version_id=g1)])
         # Core, not ORM objects: the ORM writes every column of today's model, and those of
         # later migrations (0008's created_by_token_id) do not exist yet at 0005.
         s.execute(Job.__table__.insert(), [
@@ -107,7 +107,7 @@ def test_0006_repairs_stuck_cancels_and_aliases_left_on_yanked_versions(registry
                  cancel_requested=False),
             dict(id="running", spec={}, status="running", phase="pass1", progress={},
                  cancel_requested=True)])
-        ids = {"v1": v1.id, "v2": v2.id, "v3": v3.id, "g1": g1.id, "m": m.id, "gone": gone.id}
+        ids = {"v1": v1, "v2": v2, "v3": v3, "g1": g1, "m": m.id, "gone": gone.id}
     migrate.upgrade(db)
     with Session(db.engine) as s:
         left = {(a.model_id, a.name): a.version_id for a in s.scalars(select(Alias))}
@@ -198,4 +198,55 @@ def test_0011_downgrade_gives_the_running_jobs_back(registry_db_url):
     assert [(got[k].status, got[k].attempts) for k in "12"] == [("queued", 0), ("queued", 0)]
     assert "downgraded" in got["1"].progress["requeued"] and got["1"].timings == {}
     assert (got["3"].status, got["3"].finished_at is not None) == ("cancelled", True)
+    db.dispose()
+
+
+def test_0012_copies_each_versions_extra_loss_out_of_its_report(registry_db_url):
+    """Versions published before 0012 sort by their extra loss as new ones do: the backfill
+    reads the report as the pages always have (variant "bundle", its last row; a finite
+    number, else none), in batches, on either backend; the downgrade drops the copy only."""
+    from alembic import command
+    from sqlalchemy import inspect, select
+    from sqlalchemy.orm import Session
+
+    from oscar_zoo.registry_db.models import BundleVersion, Model
+
+    report = lambda *rows: {"passed": True, "variants": [dict(r) for r in rows]}
+    odd = {1: report({"name": "bundle", "delta_nll": 0.0052}, {"name": "naive", "delta_nll": 0.04}),
+           2: report({"name": "bundle", "delta_nll": 0}),                       # an int
+           3: report({"name": "naive", "delta_nll": 0.04}),                     # no bundle row
+           4: report({"name": "bundle", "delta_nll": True}),                    # not a number
+           5: report({"name": "bundle", "delta_nll": "0.1"}),
+           6: report({"name": "bundle"}),
+           7: report({"name": "bundle", "delta_nll": 0.9}, {"name": "bundle", "delta_nll": -0.001}),
+           8: {"passed": False}, 9: {"variants": None}, 10: None}
+    want = {1: 0.0052, 2: 0.0, 7: -0.001}
+    many = 1_234                # more than a batch of the backfill
+    db = Database(registry_db_url)
+    migrate.upgrade(db, "0011")
+    with Session(db.engine) as s, s.begin():
+        model = Model(name="m", hub_id="o/m", hub_id_lower="o/m", geometry={})
+        s.add(model)
+        s.flush()
+        base = dict(model_id=model.id, status="published", size=1, method={}, quantization={},
+                    clip={}, calibration={}, manifest={})
+        # Core: the ORM would write 0012's column, not there yet
+        s.execute(BundleVersion.__table__.insert(),
+                  [dict(base, number=n, digest=f"d{n}", validation=v) for n, v in odd.items()])
+        s.execute(BundleVersion.__table__.insert(),
+                  [dict(base, number=n, digest=f"d{n}", validation=report(
+                      {"name": "bundle", "delta_nll": n / 1e5})) for n in range(11, 11 + many)])
+    migrate.upgrade(db)
+    with Session(db.engine) as s:
+        got = dict(s.execute(select(BundleVersion.number, BundleVersion.extra_loss)).all())
+    assert {n: got[n] for n in odd} == {n: want.get(n) for n in odd}
+    assert all(got[n] == n / 1e5 for n in range(11, 11 + many))
+    cfg = migrate._config()
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0011")
+    with db.engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("bundle_versions")}
+        assert "extra_loss" not in columns and "validation" in columns
+        assert conn.scalar(select(func.count()).select_from(BundleVersion.__table__)) == 10 + many
     db.dispose()

@@ -398,3 +398,26 @@ def test_a_token_revoked_during_the_upload_publishes_nothing(registry, tmp_path)
         registry.publish(tmp_path / "b", "token:uploader", token_id=token_id)
     with registry.db.read() as s:
         assert s.scalar(select(func.count()).select_from(BundleVersion)) == 0
+
+
+def test_a_version_keeps_its_extra_loss_beside_its_report(registry, tmp_path):
+    """The lists sort by a copy of the report's number (migration 0012): publish writes it, as
+    the pages read it from the report; no report, or no finite number in it, is none."""
+    from oscar_zoo.registry_db.models import extra_loss
+
+    from tests.api.ui.seeding import make_validated_bundle
+
+    make_validated_bundle(tmp_path / "v", seed=3)
+    make_bundle(tmp_path / "u", seed=4)                 # no validation report
+    validated, plain = registry.publish(tmp_path / "v"), registry.publish(tmp_path / "u")
+    with registry.db.read() as s:
+        got = dict(s.execute(select(BundleVersion.id, BundleVersion.extra_loss)).all())
+        report = s.get(BundleVersion, validated.version.id).validation
+    bundle = next(r["delta_nll"] for r in report["variants"] if r["name"] == "bundle")
+    assert got == {validated.version.id: bundle, plain.version.id: None} and bundle > 0
+    assert extra_loss(report, "naive") > bundle
+    row = lambda value: {"variants": [{"name": "bundle", "delta_nll": value}]}
+    for value in (float("nan"), float("inf"), -float("inf"), True, "0.1", None, [0.1]):
+        assert extra_loss(row(value)) is None, value
+    assert extra_loss(row(2)) == 2.0 and isinstance(extra_loss(row(2)), float)
+    assert extra_loss(None) is extra_loss({}) is extra_loss({"variants": "x"}) is None

@@ -1,8 +1,9 @@
-"""Bundles with a validation report, for the UI's tests and bench/ui.py.
+"""Bundles with a validation report, and many model rows cheaply, for the UI tests and bench/ui.py.
 
     make_validated_bundle(tmp / "b", model="smollm2-135m", seed=3)
     make_validated_bundle(tmp / "b", name="bench-007", hub_id="bench/m-007", seed=1)
     make_validated_bundle(tmp / "b", name="deep", layers=600)    # 600 small layers
+    add_bulk_models(registry.db, 10_000)     # rows only, no files: the home page at scale
 
 The per-layer attention errors are random but ordered as real runs are (bundle < OSCAR as shipped
 < Hadamard < naive), so charts and tables look like the real thing.
@@ -75,3 +76,68 @@ def searched_clips(k: dict, v: dict, seed: int) -> Clip:
                         f"{side}_min": float(values.min()), f"{side}_median": float(np.median(values)),
                         f"{side}_max": float(values.max())})
     return Clip(granularity="kv_head", searched=True, **summary)
+
+
+def add_bulk_models(db, n: int, prefix: str = "bulk", spread: int = 997) -> list[str]:
+    """`n` models (PREFIX-000000, ...) of smollm2-135m's geometry written straight into the
+    database as publish would leave them, without files (their versions' pages cannot render):
+    many, cheaply, for the home page's lists. Model i has 3 versions: for i % 7 == 0 drafts
+    only (nothing published: no alias, no headline); else v1 and v2 published, v3 published,
+    a draft or yanked by i % 3, `latest` on the newest published and `recommended` on v1 for
+    i % 4 == 0. Reports on every version but model i % 10 == 0's (one in three failed);
+    `spread` distinct extra losses and upload times (the newest of them 2026-01-01 plus
+    spread - 1 minutes), so a small spread makes ties. Returns the names, in i order."""
+    from datetime import datetime, timedelta, timezone
+
+    from oscar_zoo.registry_db.models import Alias, BundleVersion, Model, extra_loss
+    from sqlalchemy import select
+
+    with db.read() as session:
+        geometry = session.scalar(select(Model.geometry).where(Model.name == "smollm2-135m"))
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    made = []
+    for first in range(0, n, 1000):
+        names = [f"{prefix}-{i:06d}" for i in range(first, min(n, first + 1000))]
+        made += names
+        with db.write() as session:
+            session.execute(Model.__table__.insert(), [
+                dict(name=name, hub_id=f"{prefix}-org/{name}", hub_id_lower=f"{prefix}-org/{name}",
+                     architecture=f"BulkArch{i % 5}", aliases=[], geometry=geometry,
+                     geometry_verified=True, source="upload", created_at=start)
+                for i, name in enumerate(names, first)])
+            ids = dict(session.execute(select(Model.name, Model.id).where(Model.name.in_(names))).all())
+            rows = []
+            for i, name in enumerate(names, first):
+                for number in (1, 2, 3):
+                    status = ("draft" if i % 7 == 0 else "published" if number < 3 else
+                              ("published", "draft", "yanked")[i % 3])
+                    report = None if i % 10 == 0 else {
+                        "passed": (i + number) % 3 != 0,
+                        "variants": [{"name": "bundle", "delta_nll": 0.004 + (i * 37 + number) % spread * 1e-5},
+                                     {"name": "naive", "delta_nll": 0.036}]}
+                    rows.append(dict(
+                        model_id=ids[name], number=number, status=status,
+                        yank_reason="bulk" if status == "yanked" else None,
+                        digest=f"{i:058d}{number:06d}", size=1_000_000 + number * 1000 + i % 100,
+                        method={"granularity": "layer"}, quantization={}, calibration={},
+                        clip={"k_global": 0.95, "v_global": 0.9}, manifest={},
+                        validation=report, validation_passed=report and report["passed"],
+                        extra_loss=extra_loss(report),
+                        created_at=start + timedelta(minutes=(i * 7919 + number * 60) % spread),
+                        created_by="bulk"))
+            session.execute(BundleVersion.__table__.insert(), rows)
+            versions = {(m, number): v for m, number, v in session.execute(
+                select(BundleVersion.model_id, BundleVersion.number, BundleVersion.id)
+                .where(BundleVersion.model_id.in_(ids.values())))}
+            aliases = []
+            for i, name in enumerate(names, first):
+                if i % 7 == 0:
+                    continue
+                newest = 3 if i % 3 == 0 else 2
+                aliases.append(dict(model_id=ids[name], name="latest", updated_at=start,
+                                    version_id=versions[ids[name], newest]))
+                if i % 4 == 0:
+                    aliases.append(dict(model_id=ids[name], name="recommended", updated_at=start,
+                                        version_id=versions[ids[name], 1]))
+            session.execute(Alias.__table__.insert(), aliases)
+    return made

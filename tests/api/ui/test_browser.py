@@ -156,6 +156,11 @@ def test_sorting_a_table_by_its_header(page):
     # models with no version have no loss: last, by name, whichever the direction
     rest = names.all_text_contents()[2:]
     assert rest == sorted(rest) and len(rest) > 2
+    page.locator("#validated").check()                  # a search keeps the order chosen
+    page.locator("form.search button").click()
+    expect(page).to_have_url(re.compile(r"[?&]validated=true&sort=-loss$"))
+    expect(loss).to_have_attribute("aria-sort", "descending")
+    expect(names).to_have_text(["qwen3.5-4b", "smollm2-135m"])
 
     page.goto("/models/smollm2-135m")
     versions = page.locator("#versions ~ table tbody th a")

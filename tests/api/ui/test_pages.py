@@ -515,14 +515,68 @@ def test_sorted_lists_page_through_every_row_once(seeded, monkeypatch):
             assert n == max(1, -(-len(want) // 2)), (q, sort)
         assert whole["validated=true&", "-loss"] == ["qwen3.5-4b", "smollm2-135m"]
         for sort, want in versions.items():
-            texts, n = follow(http, "/models/smollm2-135m", f"?sort={sort}", "Older versions")
+            # only newest first are the next page's versions older ones
+            label, other = (("Older versions", "More versions") if sort == "-version" else
+                            ("More versions", "Older versions"))
+            texts, n = follow(http, "/models/smollm2-135m", f"?sort={sort}", label + " →")
             assert [v for t in texts for v in version_numbers(t)] == want and n == 2, sort
+            assert other not in texts[0], sort
+            # the next page opens at the table, as a re-sorted page does
+            assert re.search(r'<a href="\?[^"]*#versions" rel="next">', texts[0]), sort
         # a cursor is refused in an order it was not made in
         second = re.search(r'href="\?sort=loss&amp;cursor=([^"]+)" rel="next"',
                            http.get("/?sort=loss").text).group(1)
         for query in (f"?sort=-loss&cursor={second}", f"?sort=name&cursor={second}"):
             r = http.get("/" + query)
             assert r.status_code == 422 and "cursor" in r.text, query
+
+
+def test_a_cursor_outside_its_orders_values_is_refused(seeded):
+    """json.loads takes NaN and Infinity, which no row compares with as the order needs: a
+    page after one would skip rows in silence. Those, and values of the wrong kind or out of
+    range, are refused as any bad cursor is (422)."""
+    from oscar_zoo.registry_db.queries import encode_cursor
+
+    bad = [("/", ["loss", float("nan"), "smollm2-135m"]), ("/", ["-loss", float("inf"), "a"]),
+           ("/", ["loss", float("-inf"), "a"]), ("/", ["loss", 10 ** 30, "a"]),
+           ("/", ["-published", "2026-11-27T00:00:00", "a"]),              # no time zone
+           ("/", ["published", "0001-01-01T00:00:00+05:00", "a"]),         # before year 1 in UTC
+           ("/", ["published", "yesterday", "a"]), ("/", ["-versions", -1, "a"]),
+           ("/", ["-versions", None, "a"]), ("/", ["-versions", 2.0, "a"]),
+           ("/", ["-name", "a\x00", "a"]), ("/", ["loss", 0.1, 7]), ("/", ["loss", 0.1]),
+           ("/models/smollm2-135m", ["loss", float("nan"), 2]),
+           ("/models/smollm2-135m", ["-loss", float("inf"), 2]),
+           ("/models/smollm2-135m", ["size", None, 2]), ("/models/smollm2-135m", ["size", 1, 2 ** 31]),
+           ("/models/smollm2-135m", ["created", "2026-11-27", 2]),
+           ("/models/smollm2-135m", ["version", True, 2])]
+    good = [("/", ["loss", 0.0044, "smollm2-135m"]), ("/", ["-loss", None, "a"]),
+            ("/", ["-published", "2026-11-27T00:00:00+00:00", "a"]), ("/", ["-versions", 1, "a"]),
+            ("/", ["loss", 0, "a"]), ("/models/smollm2-135m", ["loss", None, 2]),
+            ("/models/smollm2-135m", ["-created", "2026-11-27T01:00:00+01:00", 2])]
+    with seeded.server.client() as http:
+        for path, value in bad + good:
+            r = http.get(path, params={"sort": value[0], "cursor": encode_cursor(value)})
+            if (path, value) in good:
+                assert r.status_code == 200, (path, value, r.text[:300])
+            else:
+                assert r.status_code == 422 and "invalid cursor" in r.text, (path, value)
+        # past every row: an empty page, not an error
+        last = http.get("/", params={"sort": "-loss", "cursor": encode_cursor(["-loss", None, "zzz"])})
+        assert last.status_code == 200 and model_names(last.text) == []
+
+
+def test_the_search_form_keeps_the_order_chosen(seeded):
+    """The form sends what its fields hold: a sort left out of them would be lost by a search."""
+    form = lambda page: page[page.index('<form role="search"'):page.index("</form>")]
+    with seeded.server.client() as http:
+        page = http.get("/", params={"sort": "-loss", "q": "s"}).text
+        assert '<input type="hidden" name="sort" value="-loss">' in form(page)
+        assert 'name="sort"' not in form(http.get("/").text)           # the default stays unsaid
+        assert 'name="sort"' not in form(http.get("/?sort=name").text)
+        fields = dict(re.findall(r'<input type="(?:hidden|search)"[^>]*name="(\w+)" value="([^"]*)"',
+                                 form(page)))
+        searched = http.get("/", params={**fields, "q": "qwen"}).text  # as the browser submits it
+        assert sort_header(searched, "Extra loss vs BF16") == ("?q=qwen&sort=loss", "descending")
 
 
 def test_a_sort_outside_the_whitelist_is_refused_with_the_accepted_values(seeded):
@@ -595,12 +649,18 @@ def test_jobs_link_their_model_where_it_has_a_page(seeded):
     plain = add_job(server, model="qwen3.5-4b")
     old = add_job(server, model=None, status="succeeded", result_version_id=v2)      # before 0002
     hub = add_job(server, model="tiny-model", spec={"model": "SomeOrg/Tiny-Model"})  # no model row
+    # filed under a name that is no model's, its result published under one that is
+    made = add_job(server, model="tiny-model", spec={"model": "SomeOrg/Tiny-Model"},
+                   status="succeeded", result_version_id=v2)
     with server.client() as http:
         rows = job_rows(http.get("/jobs").text)
         model_cell = lambda job: re.search(r"</th>\s*<td>(.*?)</td>", rows[job], re.S).group(1)
         assert model_cell(plain) == '<a href="/models/qwen3.5-4b">qwen3.5-4b</a>'
         assert model_cell(old) == '<a href="/models/smollm2-135m">smollm2-135m</a>'  # its version's
         assert model_cell(hub) == "tiny-model"                        # its page would be a 404
+        assert model_cell(made) == '<a href="/models/smollm2-135m">smollm2-135m</a>'
+        made_title = re.search(r"<h1>(.*?)</h1>", http.get(f"/jobs/{made}").text).group(1)
+        assert made_title.endswith(' · <a href="/models/smollm2-135m">smollm2-135m</a>')
         assert '<a href="/models/smollm2-135m/versions/2">v2</a>' in rows[old]
         assert http.get("/models/tiny-model").status_code == 404
         title = lambda job: re.search(r"<h1>(.*?)</h1>", http.get(f"/jobs/{job}").text).group(1)

@@ -8,11 +8,14 @@ import re
 import uuid
 
 import numpy as np
+import pytest
+from oscar_zoo.api.ui import pages
 from oscar_zoo.zoo.bundle import Bundle, write
 
 from tests.api.ui.conftest import add_job
-from tests.api.ui.seeding import make_validated_bundle
-from tests.api.ui.test_pages import charts, decode_grid, model_names, sort_header, version_numbers
+from tests.api.ui.seeding import add_bulk_models, make_validated_bundle
+from tests.api.ui.test_pages import (HOME_SORTS, VERSION_SORTS, bundle_loss, charts, decode_grid,
+                                     follow, model_names, sort_header, version_numbers)
 from tests.utils.bundles import make_bundle, make_manifest, make_tensors
 from tests.utils.registry_server import upload_bundle
 
@@ -212,7 +215,8 @@ def test_one_clip_pair_is_not_called_per_global(registry_server, tmp_path):
     assert fact == "K 0.96 / V 0.92 (one pair for every layer)"
 
 
-def test_orders_count_what_a_pull_gets_and_put_missing_values_last(registry_server, tmp_path):
+def test_orders_count_what_a_pull_gets_and_put_missing_values_last(registry_server, tmp_path,
+                                                                   monkeypatch):
     """The sorted columns' edge cases: versions of equal loss (newest first either way), versions
     and models with no validation report (last either way), and drafts and yanked versions,
     which are neither counted as published nor date a model's last publish."""
@@ -246,3 +250,116 @@ def test_orders_count_what_a_pull_gets_and_put_missing_values_last(registry_serv
             shown = names(sort)
             assert shown[0] == "qwen3.5-4b" and shown[1:] == sorted(shown[1:]), sort
             assert "smollm2-135m" in shown[1:]
+        # a page ending inside a run of equal values, or among the rows with none, is followed
+        # by the rest of that run: the cursor holds the value and the tie
+        whole = {sort: numbers(sort) for sort in VERSION_SORTS}
+        monkeypatch.setattr(pages, "PAGE_SIZE", 2)         # the server runs in this process
+        for sort, want in whole.items():
+            texts, _ = follow(http, "/models/smollm2-135m", f"?sort={sort}", "(?:Older|More) versions")
+            assert [v for t in texts for v in version_numbers(t)] == want, sort
+        assert whole["loss"] == [4, 2, 1, 3, 6, 5] and whole["-loss"] == [3, 1, 4, 2, 6, 5]
+
+
+def sort_keys(db) -> tuple[dict, dict, set]:
+    """Worked out here, in Python, from the rows: each model's values for every column the home
+    page sorts by, its place in the database's own order of names (its collation decides ties),
+    and which models are validated (the headline version passed)."""
+    from oscar_zoo.registry_db.models import Alias, BundleVersion, Model
+    from sqlalchemy import select
+
+    with db.read() as s:
+        names = list(s.scalars(select(Model.name).order_by(Model.name)))
+        ids = dict(s.execute(select(Model.id, Model.name)).all())
+        versions = {v.id: v for v in s.scalars(select(BundleVersion))}
+        aliases = {(a.model_id, a.name): a.version_id for a in s.scalars(select(Alias))}
+    keys = {n: {"name": n, "published": None, "versions": 0, "loss": None} for n in names}
+    heads = {}
+    for v in versions.values():
+        k = keys[ids[v.model_id]]
+        if v.status == "published":
+            k["versions"] += 1
+            k["published"] = max(filter(None, (k["published"], v.created_at)))
+    for model_id, name in ids.items():
+        head = aliases.get((model_id, "recommended"), aliases.get((model_id, "latest")))
+        if head is not None:
+            heads[name] = versions[head]
+            keys[name]["loss"] = bundle_loss(versions[head].validation)
+    validated = {n for n, v in heads.items() if v.validation_passed is True and keys[n]["versions"]}
+    return keys, {n: i for i, n in enumerate(names)}, validated
+
+
+def test_more_models_than_a_page_page_through_every_order(registry_server):
+    """Some 130 models, most of them written straight into the database, with many equal values
+    (7 losses, 7 upload times, 0-3 published versions) and models with none: each order, with
+    and without filters, pages through them all once, in the order worked out here; and each
+    page asks the database for one page, not for every model (no list of every model id, which
+    PostgreSQL refuses past 65,535)."""
+    from sqlalchemy import event
+
+    add_bulk_models(registry_server.registry.db, 120, spread=7)
+    keys, rank, validated = sort_keys(registry_server.registry.db)
+    assert len(keys) > 2 * pages.PAGE_SIZE
+    params: list[int] = []
+    engine = registry_server.registry.db.engine
+    listen = lambda conn, cursor, statement, parameters, context, many: params.append(
+        len(parameters or ()))
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        with registry_server.client() as http:
+            for query, keep in (("", lambda n: True), ("q=bulk&", lambda n: n.startswith("bulk-")),
+                                ("validated=true&", validated.__contains__),
+                                ("q=bulk-0000*&architecture=BulkArch2&validated=true&",
+                                 lambda n: n in validated and n.startswith("bulk-0000")
+                                 and int(n[5:]) % 5 == 2)):
+                for sort in HOME_SORTS:
+                    column = sort.lstrip("-")
+                    want = in_order({n: rank[n] if column == "name" else k[column]
+                                     for n, k in keys.items() if keep(n)}, sort, rank)
+                    texts, count = follow(http, "/", f"?{query}sort={sort}", "More models")
+                    assert [m for t in texts for m in model_names(t)] == want, (query, sort)
+                    assert count == max(1, -(-len(want) // pages.PAGE_SIZE)), (query, sort)
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+    assert max(params) < 2 * pages.PAGE_SIZE, max(params)
+
+
+def in_order(keys: dict, sort: str, rank: dict) -> list:
+    """test_pages.in_order with ties by the database's order of names."""
+    valued = sorted((r for r in keys if keys[r] is not None), key=rank.__getitem__)
+    valued.sort(key=lambda r: keys[r], reverse=sort.startswith("-"))     # stable: ties stay
+    return valued + sorted((r for r in keys if keys[r] is None), key=rank.__getitem__)
+
+
+def test_names_sort_by_the_databases_collation_either_way(registry_server, registry_backend,
+                                                          monkeypatch):
+    """Under a collation that is not C (ICU puts `_` before `-`, C after), the database decides
+    where a name goes in every order and where the next page starts: `-name` is `name`
+    reversed, and a page ending inside a run of ties is followed by the rest of it."""
+    from sqlalchemy import text
+
+    if registry_backend != "postgresql":
+        pytest.skip("SQLite has no collation other than the bytes'")
+    engine = registry_server.registry.db.engine
+    with engine.begin() as conn:
+        if not conn.scalar(text("select count(*) from pg_collation where collname = 'en-x-icu'")):
+            pytest.skip("PostgreSQL was built without ICU")
+        conn.execute(text('alter table models alter column name type varchar(200) collate "en-x-icu"'))
+    db = registry_server.registry.db
+    for prefix in ("m-a", "m_a", "m.a", "m0a"):
+        add_bulk_models(db, 3, prefix=prefix, spread=2)
+    keys, rank, _ = sort_keys(db)
+    names = sorted(keys, key=rank.__getitem__)
+    assert names.index("m_a-000000") < names.index("m-a-000000")      # not the bytes' order
+    with registry_server.client() as http:
+        shown = model_names(http.get("/", params={"q": "m*"}).text)
+        assert shown == [n for n in names if n.startswith("m")]
+        whole = {sort: model_names(http.get("/", params={"q": "m*", "sort": sort}).text)
+                 for sort in HOME_SORTS}
+        assert whole["-name"] == whole["name"][::-1] == shown[::-1]
+        monkeypatch.setattr(pages, "PAGE_SIZE", 2)
+        for sort, want in whole.items():
+            column = sort.lstrip("-")
+            assert want == in_order({n: rank[n] if column == "name" else keys[n][column]
+                                     for n in shown}, sort, rank), sort
+            texts, _ = follow(http, "/", f"?q=m*&sort={sort}", "More models")
+            assert [m for t in texts for m in model_names(t)] == want, sort

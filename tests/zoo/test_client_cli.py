@@ -45,44 +45,26 @@ def test_only_the_cold_rotationzoo_import_uses_torch(seed_zoo):
     assert not mods & set(WARM_FORBIDDEN), "a warm pull imported " + str(mods & set(WARM_FORBIDDEN))
 
 
-def test_warm_registry_pull_is_light(tmp_path, monkeypatch, hub):
-    from tests.utils.bundles import make_bundle
-    from tests.utils.databases import fresh_database
-    from tests.utils.registry_server import run_registry
-
-    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
-    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
-        server.publish_dir(bundle.path)
-        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
-        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
-        first = pull("qwen3-8b", fmt="sglang")
-        mods, proc = imported_modules("pull", "qwen3-8b", "-q")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert str(first.export.files["k"]) in proc.stdout
-        assert not mods & set(WARM_FORBIDDEN + ("huggingface_hub",)), mods
+def test_warm_registry_pull_is_light(registry_with_qwen):
+    first = pull("qwen3-8b", fmt="sglang")
+    mods, proc = imported_modules("pull", "qwen3-8b", "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(first.export.files["k"]) in proc.stdout
+    assert not mods & set(WARM_FORBIDDEN + ("huggingface_hub",)), mods
 
 
-def test_warm_layers_pull_is_light_and_rewrites_nothing(tmp_path, monkeypatch, hub):
+def test_warm_layers_pull_is_light_and_rewrites_nothing(registry_with_qwen):
     """A --layers part was checked when it was fetched: pulling it again parses no schema
     (pydantic) and writes no meta (an fsync per pull)."""
-    from tests.utils.bundles import make_bundle
-    from tests.utils.databases import fresh_database
-    from tests.utils.registry_server import run_registry
-
-    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
-    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
-        server.publish_dir(bundle.path)
-        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
-        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
-        part = pull("qwen3-8b", layers="0-1", fmt="sglang")
-        assert part.layers == [0, 1] and "partial" in part.path.parts
-        meta = _meta_file()
-        stamp = meta.stat().st_mtime_ns
-        mods, proc = imported_modules("pull", "qwen3-8b", "--layers", "0-1", "-q")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert str(part.export.files["k"]) in proc.stdout
-        assert not mods & set(WARM_FORBIDDEN + ("huggingface_hub",)), mods
-        assert meta.stat().st_mtime_ns == stamp
+    part = pull("qwen3-8b", layers="0-1", fmt="sglang")
+    assert part.layers == [0, 1] and "partial" in part.path.parts
+    meta = _meta_file()
+    stamp = meta.stat().st_mtime_ns
+    mods, proc = imported_modules("pull", "qwen3-8b", "--layers", "0-1", "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(part.export.files["k"]) in proc.stdout
+    assert not mods & set(WARM_FORBIDDEN + ("huggingface_hub",)), mods
+    assert meta.stat().st_mtime_ns == stamp
 
 
 def _meta_file():

@@ -153,10 +153,13 @@ def _staging_failed(registry, vf: VersionFiles, targets: list[str],
     """Every target recorded as failed, with why: a background mirror's exception only reaches
     the log, and left no record at all (not pending, not failed) to see or to act on."""
     error = str(e) if isinstance(e, StorageFull) else (
+        # strerror, not str(e): the record is public (GET .../mirrors), the data dir's path not
         f"could not stage {vf.model} v{vf.number}'s files for its mirrors ({type(e).__name__}: "
-        f"{e}); nothing was sent to the hubs: once that is fixed, `oscar-zoo mirror "
-        f"{vf.model}@{vf.number}` mirrors it")
-    log.error("%s v%s not mirrored: %s", vf.model, vf.number, error)
+        f"{e.strerror or type(e).__name__}); nothing was sent to the hubs: once that is fixed "
+        f"(the server's log names the directory), `oscar-zoo mirror {vf.model}@{vf.number}` "
+        "mirrors it")
+    where = getattr(e, "path", None) or getattr(e, "filename", None)   # for the operator only
+    log.error("%s v%s not mirrored: %s [%s]", vf.model, vf.number, error, where)
     results = []
     for target in targets:
         kind, repo = parse_target(target)

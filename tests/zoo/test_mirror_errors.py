@@ -191,3 +191,29 @@ def test_a_data_dir_too_full_to_stage_in_records_each_target_failed(registry, hu
     # room made: the same run mirrors it
     again = mirror_version(registry.registry, "smollm2-135m", 1, [HF])
     assert [r.status for r in again] == ["done"]
+
+
+def test_a_staging_dir_that_cannot_be_made_keeps_the_data_dir_out_of_the_public_record(
+        registry, hub, tmp_path, monkeypatch, caplog):
+    """Another error than a full disk (here EACCES, simulated at os.mkdir as above) was
+    recorded as str(e), which holds the staging path: the mirror records are public (GET
+    .../mirrors), the server's data dir is not. The log, the operator's, still names it."""
+    import errno
+
+    from oscar_zoo.registry_db.mirrors import mirror_version
+
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    real_mkdir, staging = os.mkdir, str(registry.data_dir / "staging")
+
+    def denied(path, *args, **kwargs):
+        if os.fspath(path).startswith(staging + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_mkdir(path, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "mkdir", denied)
+        results = mirror_version(registry.registry, "smollm2-135m", 1, [HF])
+    assert [r.status for r in results] == ["failed"]
+    assert "PermissionError: Permission denied" in results[0].error
+    assert str(registry.data_dir) not in results[0].error
+    assert staging in caplog.text

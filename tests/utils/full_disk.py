@@ -128,3 +128,13 @@ def unshare_or_skip(where: str | Path) -> str:
         pytest.skip("cannot mount a tmpfs in a user namespace here: "
                     + (probe.stderr.decode().strip() if probe else "no unshare"))
     return unshare
+
+
+def run_on_a_tiny_tmpfs(disk: Path, command: str, env: dict, timeout: float = 120):
+    """`command` (a shell line) in a user namespace of its own, with a 64 KB tmpfs mounted at
+    `disk` (made here): a real full disk. Skips the calling test where that cannot be done."""
+    unshare = unshare_or_skip(disk.parent)
+    disk.mkdir()
+    return subprocess.run([unshare, "-rm", "sh", "-c", f'mount -t tmpfs -o size=64k tmpfs '
+                           f'"{disk}" || exit 99; {command}'], capture_output=True, text=True,
+                          env=env, timeout=timeout)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -405,12 +404,10 @@ def test_a_calibration_meeting_a_real_full_out_is_saved_on_another_disk(tmp_path
     """As above on a real filesystem: --out on a 64 KB tmpfs, in a user namespace of its own
     (skipped where the kernel or the container refuses one), the cache on the test's disk. The
     calibration itself is replaced (in the child process, which has the tmpfs)."""
-    from tests.utils.full_disk import unshare_or_skip
+    from tests.utils.full_disk import run_on_a_tiny_tmpfs
 
-    unshare = unshare_or_skip(tmp_path)
     made = make_bundle(tmp_path / "made", model="qwen3-8b").path       # 4.7 MB of rotations
     disk = tmp_path / "disk"
-    disk.mkdir()
     script = tmp_path / "calibrate.py"
     script.write_text(
         "import sys\n"
@@ -423,9 +420,7 @@ def test_a_calibration_meeting_a_real_full_out_is_saved_on_another_disk(tmp_path
         "from oscar_zoo.zoo.cli.main import main\n"
         f"sys.argv = ['oscar-zoo', 'calibrate', 'qwen3-8b', '--out', {str(disk / 'b')!r}]\n"
         "main()\n")
-    proc = subprocess.run([unshare, "-rm", "sh", "-c", f'mount -t tmpfs -o size=64k tmpfs '
-                           f'"{disk}" || exit 99; "{sys.executable}" "{script}"'],
-                          capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    proc = run_on_a_tiny_tmpfs(disk, f'"{sys.executable}" "{script}"', os.environ.copy(), 300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     [saved] = (sandbox / "cache" / "rescued").glob("calibrate-*/b")

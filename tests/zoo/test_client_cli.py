@@ -304,16 +304,12 @@ def test_a_convert_onto_a_full_out_names_it_and_the_fix_there(tmp_path, monkeypa
 def test_a_pull_onto_a_real_full_disk(registry_with_qwen, tmp_path):
     """The simulation's premise checked on a real filesystem: a 64 KB tmpfs as the cache, in a
     user namespace of its own (skipped where the kernel or the container refuses one)."""
-    from tests.utils.full_disk import unshare_or_skip
+    from tests.utils.full_disk import run_on_a_tiny_tmpfs
 
-    unshare = unshare_or_skip(tmp_path)
     cache, listing = tmp_path / "cache", tmp_path / "left.txt"
-    cache.mkdir()
-    script = (f'mount -t tmpfs -o size=64k tmpfs "{cache}" || exit 99; '
-              f'"{sys.executable}" -m oscar_zoo.zoo.cli.main pull qwen3-8b -q; rc=$?; '
-              f'find "{cache}" -type f > "{listing}"; exit $rc')
-    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "OSCAR_ZOO_CACHE": str(cache)}, timeout=120)
+    proc = run_on_a_tiny_tmpfs(cache, f'"{sys.executable}" -m oscar_zoo.zoo.cli.main pull '
+                               f'qwen3-8b -q; rc=$?; find "{cache}" -type f > "{listing}"; exit $rc',
+                               {**os.environ, "OSCAR_ZOO_CACHE": str(cache)})
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -332,18 +328,14 @@ def test_a_layers_safetensors_export_onto_a_real_full_disk(tmp_path):
     writes from Rust."""
     from tests.utils.bundles import make_bundle
 
-    from tests.utils.full_disk import unshare_or_skip
+    from tests.utils.full_disk import run_on_a_tiny_tmpfs
 
-    unshare = unshare_or_skip(tmp_path)
     bundle = make_bundle(tmp_path / "b", model="qwen3-8b")    # layers 0-3: 512 KB of rotations
     cache, out, listing = tmp_path / "cache", tmp_path / "out", tmp_path / "left.txt"
-    cache.mkdir()
-    script = (f'mount -t tmpfs -o size=64k tmpfs "{cache}" || exit 99; '
-              f'"{sys.executable}" -m oscar_zoo.zoo.cli.main export "{bundle.path}" --format '
-              f'safetensors --layers 0-3 --out "{out}"; rc=$?; '
-              f'find "{cache}" -type f > "{listing}"; exit $rc')
-    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "OSCAR_ZOO_CACHE": str(cache)}, timeout=120)
+    proc = run_on_a_tiny_tmpfs(cache, f'"{sys.executable}" -m oscar_zoo.zoo.cli.main export '
+                               f'"{bundle.path}" --format safetensors --layers 0-3 --out "{out}"; '
+                               f'rc=$?; find "{cache}" -type f > "{listing}"; exit $rc',
+                               {**os.environ, "OSCAR_ZOO_CACHE": str(cache)})
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -130,22 +130,18 @@ def test_a_full_tmpdir_does_not_stop_a_mirror(registry, hub, tmp_path):
     copied) made the background mirror a traceback in the log, and no record said it failed.
     They are staged in the registry's data dir now, beside the blobs. On a real full disk: a
     64 KB tmpfs as TMPDIR, in a user namespace of its own, for the mirror run in a child."""
-    from tests.utils.full_disk import unshare_or_skip
+    from tests.utils.full_disk import run_on_a_tiny_tmpfs
 
-    unshare = unshare_or_skip(tmp_path)
     registry.publish_dir(make_bundle(tmp_path / "b").path)
     tmpdir, out = tmp_path / "tmpdir", tmp_path / "results.json"
-    tmpdir.mkdir()
     code = ("import json, sys; from oscar_zoo.registry_db.registry import open_registry; "
             "from oscar_zoo.registry_db.mirrors import mirror_version; "
             "r = open_registry(); "
             f"res = mirror_version(r, 'smollm2-135m', 1, ['{HF}']); "
             f"open('{out}', 'w').write(json.dumps([x.to_dict() for x in res]))")
-    script = (f'mount -t tmpfs -o size=64k tmpfs "{tmpdir}" || exit 99; '
-              f'head -c 60000 /dev/zero > "{tmpdir}/filler"; '     # what little it had, taken
-              f'"{sys.executable}" -c "{code}"')
-    proc = subprocess.run([unshare, "-rm", "sh", "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=300)
+    proc = run_on_a_tiny_tmpfs(tmpdir, f'head -c 60000 /dev/zero > "{tmpdir}/filler"; '  # what
+                               f'"{sys.executable}" -c "{code}"',      # little it had, taken
+                               {**os.environ, "TMPDIR": str(tmpdir)}, 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(r["target"], r["status"], r["tag"]) for r in json.loads(out.read_text())] == [
         ("hf", "done", TAG)]

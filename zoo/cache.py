@@ -19,12 +19,14 @@
       tmp/                                  a bundle being converted; a directory that prune or
                                             cache rm renamed here to delete it
       rescued/calibrate-<time>-<random>/<name>/   a bundle `oscar-zoo calibrate` could not write
-                                            to its full --out; kept until its user moves it
-                                            (prune and cache rm leave it alone)
+                                            to its full --out; kept until its user moves it or
+                                            removes it (`cache rm --rescued`; prune and a cache rm
+                                            of models leave it alone); `cache ls` lists it
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
-      .locks/gc.lock                        shared by pulls, exports and verify's hashing,
-                                            exclusive for prune, cache rm and verify's repair
+      .locks/gc.lock                        shared by pulls, exports, verify's hashing and a
+                                            calibrate saving a bundle in rescued/, exclusive
+                                            for prune, cache rm and verify's repair
       .locks/gc-gate.lock                   passed by pulls on their way in, closed by prune,
                                             cache rm and verify's repair
 
@@ -96,6 +98,34 @@ class Part:
     digest: str
     layers: str | None              # the spec, as export.layer_spec writes it: 3-7, 0-1_3
     path: Path
+
+
+@dataclass(frozen=True)
+class Rescued:
+    """A directory `oscar-zoo calibrate` made under rescued/ when its --out was full: the bundle
+    it saved there, or what a calibrate killed (or still writing) left. Two records of a dir
+    nothing changed in between are equal: `cache rm --rescued` removes one only as its user
+    confirmed it (cache_remove.remove_rescued)."""
+
+    name: str                       # its directory under rescued/: calibrate-<time>-<random>
+    path: Path                      # rescued/<name>/
+    bundle: Path | None             # rescued/<name>/<bundle>/; None: no whole bundle in it
+    saved: float                    # the dir's mtime: the bundle's rename into it
+    touched: float                  # newest mtime in it: a write in progress keeps it fresh
+    size: int | None                # bytes its files take (as _size counts); None: unreadable
+    # (path under it, kind, size, mtime_ns) of everything in it; None: it cannot be read
+    contents: tuple[tuple[str, str, int, int], ...] | None
+
+    @property
+    def kind(self) -> str:
+        """saved (a whole bundle), incomplete (a calibrate killed or still writing: only its
+        hidden staging dir), empty (its user moved the bundle out), or unreadable (another
+        user's: mkdtemp makes it 0700)."""
+        if self.contents is None:
+            return "unreadable"
+        if self.bundle is not None:
+            return "saved"
+        return "incomplete" if self.contents else "empty"
 
 
 class Cache:
@@ -213,6 +243,15 @@ class Cache:
         for snap in self.snapshots(name):
             yield Part(snap.model, snap.digest, None, snap.path)
         yield from self.parts(name)
+
+    def rescued_bundles(self, empty: bool = False) -> list[Rescued]:
+        """What calibrate saved under rescued/, oldest first (its names start with the time).
+        Not an empty dir (the user moved its bundle out, as calibrate's message says to) unless
+        `empty`. Nor a link or a hidden entry: calibrate makes neither. A dir that cannot be
+        read is listed (kind unreadable), not an error: another user's rescue must not stop a
+        `cache ls`."""
+        found = (_rescued(d) for d in _subdirs(self.rescued))
+        return [r for r in found if r is not None and (empty or r.kind != "empty")]
 
     # --- refs, meta, import index ------------------------------------------------------------
 
@@ -785,6 +824,50 @@ def _entries(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*") if not p.name.startswith("."))
 
 
+def _subdirs(folder: Path) -> list[Path]:
+    """The directories in it, links and hidden names (staging dirs) aside."""
+    return [p for p in _entries(folder) if p.is_dir() and not p.is_symlink()]
+
+
+def _rescued(folder: Path) -> Rescued | None:
+    """What one dir under rescued/ holds now; None once it is gone (moved or removed while we
+    looked, or its bundle renamed into it mid-walk: a listing a moment later finds it whole)."""
+    try:
+        saved = folder.lstat().st_mtime     # needs rescued/ only, which we just listed
+    except FileNotFoundError:
+        return None
+    try:
+        contents = _contents(folder)
+    except FileNotFoundError:
+        return None
+    except OSError:     # PermissionError: another user's (mkdtemp makes it 0700)
+        return Rescued(folder.name, folder, None, saved, saved, None, None)
+    # a bundle's staging dir (.NAME.*.partial) is hidden: a calibrate killed while writing it
+    # leaves its rescued dir with no bundle in it
+    bundles = sorted(p for p, kind, _, _ in contents
+                     if kind == "d" and os.sep not in p and not p.startswith("."))
+    touched = max([saved] + [t / 1e9 for _, _, _, t in contents])
+    size = sum(n for _, kind, n, _ in contents if kind != "d")
+    return Rescued(folder.name, folder, folder / bundles[0] if bundles else None, saved, touched,
+                   size, contents)
+
+
+def _contents(folder: Path) -> tuple[tuple[str, str, int, int], ...]:
+    """(path under folder, d/l/f, size, mtime_ns) of everything in it, links not followed: what
+    any write into it changes (a file written, a staging dir renamed). OSError where a dir in
+    it cannot be read: not a partial answer."""
+    out, todo = [], [folder]
+    while todo:
+        with os.scandir(todo.pop()) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                kind = "l" if e.is_symlink() else "d" if e.is_dir(follow_symlinks=False) else "f"
+                out.append((os.path.relpath(e.path, folder), kind, st.st_size, st.st_mtime_ns))
+                if kind == "d":
+                    todo.append(Path(e.path))
+    return tuple(sorted(out))
+
+
 def _stale_staging(cache: Cache) -> list[Path]:
     """Staging dirs (.NAME.*.partial) a killed pull or export left beside the snapshot, part or
     export it was building; the finally that removes them does not run on SIGKILL."""
@@ -806,6 +889,8 @@ def _last_touched(path: Path) -> float:
 
 
 def _size(path: Path) -> int:
+    """Bytes of every file and link (a link's own, never followed) in it, as _freed counts what
+    a removal frees."""
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_symlink() or not p.is_dir())

@@ -5,17 +5,25 @@ under the cache's gc.lock held exclusively, as prune holds it: refs first, so no
 bundle that is going by its name; then each directory renamed aside into tmp/ and deleted there
 (cache._delete); then the exports and blobs no bundle left in the cache uses (cache._blobs_of,
 prune's walk).
+
+`cache rm --rescued` removes bundles `oscar-zoo calibrate` saved under rescued/ when its --out was
+full (which prune and a removal of models leave alone), the same way: named by their directory
+there and resolved first, then renamed aside under the lock. A calibrate writes them holding the
+lock shared, so none is removed half-written; and a dir goes only as the user confirmed it (what
+it held then), never one a calibrate finished or a user moved a bundle into since.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .cache import (Cache, _blobs_of, _delete, _entries, _freed, _links, _read_digest, _ref_file,
-                    drop_emptied_model_dirs, model_dirs, model_key)
+from .cache import (_LEFTOVER_AGE, Cache, Rescued, _blobs_of, _delete, _entries, _freed, _links,
+                    _read_digest, _ref_file, _rmdir_if_empty, drop_emptied_model_dirs, model_dirs,
+                    model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
 from .files import fsync_dir, is_sha256
@@ -36,12 +44,14 @@ class Target:
 class Removal:
     """What `cache rm` removes, or would: the bundles and refs that go, then every path in the
     order it is removed, with the bytes its removal frees (a blob counts once, not once per
-    snapshot that links it). `failed`: paths still there after the removal."""
+    snapshot that links it). `failed`: paths still there after the removal. `rescued`: the
+    rescued dirs that go (`cache rm --rescued`), as they were when planned."""
 
     bundles: list[dict]             # model, digest, layers, refs, version, path
     refs: list[tuple[str, str, str]]  # (model, ref, digest)
     paths: list[tuple[Path, int]]
     failed: list[Path]
+    rescued: list[Rescued] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -62,12 +72,17 @@ def resolve_removal(cache: Cache, specs: Iterable[str]) -> list[Target]:
             targets.append(_resolve(cache, spec))
         except (NotFound, InvalidInput) as e:
             errors.append(e)
+    _raise_all(errors)
+    return targets
+
+
+def _raise_all(errors: list[Exception]) -> None:
+    """One error for every bad argument, each named: a user fixes them in one go."""
     if len(errors) == 1:
         raise errors[0]
     if errors:
         raise type(errors[0])(f"{len(errors)} arguments name nothing in the cache, so nothing "
                               "was removed: " + " | ".join(str(e) for e in errors))
-    return targets
 
 
 def _resolve(cache: Cache, spec: str) -> Target:
@@ -265,3 +280,86 @@ def _plan_removal(cache: Cache, targets: list[Target]) -> Removal:
         if st.st_nlink <= 1 + links.get((st.st_dev, st.st_ino), 0):
             paths.append(blob)
     return Removal(bundles, refs, _freed(paths), [])
+
+
+# --- rescued bundles ---------------------------------------------------------------------------
+
+def resolve_rescued(cache: Cache, names: Iterable[str]) -> list[Rescued]:
+    """The rescued bundles named by their directory under rescued/ (calibrate-<time>-<random>,
+    as `oscar-zoo cache ls` shows it). None named: every one `unnamed_goes` lets go.
+
+    Raises UnsafePathError for a name that is a path (it must never reach outside rescued/),
+    NotFound for one that names nothing there, naming every bad name once all are checked;
+    resolving removes nothing."""
+    names = list(names)
+    if not names:
+        return [r for r in cache.rescued_bundles(empty=True) if unnamed_goes(r)]
+    held = {r.name: r for r in cache.rescued_bundles()}
+    found, errors = [], []
+    for name in names:
+        try:
+            found.append(_rescued(cache, held, name))
+        except (NotFound, InvalidInput) as e:
+            errors.append(e)
+    _raise_all(errors)
+    return list(dict.fromkeys(found))       # a name given twice goes once
+
+
+def unnamed_goes(r: Rescued) -> bool:
+    """Whether `cache rm --rescued` with no name removes it: a saved bundle, yes. A dir with
+    no bundle (a calibrate killed, or one still writing that predates its lock) or an empty
+    calibrate-* dir (a bundle moved out, or a fresh mkdtemp about to be filled) only once
+    nothing has been written to it for _LEFTOVER_AGE, as prune ages out staging dirs. Never
+    one it cannot read: another user's, whether whole or not unknown; naming it tries."""
+    if r.kind == "saved":
+        return True
+    if r.kind == "unreadable" or (r.kind == "empty" and not r.name.startswith("calibrate-")):
+        return False
+    return time.time() - r.touched > _LEFTOVER_AGE
+
+
+def _rescued(cache: Cache, held: dict[str, Rescued], name: str) -> Rescued:
+    name = name.strip()
+    # one name, never a path: "../models", "/home/me", "a/../../x", "d:x" on Windows
+    if not name or name.startswith(".") or any(c in name for c in "/\\:\x00"):
+        raise UnsafePathError(f"{name!r} is not the name of a rescued bundle: give the name "
+                              "`oscar-zoo cache ls` shows under RESCUED (calibrate-<time>-<random>, "
+                              f"a directory in {cache.rescued}), not a path")
+    path = cache.rescued / name
+    if path.is_symlink():
+        raise UnsafePathError(f"{path} is a link, which oscar-zoo never makes: not following it; "
+                              "remove it by hand if it is not wanted")
+    if name in held:
+        return held[name]
+    have = f"rescued: {', '.join(held)}" if held else "the cache holds no rescued bundle"
+    raise BundleNotFound(f"{name!r} is not a rescued bundle in {cache.rescued}; {have}. "
+                         "`oscar-zoo cache ls` lists them")
+
+
+def remove_rescued(cache: Cache, rescued: list[Rescued], dry_run: bool = False) -> Removal:
+    """Remove rescued dirs as these records say they were (resolve_rescued's, or the plan a
+    user confirmed): each listed again under the lock, and one that changed since (a calibrate
+    finished writing it, a bundle was moved out or in) or went stays. Each is renamed aside into
+    tmp/ and deleted there as a snapshot is (cache._delete): a user moving a bundle out meanwhile
+    gets it whole or not at all; an empty one is rmdir'd, which never removes a file.
+
+    Holds gc.lock exclusively: a calibrate holds it shared from making its rescued dir to its
+    bundle's last file (calibrate_cmds._rescue), so none is written meanwhile, and this waits
+    for one in progress. rescued/ itself stays, even empty."""
+    if not cache.root.exists():
+        return Removal([], [], [], [])
+    with cache.gc_guard(exclusive=True):
+        now = {r.name: r for r in cache.rescued_bundles(empty=True)}
+        going = [r for r in rescued if now.get(r.name) == r]
+        plan = Removal([], [], _freed([r.path for r in going]), [], going)
+        if not dry_run:
+            plan.failed = [r.path for r in going if not _rescued_removed(cache, r)]
+    return plan
+
+
+def _rescued_removed(cache: Cache, r: Rescued) -> bool:
+    """_removed; an empty dir by rmdir, which fails rather than take what was put in it."""
+    if r.kind == "empty":
+        _rmdir_if_empty(r.path)
+        return not os.path.lexists(r.path)
+    return _removed(cache, r.path)

@@ -10,10 +10,14 @@ bundles whose files are put in the blob store first, so no request is made:
     org/SmolLM2-Fork   v1 (refs v1, latest)        C: files of its own (rotations R1)
 
 A and C have sglang exports.
+
+`cache rm --rescued [NAME]...` removes bundles `oscar-zoo calibrate` saved under rescued/ when its
+--out was full (saved here by calibrate's own code), which `cache ls` lists after the models.
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
 import os
@@ -25,9 +29,11 @@ import pytest
 from click.testing import CliRunner
 
 from oscar_zoo.zoo import cache as cache_mod
+from oscar_zoo.zoo import bundle as bundle_mod
 from oscar_zoo.zoo.bundle import Bundle, write
 from oscar_zoo.zoo.cache import Cache, prune, verify_cache
-from oscar_zoo.zoo.cache_remove import remove, resolve_removal
+from oscar_zoo.zoo.cache_remove import remove, resolve_removal, resolve_rescued
+from oscar_zoo.zoo.cli import calibrate_cmds
 from oscar_zoo.zoo.cli.main import cli
 from oscar_zoo.zoo.errors import (AliasNotFound, BundleNotFound, InvalidInput, LockTimeout,
                                   ModelNotFound, UnsafePathError, VersionNotFound)
@@ -500,3 +506,341 @@ def test_a_name_with_a_drive_letter_is_no_cache_directory(filled, name):
         Cache().write_ref(SMOL, name, filled["A"])
     result = CliRunner().invoke(cli, ["cache", "rm", name, "--yes"])
     assert result.exit_code == 1 and "cannot be used" in result.stderr
+
+
+# --- bundles calibrate rescued -----------------------------------------------------------------
+
+def rescue(bundles, key: str = "A", out: str = "qwen3-8b-bundle") -> Path:
+    """Save a bundle as `oscar-zoo calibrate` does when its --out is full; its path."""
+    saved, failures = calibrate_cmds._rescue(bundle_mod.read(bundles[key]), Path("/full") / out)
+    assert saved is not None and saved.parent.parent == Cache().rescued, failures
+    return saved
+
+
+def killed(name: str, age: float = 0) -> Path:
+    """A rescued dir a calibrate killed while writing its bundle left (only the hidden staging
+    dir, 300 bytes in it), last written `age` seconds ago."""
+    path = Cache().rescued / name
+    staging = path / ".qwen3-8b-bundle.x1.partial"
+    staging.mkdir(parents=True)
+    (staging / "rotations.safetensors").write_bytes(b"x" * 300)
+    aged(path, age)
+    return path
+
+
+def aged(path: Path, age: float) -> None:
+    """Everything in it last written `age` seconds ago."""
+    when = time.time() - age
+    for p in [*path.rglob("*"), path]:
+        os.utime(p, (when, when), follow_symlinks=False)
+
+
+def cache_ls(*args: str):
+    result = CliRunner().invoke(cli, ["cache", "ls", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def rm_rescued(*args: str, **kwargs):
+    return CliRunner().invoke(cli, ["cache", "rm", "--rescued", *args], **kwargs)
+
+
+def test_cache_ls_lists_rescued_bundles_after_the_cached_models(bundles, filled):
+    """A user who missed calibrate's one error line finds the bundle again in `cache ls`: what
+    to move (its path) and what to remove (its name); a dir a calibrate killed mid-write left
+    with no bundle in it is listed too, as what it holds still takes room, and said to be
+    incomplete (nothing in it to move). Times in UTC, as a bundle's pulled_at."""
+    before = int(time.time())
+    saved = rescue(bundles)
+    dead = killed("calibrate-20000101-000000Z-killed00")
+    os.utime(dead, (946684800, 946684800))     # 2000-01-01T00:00:00Z: its staging began
+    data = json.loads(cache_ls("--json").stdout)
+    assert {(b["model"], b["digest"]) for b in data["bundles"]} == {
+        (SMOL, filled["A"]), (SMOL, filled["B"]), (FORK_DIR, filled["C"])}
+    assert data["rescued"][0] == {
+        "name": dead.name, "bundle": None, "state": "incomplete", "path": str(dead), "size": 300,
+        "saved_at": "2000-01-01T00:00:00Z"}
+    row = data["rescued"][1]
+    assert len(data["rescued"]) == 2 and row == {
+        "name": saved.parent.name, "bundle": "qwen3-8b-bundle", "state": "saved",
+        "path": str(saved), "size": sum(f.stat().st_size for f in saved.iterdir()),
+        "saved_at": row["saved_at"]}
+    saved_at = calendar.timegm(time.strptime(row["saved_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert before <= saved_at <= time.time()        # UTC, when calibrate saved it
+    # and its name carries the same UTC time (calibrate-<time>Z-<random>)
+    assert saved.parent.name.startswith(time.strftime("calibrate-%Y%m%d-", time.gmtime(saved_at)))
+    result = cache_ls()
+    lines = result.stdout.splitlines()
+    exports = lines.index(next(line for line in lines if line.startswith("exports: ")))
+    assert lines[2:exports] and all(line.split()[0] in (SMOL, FORK_DIR) for line in lines[2:exports])
+    assert lines[exports + 1] == "" and lines[exports + 2].split() == [
+        "RESCUED", "BUNDLE", "SAVED", "(UTC)", "SIZE", "PATH"]
+    rows = [line.split() for line in lines[exports + 3:]]
+    assert [(r[0], r[1], r[2], r[-1]) for r in rows] == [
+        (dead.name, "(incomplete)", "2000-01-01T00:00:00Z", str(dead)),
+        (saved.parent.name, "qwen3-8b-bundle", row["saved_at"], str(saved))]
+    hint = result.stderr        # stderr, not among the data
+    assert "cache rm --rescued" in hint and "`mv PATH DIR`" in hint
+    assert "(incomplete) one holds no whole bundle, nothing to move" in hint
+
+
+def test_the_hint_tells_no_one_to_move_a_dir_that_holds_no_bundle(filled):
+    killed("calibrate-20000101-000000Z-killed00")
+    hint = cache_ls().stderr
+    assert "mv " not in hint and "cache rm --rescued" in hint and "incomplete" in hint
+
+
+def test_rescued_bundles_go_only_with_cache_rm_rescued(bundles, filled, monkeypatch):
+    """prune and a cache rm of models leave them; `--rescued NAME` removes that one, under the
+    lock and renamed aside as any removal; `--rescued` alone the rest."""
+    from oscar_zoo.zoo.cache_remove import remove_rescued
+
+    first, second = rescue(bundles, "A"), rescue(bundles, "C", "other-bundle")
+    cache = Cache()
+    prune(cache)
+    assert CliRunner().invoke(cli, ["cache", "rm", FORK, "--yes"]).exit_code == 0
+    assert first.is_dir() and second.is_dir()
+    models = tree(cache.root / "models")
+    dry = rm_rescued("--dry-run")
+    assert dry.exit_code == 0 and "would free" in dry.stdout and first.is_dir() and second.is_dir()
+    assert f"{first.parent.name} qwen3-8b-bundle, saved " in dry.stdout
+    # under the lock: not while a pull (or a calibrate saving a bundle) holds it shared
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.3")
+    with cache.gc_guard():
+        with pytest.raises(LockTimeout, match="a pull is still running"):
+            remove_rescued(cache, resolve_rescued(cache, [first.parent.name]))
+        held = rm_rescued(first.parent.name, "--yes")
+        assert held.exit_code == 1 and "waited 0.3 s" in held.stderr, held.output
+    assert first.is_dir()
+    # renamed aside into tmp/ first, in one step, then deleted there
+    deleted = []
+    real_rmtree = cache_mod.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        deleted.append((Path(path).parent, first.parent.exists()))
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(cache_mod.shutil, "rmtree", rmtree)
+    result = rm_rescued(first.parent.name, "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    assert deleted == [(cache.root / "tmp", False)]
+    data = json.loads(result.stdout)
+    size = sum(f.stat().st_size for f in bundles["A"].iterdir())
+    assert data["removed"] == [str(first.parent)] and data["bytes"] == size
+    assert [r["name"] for r in data["rescued"]] == [first.parent.name] and data["failed"] == []
+    assert not first.parent.exists() and second.is_dir()
+    assert [r["name"] for r in json.loads(cache_ls("--json").stdout)["rescued"]] == [second.parent.name]
+    result = rm_rescued(input="y\n")
+    assert result.exit_code == 0 and "remove 1 rescued bundle," in result.stderr, result.output
+    assert f"{second.parent.name} other-bundle, saved " in result.stderr     # the plan shown
+    assert not second.parent.exists() and list(cache.rescued.iterdir()) == []
+    assert json.loads(cache_ls("--json").stdout)["rescued"] == []
+    assert "RESCUED" not in cache_ls().stdout
+    assert tree(cache.root / "models") == models
+    again = rm_rescued("--yes")
+    assert again.exit_code == 0 and again.stdout.strip() == "nothing to remove"
+
+
+def test_a_rescue_being_written_holds_off_cache_rm_rescued(bundles, filled, monkeypatch):
+    """calibrate holds the cache's gc.lock shared from making its rescued dir to its bundle's
+    last file: a `cache rm --rescued` then (with or without its name) waits, and removes
+    nothing of a bundle half-written; the bundle is saved whole."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.3")
+    real_write = bundle_mod.atomic_write_bytes
+    seen = []
+
+    def write_while_cache_rm_runs(path, data, *args, **kwargs):
+        if not seen:        # the staging dir exists: the first file of the bundle
+            name = Path(path).parent.parent.name
+            seen.append(name)
+            for args_ in (["--yes"], [name, "--yes"]):
+                result = rm_rescued(*args_)
+                assert result.exit_code == 1 and "waited 0.3 s" in result.stderr, result.output
+        return real_write(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(bundle_mod, "atomic_write_bytes", write_while_cache_rm_runs)
+    saved = rescue(bundles)
+    assert seen == [saved.parent.name]
+    assert bundle_mod.read(saved).manifest == bundle_mod.read(bundles["A"]).manifest
+
+
+def test_a_rescue_that_cannot_lock_the_cache_saves_the_bundle_all_the_same(bundles, filled,
+                                                                            monkeypatch, capsys):
+    """A prune (or cache rm) holding the lock past lock_timeout: hours of calibration lost
+    would be worse, so the bundle is written anyway, with a warning."""
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.3")
+    cache = Cache()
+    with cache.gc_guard(exclusive=True):
+        capsys.readouterr()
+        saved = rescue(bundles)
+    warning = capsys.readouterr().err
+    assert "could not lock the cache" in warning and "waited 0.3 s" in warning
+    assert "run no `oscar-zoo cache rm --rescued` until this calibrate has ended" in warning
+    assert bundle_mod.read(saved).manifest == bundle_mod.read(bundles["A"]).manifest
+
+
+def test_a_rescued_dir_that_changed_since_it_was_confirmed_stays(bundles, filled, monkeypatch):
+    """The plan, the question and the removal are three steps: what the user confirmed goes
+    only as it was then. A dir a calibrate finished writing meanwhile (its staging dir renamed
+    to the bundle), or a bundle moved in, stays; the rest of the plan goes."""
+    first = rescue(bundles)
+    dead = killed("calibrate-20000101-000000Z-killed00", age=7200)
+    staging = next(dead.iterdir())
+
+    def confirm_while_calibrate_finishes(*args, **kwargs):
+        os.rename(staging, dead / "qwen3-8b-bundle")
+        return True
+
+    monkeypatch.setattr(click, "confirm", confirm_while_calibrate_finishes)
+    result = rm_rescued("--json")
+    assert result.exit_code == 0, result.output
+    assert f"{dead.name} (incomplete: calibrate killed or still writing), saved" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["removed"] == [str(first.parent)] and [r["name"] for r in data["rescued"]] == [
+        first.parent.name]
+    assert not first.parent.exists() and (dead / "qwen3-8b-bundle" / "rotations.safetensors").exists()
+    assert [r["state"] for r in json.loads(cache_ls("--json").stdout)["rescued"]] == ["saved"]
+
+
+def test_cache_rm_rescued_with_no_name_leaves_what_may_still_be_written(bundles, filled):
+    """No NAME: every saved bundle; a dir with no bundle (a calibrate killed, or a rescue of a
+    calibrate older than its lock still writing) once an hour has passed since anything was
+    written to it; the empty calibrate-* dirs a user moving bundles out leaves, as old (a fresh
+    one is a mkdtemp about to be filled). A NAME takes the one it names, however fresh."""
+    saved = rescue(bundles)
+    old_dead = killed("calibrate-20000101-000000Z-killed00", age=7200)
+    fresh_dead = killed("calibrate-20990101-000000Z-writing0")
+    old_empty, fresh_empty, kept_empty = (Cache().rescued / n for n in (
+        "calibrate-20000101-000000Z-moved000", "calibrate-20990101-000000Z-mkdtemp0", "mine"))
+    for path in (old_empty, fresh_empty, kept_empty):
+        path.mkdir()
+    aged(old_empty, 7200)
+    aged(kept_empty, 7200)      # not a name calibrate gives: not its to tidy
+    plan = rm_rescued("--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert f"{old_dead.name} (incomplete: calibrate killed or still writing), saved " in plan.stdout
+    assert f"{old_empty.name} (empty: its bundle was moved out)" in plan.stdout
+    assert f"keeping 1 rescued dir: {fresh_dead.name} (no whole bundle" in plan.stderr
+    result = rm_rescued(input="y\n")
+    assert result.exit_code == 0, result.output
+    assert ("remove 1 rescued bundle and 2 rescued dirs with no bundle (1 incomplete, 1 empty)"
+            in result.stderr)
+    assert set(result.stdout.splitlines()[:-1]) == {str(saved.parent), str(old_dead), str(old_empty)}
+    assert not saved.parent.exists() and not old_dead.exists() and not old_empty.exists()
+    assert fresh_dead.is_dir() and fresh_empty.is_dir() and kept_empty.is_dir()
+    named = rm_rescued(fresh_dead.name, "--yes", "--json")
+    assert named.exit_code == 0 and json.loads(named.stdout)["removed"] == [str(fresh_dead)]
+    assert json.loads(named.stdout)["bytes"] == 300
+    assert sorted(p.name for p in Cache().rescued.iterdir()) == sorted([fresh_empty.name, "mine"])
+
+
+@pytest.mark.parametrize("how", ["chmod", "scandir"])
+def test_a_rescued_dir_that_cannot_be_read_is_listed_not_an_error(bundles, filled, monkeypatch,
+                                                                  how):
+    """Another user's rescue (mkdtemp makes it 0700) must not stop `cache ls` or `cache rm
+    --rescued`: listed with its size unknown; left by `--rescued` with no name (whole or not,
+    who knows), tried when named."""
+    mine, theirs = rescue(bundles), rescue(bundles, "C", "their-bundle")
+    if how == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root reads a mode-000 dir all the same; the scandir case covers this")
+        theirs.parent.chmod(0o000)
+    else:
+        real_scandir = os.scandir
+
+        def scandir(path="."):
+            if not isinstance(path, int) and Path(os.fspath(path)) in (theirs.parent, theirs):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return real_scandir(path)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        data = {r["name"]: r for r in json.loads(cache_ls("--json").stdout)["rescued"]}
+        assert {n: (r["bundle"], r["state"], r["size"]) for n, r in data.items()} == {
+            mine.parent.name: ("qwen3-8b-bundle", "saved", _size_of(mine)),
+            theirs.parent.name: (None, "unreadable", None)}
+        result = cache_ls()
+        row = next(line for line in result.stdout.splitlines() if line.startswith(theirs.parent.name))
+        assert row.split()[1:5] == ["(unreadable)", data[theirs.parent.name]["saved_at"], "?",
+                                    str(theirs.parent)]
+        assert "another user's" in result.stderr
+        assert [r.kind for r in resolve_rescued(Cache(), [theirs.parent.name])] == ["unreadable"]
+        removed = rm_rescued("--yes")
+        assert removed.exit_code == 0, removed.output
+        assert f"keeping 1 rescued dir: {theirs.parent.name} (not readable by you)" in removed.stderr
+        assert not mine.parent.exists() and theirs.parent.is_dir()
+    finally:
+        theirs.parent.chmod(0o700)
+
+
+def _size_of(bundle: Path) -> int:
+    return sum(f.stat().st_size for f in bundle.iterdir())
+
+
+def test_a_link_counts_as_itself_in_sizes_and_freed_bytes(bundles, filled, tmp_path):
+    """`cache ls` and the bytes `cache rm` frees count a link the same way: its own size, never
+    what it points at."""
+    target = tmp_path / "big"
+    target.write_bytes(b"x" * 5000)
+    saved = rescue(bundles)
+    (saved / "link").symlink_to(target)
+    assert cache_mod._size(saved) == sum(n for _, n in cache_mod._freed([saved]))
+    assert cache_mod._size(saved) == _size_of(saved) - 5000 + (saved / "link").lstat().st_size
+    listed = json.loads(cache_ls("--json").stdout)["rescued"][0]["size"]
+    freed = json.loads(rm_rescued("--dry-run", "--json").stdout)["bytes"]
+    assert listed == freed == cache_mod._size(saved.parent)
+
+
+@pytest.mark.parametrize("name, error", [
+    ("../x", UnsafePathError), ("../models", UnsafePathError), ("calibrate-1/../../x", UnsafePathError),
+    (".", UnsafePathError), ("..", UnsafePathError), ("", UnsafePathError), ("d:x", UnsafePathError),
+    ("ABSOLUTE", UnsafePathError), ("nosuch", BundleNotFound)])
+def test_a_rescued_name_that_is_a_path_or_names_nothing_removes_nothing(bundles, filled, name,
+                                                                         error):
+    """A name must never reach outside rescued/: `../x` is refused though cache/x exists, and
+    so is the absolute path of a rescued dir itself (a name, not a path, is taken)."""
+    saved = rescue(bundles)
+    cache = Cache()
+    (cache.root / "x").mkdir()
+    (cache.root / "x" / "keep.txt").write_text("not a rescued bundle")
+    name = str(saved.parent) if name == "ABSOLUTE" else name
+    before = tree(cache.root)
+    with pytest.raises(error) as e:
+        resolve_rescued(cache, [name])
+    says = "not the name of a rescued bundle" if error is UnsafePathError else "is not a rescued bundle"
+    assert says in str(e.value) and "oscar-zoo cache ls" in str(e.value)
+    result = rm_rescued(name, "--yes")
+    assert result.exit_code == 1 and says in result.stderr, result.output
+    both = rm_rescued(saved.parent.name, name, "--yes")
+    assert both.exit_code == 1 and says in both.stderr
+    assert tree(cache.root) == before
+
+
+def test_a_rescued_entry_that_is_a_link_is_not_followed(bundles, filled, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "keep.txt").write_text("not the cache's")
+    cache = Cache()
+    cache.rescued.mkdir(parents=True)
+    (cache.rescued / "evil").symlink_to(outside, target_is_directory=True)
+    assert json.loads(cache_ls("--json").stdout)["rescued"] == []
+    result = rm_rescued("evil", "--yes")
+    assert result.exit_code == 1 and "is a link" in result.stderr
+    assert rm_rescued("--yes").exit_code == 0
+    assert (outside / "b" / "keep.txt").exists() and (cache.rescued / "evil").is_symlink()
+
+
+def test_an_empty_rescued_dir_adds_nothing_to_cache_ls(filled):
+    """No rescued/ at all, an empty one, and the empty dir a user leaves moving the bundle out
+    (`mv rescued/calibrate-.../b DIR`, as calibrate's message says): the same output."""
+    plain, plain_json = cache_ls(), json.loads(cache_ls("--json").stdout)
+    assert plain_json["rescued"] == []
+    (Cache().rescued / "calibrate-20250101-120000-moved000").mkdir(parents=True)
+    result = cache_ls()
+    assert (result.stdout, result.stderr) == (plain.stdout, plain.stderr) and result.stderr == ""
+    assert json.loads(cache_ls("--json").stdout) == plain_json
+
+
+def test_cache_rm_needs_names_or_rescued(filled):
+    result = CliRunner().invoke(cli, ["cache", "rm", "--yes"])
+    assert result.exit_code == 2 and "--rescued" in result.stderr

@@ -367,6 +367,9 @@ def test_a_calibration_meeting_a_full_out_is_saved_elsewhere_and_the_error_says_
         assert (f". The calibration is not lost: it was saved to {saved} instead; move it where "
                 f"it belongs (`mv {saved} DIR`)") in lines[0]
         assert f"it was not validated: run `oscar-zoo validate {saved}`" in lines[0]
+        # a user who moves it later finds it again, and can drop it, by the cache's commands
+        assert (f"Until then `oscar-zoo cache ls` lists it under RESCUED, and `oscar-zoo cache rm "
+                f"--rescued {saved.parent.name}` removes it") in lines[0]
         assert bundle_mod.read(saved).manifest.model.name == "qwen3-8b"     # whole and verified
     else:
         assert (f"; saving it elsewhere failed too ({rescued}: No space left on device; {temp}: "

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Callable, ContextManager, Iterator
 
 import click
 
@@ -177,6 +179,9 @@ def _write_calibration(bundle, out: Path, overwrite: bool, validating: bool):
         said += (f". The calibration is not lost: it was saved to {saved} instead; move it "
                  f"where it belongs (`mv {saved} DIR`), or free space on that disk and move it "
                  "to --out")
+        if _in_the_cache(saved):
+            said += (f". Until then `oscar-zoo cache ls` lists it under RESCUED, and `oscar-zoo "
+                     f"cache rm --rescued {saved.parent.name}` removes it")
         if validating:
             said += f"; it was not validated: run `oscar-zoo validate {saved}`"
     else:
@@ -190,46 +195,90 @@ def _rescue(bundle, out: Path) -> tuple[Path | None, list[str]]:
     """Write the bundle under the first of _rescue_roots that takes it: (its path, or None;
     why each root before it failed). A root on --out's own disk is tried too: a quota or a
     project quota may cover --out's directory only."""
+    failures = []
+    for root, prefix, guard in _rescue_roots():
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            # held from before its dir is made to the bundle's last file: `cache rm --rescued`
+            # never meets it half-written
+            with guard():
+                return _rescue_into(bundle, root, prefix, out.name or "bundle"), failures
+        except OSError as e:
+            failures.append(f"{root}: {e.strerror or e}")
+    return None, failures
+
+
+def _rescue_into(bundle, root: Path, prefix: str, name: str) -> Path:
+    """The bundle written at root/<prefix><UTC time>-<random>/<name>; OSError with nothing of
+    it left behind."""
     import shutil
     import tempfile
 
     from .. import bundle as bundle_mod
 
-    failures = []
-    for root, prefix in _rescue_roots():
-        made = None
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            # a new dir of our own (0700), never one another user of a shared temp dir made
-            made = Path(tempfile.mkdtemp(prefix=time.strftime(f"{prefix}%Y%m%d-%H%M%S-"),
-                                         dir=root))
-            saved = made / (out.name or "bundle")
-            bundle_mod.write(bundle, saved)
-            return saved, failures
-        except OSError as e:
-            if made is not None:
-                shutil.rmtree(made, ignore_errors=True)
-            failures.append(f"{root}: {e.strerror or e}")
-    return None, failures
+    # a new dir of our own (0700), never one another user of a shared temp dir made; its name
+    # in UTC, as `oscar-zoo cache ls` shows the time it was saved
+    made = Path(tempfile.mkdtemp(prefix=time.strftime(f"{prefix}%Y%m%d-%H%M%SZ-", time.gmtime()),
+                                 dir=root))
+    try:
+        saved = made / name
+        bundle_mod.write(bundle, saved)
+        return saved
+    except OSError:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
-def _rescue_roots() -> list[tuple[Path, str]]:
-    """Where a calibration goes when --out is full, and the prefix of its dir there: the
-    cache's rescued/ dir, which prune and cache rm leave alone (not its tmp/, which prune
-    empties of what is an hour old), then the system's temp dir (often RAM, emptied at
-    reboot: better than nothing)."""
+def _rescue_roots() -> list[tuple[Path, str, Callable[[], ContextManager]]]:
+    """Where a calibration goes when --out is full, the prefix of its dir there, and what to
+    hold while writing it: the cache's rescued/ dir, which prune and a `cache rm` of models
+    leave alone and `cache rm --rescued` removes (not its tmp/, which prune empties of what is
+    an hour old), then the system's temp dir (often RAM, emptied at reboot: better than
+    nothing)."""
     import tempfile
+    from contextlib import nullcontext
+    from functools import partial
 
     from ..cache import Cache
     from ..errors import ConfigError
 
     roots = []
     try:
-        roots.append((Cache().rescued, "calibrate-"))
+        cache = Cache()
+        roots.append((cache.rescued, "calibrate-", partial(_kept_from_cache_rm, cache)))
     except ConfigError:     # a bad OSCAR_ZOO_CACHE: the temp dir may still take it
         pass
-    roots.append((Path(tempfile.gettempdir()), "oscar-zoo-calibrate-"))
+    roots.append((Path(tempfile.gettempdir()), "oscar-zoo-calibrate-", nullcontext))
     return roots
+
+
+@contextmanager
+def _kept_from_cache_rm(cache) -> Iterator[None]:
+    """The cache's gc.lock held shared, as a pull holds it: `cache rm --rescued` holds it
+    exclusively, so it waits for the bundle to be whole rather than remove it half-written.
+    Not had within lock_timeout (a long prune or cache rm holds it): the bundle is written all
+    the same, as hours of calibration lost are worse than a rescue a `cache rm --rescued`
+    started meanwhile might meet half-written."""
+    from ..errors import LockTimeout
+
+    with ExitStack() as held:
+        try:
+            held.enter_context(cache.gc_guard())
+        except LockTimeout as e:
+            warn(f"could not lock the cache to save the calibration there ({e}); saving it "
+                 "anyway: run no `oscar-zoo cache rm --rescued` until this calibrate has ended")
+        yield
+
+
+def _in_the_cache(saved: Path) -> bool:
+    """Whether _rescue saved it under the cache's rescued/ dir (else the temp dir)."""
+    from ..cache import Cache
+    from ..errors import ConfigError
+
+    try:
+        return saved.parent.parent == Cache().rescued
+    except ConfigError:
+        return False
 
 
 def _check_writable(out: Path) -> None:

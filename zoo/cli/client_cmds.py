@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from pathlib import Path
 
 import click
@@ -398,22 +399,43 @@ def prune_command(dry_run, yes, as_json):
 
 @click.group("cache")
 def cache_group():
-    """Inspect the local cache (OSCAR_ZOO_CACHE), or remove models from it."""
+    """Inspect the local cache (OSCAR_ZOO_CACHE), or remove models (or the bundles calibrate
+    saved there) from it."""
 
 
 @cache_group.command("ls")
 @json_option
 def cache_ls(as_json):
-    """Every cached bundle and --layers part: model, refs, digest, layers, source, size."""
+    """Every cached bundle and --layers part: model, refs, digest, layers, source, size. Then
+    the bundles `oscar-zoo calibrate` saved in the cache when its --out was full, if any."""
     from ..cache import Cache, _size as dir_size
 
     cache = Cache()
     rows = [r for r in (_cache_row(cache, h) for h in cache.held()) if r is not None]
     rows.sort(key=lambda r: (r["model"], r["digest"], _first_layer(r["layers"])))
     exports = cache.root / "exports"
+    rescued = [_rescued_row(r) for r in cache.rescued_bundles()]
     data = {"root": str(cache.root), "bundles": rows,
-            "exports_bytes": dir_size(exports) if exports.exists() else 0}
+            "exports_bytes": dir_size(exports) if exports.exists() else 0, "rescued": rescued}
     emit(data, as_json, _cache_table)
+    if rescued and not as_json:
+        # only place a user who missed calibrate's one error line learns what these are
+        info(_rescued_hint(rescued))
+
+
+def _rescued_hint(rows: list[dict]) -> str:
+    """What to do with the RESCUED rows: move a saved bundle, remove any; and why a row with no
+    bundle has nothing to move."""
+    saved = [r for r in rows if r["state"] == "saved"]
+    hint = (f"{plural(len(rows), 'dir')} made by `oscar-zoo calibrate` when its --out was full: "
+            + ("move a saved BUNDLE where it belongs (`mv PATH DIR`), or " if saved else "")
+            + "remove them with `oscar-zoo cache rm --rescued [NAME]...`")
+    if any(r["state"] == "incomplete" for r in rows):
+        hint += ("; an (incomplete) one holds no whole bundle, nothing to move: a calibrate was "
+                 "killed while saving it, or is still saving it")
+    if any(r["state"] == "unreadable" for r in rows):
+        hint += "; an (unreadable) one is not yours to read (another user's calibrate?)"
+    return hint
 
 
 def _cache_row(cache, h) -> dict | None:
@@ -430,6 +452,15 @@ def _cache_row(cache, h) -> dict | None:
             "size": size, "path": str(h.path), "pulled_at": meta.get("pulled_at")}
 
 
+def _rescued_row(r) -> dict:
+    """One dir calibrate made under rescued/ (cache.Rescued, read as it was listed); path is
+    the bundle (what to move), or the dir where it holds none. size None: it cannot be read.
+    saved_at in UTC, as a bundle's pulled_at."""
+    return {"name": r.name, "bundle": r.bundle.name if r.bundle else None, "state": r.kind,
+            "path": str(r.bundle or r.path), "size": r.size,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.saved))}
+
+
 def _first_layer(spec: str | None) -> int:
     """Whole snapshot first, then its parts by their first layer (not 10-19 before 2-9)."""
     head = re.match(r"\d+", spec or "")   # 3-7, 3_5, 3-7_9: layer_spec's spellings
@@ -437,25 +468,47 @@ def _first_layer(spec: str | None) -> int:
 
 
 def _cache_table(d: dict) -> str:
-    lines = [f"cache {d['root']}"]
+    return "\n".join([f"cache {d['root']}"] + _bundle_lines(d) + _rescued_lines(d["rescued"]))
+
+
+def _bundle_lines(d: dict) -> list[str]:
     if not d["bundles"]:
-        return lines[0] + "\n(empty)"
-    lines.append(f"{'MODEL':<24} {'REFS':<26} {'DIGEST':<12} {'LAYERS':<9} {'VERSION':>7} {'SOURCE':<10} "
-                 f"{'SIZE':>9}")
+        return ["(empty)"]
+    lines = [f"{'MODEL':<24} {'REFS':<26} {'DIGEST':<12} {'LAYERS':<9} {'VERSION':>7} {'SOURCE':<10} "
+             f"{'SIZE':>9}"]
     for r in d["bundles"]:
         lines.append(f"{r['model']:<24} {','.join(r['refs']) or '-':<26} {r['digest'][:12]:<12} "
                      f"{r['layers'] or 'all':<9} {r['version'] or '-':>7} {r['source'] or '-':<10} "
                      f"{_size(r['size']):>9}")
     lines.append(f"exports: {_size(d['exports_bytes'])}")
-    return "\n".join(lines)
+    return lines
+
+
+def _rescued_lines(rows: list[dict]) -> list[str]:
+    """A section of its own: not cached bundles (no ref, no digest), but calibrations to move."""
+    if not rows:
+        return []
+    lines = ["", f"{'RESCUED':<36} {'BUNDLE':<24} {'SAVED (UTC)':<20} {'SIZE':>9} PATH"]
+    for r in rows:
+        bundle = r["bundle"] or f"({r['state']})"
+        lines.append(f"{r['name']:<36} {bundle:<24} {r['saved_at']:<20} "
+                     f"{_rescued_size(r['size']):>9} {r['path']}")
+    return lines
+
+
+def _rescued_size(n: int | None) -> str:
+    return "?" if n is None else _size(n)      # "-" would read as nothing in it
 
 
 @cache_group.command("rm")
-@click.argument("specs", nargs=-1, required=True, metavar="NAME[@REF]...")
+@click.argument("specs", nargs=-1, metavar="NAME[@REF]...")
+@click.option("--rescued", is_flag=True,
+              help="Remove bundles `oscar-zoo calibrate` saved in the cache when its --out was "
+                   "full: each NAME as `oscar-zoo cache ls` shows it under RESCUED, or all.")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
-def cache_rm(specs, dry_run, yes, as_json):
+def cache_rm(specs, rescued, dry_run, yes, as_json):
     """Remove models, or single versions of them, from the cache.
 
     NAME removes the model: its refs, snapshots, --layers parts and exports. NAME@REF (a
@@ -463,31 +516,101 @@ def cache_rm(specs, dry_run, yes, as_json):
     the refs pointing at it. Then the blobs no other bundle uses go; shared ones stay. Nothing
     is removed if any argument is not in the cache.
 
+    With --rescued, each NAME is a bundle calibrate saved under the cache's rescued/ dir (its
+    calibrate-<time>-<random> name in `oscar-zoo cache ls`). No NAME removes every saved one,
+    and a dir with no bundle (a calibrate killed) or an empty one once an hour old: sooner,
+    a calibrate may still be writing it.
+
     \b
     oscar-zoo cache rm glm-4.7-fp8                 # the whole model
     oscar-zoo cache rm glm-4.7-fp8@3 qwen3-8b@latest --dry-run
     oscar-zoo cache rm glm-4.7-fp8@1a2b3c4d5e6f --yes --json
+    oscar-zoo cache rm --rescued                   # the bundles calibrate rescued
     """
-    import sys
+    from functools import partial
 
     from ..cache import Cache
-    from ..cache_remove import remove, resolve_removal
+    from ..cache_remove import resolve_removal
 
     cache = Cache()
+    if rescued:
+        _rm_rescued(cache, specs, dry_run, yes, as_json)
+        return
+    if not specs:
+        raise click.UsageError("Missing argument 'NAME[@REF]...': name the models to remove, "
+                               "or give --rescued for the bundles calibrate saved in the cache")
     targets = resolve_removal(cache, specs)     # every argument checked before anything goes
-    plan = remove(cache, targets, dry_run=True)
+    _remove_confirmed(partial(_remove_models, cache, targets), _rm_what,
+                      partial(_rm_data, dry_run=dry_run), dry_run, yes, as_json,
+                      "`oscar-zoo prune` retries what no ref uses")
+
+
+def _rm_rescued(cache, names, dry_run: bool, yes: bool, as_json: bool) -> None:
+    """`cache rm --rescued [NAME]...`."""
+    from functools import partial
+
+    from ..cache_remove import resolve_rescued
+
+    found = resolve_rescued(cache, names)   # every name checked before anything goes
+    if not names:
+        _say_kept(cache, found)
+    _remove_confirmed(partial(_remove_rescued, cache, found), _rescued_what,
+                      partial(_rescued_rm_data, dry_run=dry_run), dry_run, yes, as_json,
+                      "fix its permissions and run `oscar-zoo cache rm --rescued` again, or "
+                      "remove it by hand")
+
+
+def _remove_models(cache, targets, confirmed=None, dry_run: bool = False):
+    """remove(): of no more than the paths of the plan the user `confirmed`, if given."""
+    from ..cache_remove import remove
+
+    only = None if confirmed is None else {p for p, _ in confirmed.paths}
+    return remove(cache, targets, dry_run=dry_run, only=only)
+
+
+def _remove_rescued(cache, found, confirmed=None, dry_run: bool = False):
+    """remove_rescued(): of the dirs the user `confirmed`, each as it was then (one a calibrate
+    finished, or a bundle moved in or out of, since stays), else of those `found`."""
+    from ..cache_remove import remove_rescued
+
+    return remove_rescued(cache, found if confirmed is None else confirmed.rescued, dry_run=dry_run)
+
+
+def _say_kept(cache, found) -> None:
+    """What `--rescued` with no NAME leaves, and why: else a user finds it in `cache ls` still,
+    after "nothing to remove"."""
+    going = {r.name for r in found}
+    kept = [r for r in cache.rescued_bundles() if r.name not in going]
+    if kept:
+        why = {"incomplete": "no whole bundle, written to in the last hour: a calibrate may "
+                             "still be saving it",
+               "unreadable": "not readable by you"}
+        info(f"keeping {plural(len(kept), 'rescued dir')}: "
+             + "; ".join(f"{r.name} ({why.get(r.kind, r.kind)})" for r in kept)
+             + ". Name one to remove it anyway: `oscar-zoo cache rm --rescued NAME`")
+
+
+def _remove_confirmed(run, what, data, dry_run: bool, yes: bool, as_json: bool,
+                      retry: str) -> None:
+    """cache rm's steps for models and rescued bundles alike: plan (removing nothing), ask
+    unless --yes, remove no more than the plan the user confirmed, report; exit 1 if a path
+    would not go. `run(confirmed=None, dry_run=)` plans, or removes what the `confirmed` plan
+    holds; `what(plan)` names what goes, `data(plan)` is the JSON, `retry` what to do about a
+    path that stayed."""
+    import sys
+
+    plan = run(dry_run=True)
     if not plan.paths and not plan.refs:
-        emit(_rm_data(plan, dry_run), as_json, lambda d: "nothing to remove")
+        emit(data(plan), as_json, lambda d: "nothing to remove")
         return
     if not dry_run and not yes:
         info(_rm_plan_text(plan))
-        click.confirm(f"remove {_rm_what(plan)}, freeing {_size(plan.bytes)}?", abort=True, err=True)
+        click.confirm(f"remove {what(plan)}, freeing {_size(plan.bytes)}?", abort=True, err=True)
     if not dry_run:
-        plan = remove(cache, targets, only={p for p, _ in plan.paths})
+        plan = run(confirmed=plan)
         for p in plan.failed:
-            warn(f"could not remove all of {p} (permissions?); `oscar-zoo prune` retries what no "
-                 "ref uses")
-    emit(_rm_data(plan, dry_run), as_json, lambda d: "\n".join(
+            warn(f"could not remove all of {p} (permissions?); {retry}")
+    emit(data(plan), as_json, lambda d: "\n".join(
         [_rm_plan_text(plan) if dry_run else "\n".join(d["removed"]),
          f"{'would free' if dry_run else 'freed'} {_size(d['bytes'])}"]))
     if plan.failed:
@@ -508,9 +631,42 @@ def _rm_what(plan) -> str:
             f"({plural(len(plan.paths), 'path')})")
 
 
-def _rm_plan_text(plan) -> str:
-    """The bundles that go (with their refs), refs to bundles not cached, then every path."""
+def _rescued_rm_data(plan, dry_run: bool) -> dict:
+    """_rm_data, and each rescued dir that goes as `cache ls --json` shows it."""
+    return {**_rm_data(plan, dry_run), "rescued": [_rescued_row(r) for r in plan.rescued]}
+
+
+def _rescued_what(plan) -> str:
+    """1 rescued bundle and 2 rescued dirs with no bundle (1 incomplete, 1 empty)."""
+    kinds = [r.kind for r in plan.rescued]
+    saved, rest = kinds.count("saved"), [k for k in kinds if k != "saved"]
+    said = [plural(saved, "rescued bundle")] if saved else []
+    if rest:
+        counts = ", ".join(f"{rest.count(k)} {k}" for k in dict.fromkeys(rest))
+        said.append(f"{plural(len(rest), 'rescued dir')} with no bundle ({counts})")
+    return " and ".join(said)
+
+
+_RESCUED_KIND = {"incomplete": "(incomplete: calibrate killed or still writing)",
+                 "empty": "(empty: its bundle was moved out)",
+                 "unreadable": "(unreadable: another user's?)"}
+
+
+def _rescued_plan_lines(plan) -> list[str]:
+    """Each rescued dir that goes: its name, its bundle or why it has none, when it was saved."""
     lines = []
+    for r in plan.rescued:
+        row = _rescued_row(r)
+        lines.append(f"  {r.name} {row['bundle'] or _RESCUED_KIND[r.kind]}, saved "
+                     f"{row['saved_at']} ({_rescued_size(r.size)}) {r.path}")
+    return lines
+
+
+def _rm_plan_text(plan) -> str:
+    """The bundles that go (with their refs), refs to bundles not cached, rescued dirs, then
+    every other path."""
+    lines = _rescued_plan_lines(plan)
+    listed = {r.path for r in plan.rescued}
     for b in plan.bundles:
         version = f"v{b['version']}" if b["version"] is not None else "-"
         lines.append(f"  {b['model']} {b['digest'][:12]} {version} "
@@ -519,7 +675,7 @@ def _rm_plan_text(plan) -> str:
     shown = {(b["model"], r) for b in plan.bundles for r in b["refs"]}
     lines += [f"  ref {m}/{r} (names {d[:12]}, not cached)" for m, r, d in plan.refs
               if (m, r) not in shown]
-    lines += [f"  {p} ({_size(n)})" for p, n in plan.paths]
+    lines += [f"  {p} ({_size(n)})" for p, n in plan.paths if p not in listed]
     return "\n".join(lines)
 
 

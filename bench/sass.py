@@ -3,7 +3,7 @@ the instruction mix of the two largest loops (a conditional block inside a loop 
 Needs the Triton the GPU image has (3.6) on the path:
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
-    PYTHONPATH=/tmp/t36 .venv/bin/python -P bench/sass.py [decode|quantize] [--dump DIR]
+    PYTHONPATH=/tmp/t36 .venv/bin/python -P bench/sass.py [decode|quantize] [--clip-count K] [--dump DIR]
 
 Counts are of the SASS text (cuobjdump from Triton's own CUDA tools): a leading view of what a
 change does to the loop before spending device time on it.
@@ -53,12 +53,12 @@ def stage1(pdl: bool = True):
     return _sig(decode._stage1, types, consts, div16=("SPLIT_LEN", "NSPL")), opts
 
 
-def quant():
+def quant(kmax: int = 6):
     i32, p = "i32", lambda t: f"*{t}"  # noqa: E731
-    types = dict(x_ptr=p("bf16"), r_ptr=p("bf16"), mr_ptr=p("fp32"), k_ptr=p("i32"), out_ptr=p("u8"),
+    types = dict(x_ptr=p("bf16"), r_ptr=p("bf16"), mr_ptr=p("fp32"), k_ptr=p("i32"), e_ptr=p("fp32"), out_ptr=p("u8"),
                  sz_ptr=p("fp16"), T=i32, stride_xt=i32, stride_xh=i32, H=i32, NTB=i32)
-    consts = dict(D=128, NG=1, BLOCK_T=quantize.BLOCK_T, KMAX=6, HAS_R=True, R_PER_HEAD=True, HAS_MEAN=True,
-                  SZ_KIND=1, DOT_PREC="tf32", INTERP=False, BRACKET=False, NBIS=quantize.NBIS)
+    consts = dict(D=128, NG=1, BLOCK_T=quantize.BLOCK_T, KMAX=kmax, HAS_R=True, R_PER_HEAD=True, HAS_MEAN=True,
+                  SZ_KIND=1, DOT_PREC="tf32", INTERP=False, EST=kmax > quantize.KFAST, NCAP=quantize.NCAP)
     names = quantize._quantize_kernel._compiled.arg_names
     types = {k: v for k, v in types.items() if k in names}
     consts = {k: v for k, v in consts.items() if k in names}
@@ -123,11 +123,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("which", nargs="*", default=["decode", "quantize"])
     ap.add_argument("--dump", help="write ttgir, ptx and sass here")
+    ap.add_argument("--clip-count", type=int, default=6,
+                    help="quantize's largest k (above quantize.KFAST: the estimate's build)")
     args = ap.parse_args()
     if "decode" in args.which:
         report("stage1", *stage1(), args.dump)
     if "quantize" in args.which:
-        report("quantize", *quant(), args.dump)
+        report("quantize", *quant(args.clip_count), args.dump)
     return 0
 
 

@@ -97,8 +97,8 @@ def test_clip_threshold_is_the_sort_quantile_with_ties(device):
 
 
 def test_clip_threshold_on_outlier_rows(device):
-    # rows whose k-th largest |x| sits far below their maximum (the bisection's bracket starts
-    # at max / 256, so these rows take the slower path), beside ordinary rows, low and high ratios
+    # rows whose k-th largest |x| sits far below their maximum (the passes from the max need
+    # retries, the estimate from the mean |x| overshoots), beside ordinary rows, low and high ratios
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(150, 3, 128, generator=gen)
     x[::7, :, :3] *= 1e5                                             # 3 huge values per row
@@ -109,18 +109,38 @@ def test_clip_threshold_on_outlier_rows(device):
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
 
 
-@pytest.mark.parametrize("kfast", [0, 128])
-def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast):
-    # the fast path's passes (k <= KFAST) and the bisected bracket are both exact for every k:
-    # KFAST, a speed tuning, must not be able to change a result
+@pytest.mark.parametrize("kfast,ncap", [(0, 16), (0, 1), (128, 16)])
+def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast, ncap):
+    # the passes from the max (k <= KFAST) and from an estimate are both exact for every k, and
+    # so is the fallback behind a guess that lands more than NCAP passes off (NCAP 1: most rows):
+    # KFAST and NCAP, speed tunings, must not be able to change a result
     monkeypatch.setattr(quantize_mod, "KFAST", kfast)
+    monkeypatch.setattr(quantize_mod, "NCAP", ncap)
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(150, 3, 128, generator=gen)
     x[::9, :, :2] *= 50.0                                            # rows with outliers
-    for clip in ([0.99, 0.92, 0.85], [0.79, 0.6, 0.3]):             # k = 2, 11, 20; 27, 52, 90
+    x[1::9] = torch.distributions.Laplace(0.0, 1.0).sample((3, 128))   # heavier tails than the guess
+    for clip in ([0.99, 0.92, 0.85], [0.79, 0.6, 0.3], 0.01):      # k = 2, 11, 20; 27, 52, 90; 127
         packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None, torch.float16))
         rp, rsz = ref.ref_quantize_kv(x, None, clip, None, torch.float16)
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+
+
+@pytest.mark.parametrize("clip", [0.92, 0.85, 0.6, 0.3])
+def test_the_estimate_lands_near_the_threshold_on_gaussian_rows(clip):
+    """Speed, not results, rides on the guess: the Newton step from the mean |x| must bring the
+    count of |x| >= t1 to within a few of k, or every block would run to NCAP and fall back."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(4096, 128, generator=gen, dtype=torch.float64) * 3.0   # [rows, d]
+    k = quantize_mod.clip_counts(clip, 1, 128)
+    e1, e2 = quantize_mod._estimate_coefficients(k, 128)[0].double()
+    a, s = x.abs(), x.abs().sum(1)
+    c0 = (a >= (s * e1)[:, None]).sum(1)
+    c1 = (a >= (s * (e1 + (c0 - k) * e2))[:, None]).sum(1)
+    off0, off1 = (c0 - k).abs().double(), (c1 - k).abs().double()
+    assert off0.median() <= 0.5 * float(k) ** 0.5 + 2     # t0: the count's own spread, no bias
+    assert off1.mean() < 0.6 * off0.mean()                # the Newton step helps
+    assert (off1 <= quantize_mod.NCAP).float().mean() > 0.999
 
 
 RARE_ROWS = {   # rows the one-group-per-row fast path must hand to its exact fallback

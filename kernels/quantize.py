@@ -208,7 +208,8 @@ def _quantize_kernel(
         # values instead of one float min or max per value. Among non-negative floats the bits
         # order like signed ints, among negative ones like unsigned ints, so the signed max is
         # max(v) when the row holds a value >= +0 and the unsigned max is min(v) when it holds
-        # one with the sign bit set; other rows are marked and redone below.
+        # one with the sign bit set; other rows (of one sign) get theirs below. max |v| is exact
+        # either way: a row of one sign has its largest magnitude at both maxima.
         if QPG == 4:
             b0 = v0.to(tl.int32, bitcast=True)
             b1 = v1.to(tl.int32, bitcast=True)
@@ -219,7 +220,8 @@ def _quantize_kernel(
                                      tl.maximum(b2.to(tl.uint32, bitcast=True), b3.to(tl.uint32, bitcast=True))), axis=1)
             vmax = smax.to(tl.float32, bitcast=True)                                # [BT]
             vmin = umax.to(tl.float32, bitcast=True)
-            good = (smax >= 0) & (umax >= 0x80000000)
+            signs = (smax >= 0) & (umax >= 0x80000000)
+            good = rows >= 0
             top = tl.maximum(vmax, -vmin)                                           # max |v|
         else:
             gmx0 = tl.max(tl.reshape(v0, [BLOCK_T, NSUB, SUB]), axis=2)             # [BT, NSUB]
@@ -264,54 +266,60 @@ def _quantize_kernel(
         thr = tl.where(kk > 0, thr, float("inf"))
         # ties among the top k (or fewer than k distinct values) leave more than k values >= thr
         cnt = _count_abs_ge(v0, v1, v2, v3, thr, BLOCK_T, Q, INTERP)
-        good = good & ((kk == 0) | (cnt == kk))
-        if tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
-            # a rare row in the block (ties, a row of one sign, a wide spread among the top k)
+        walked = good           # the row's walk ended on an exact value of the row
+        good = walked & ((kk == 0) | (cnt == kk))
+        rare = good & signs if QPG == 4 else good       # one block-wide test on the common path
+        if tl.max(tl.where(rmask & (rare == 0), 1, 0), axis=0) > 0:
             if QPG == 4:    # a row of one sign: the bit-pattern max and min were not its own
                 vmax = tl.max(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), axis=1)
                 vmin = tl.min(tl.minimum(tl.minimum(v0, v1), tl.minimum(v2, v3)), axis=1)
-                top = tl.maximum(vmax, -vmin)
-            redo = True
+            # a rare row in the block (ties, a wide spread among the top k, a guess far off)
+            redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
             if not EST:
-                # most often a wide spread among the top k (heavy tails, outlier channels), which
-                # the estimate's walk through the middle of the row does not meet
-                thr, good = _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, rmask, rmask,
-                                                  BLOCK_T, Q, NCAP, INTERP)
-                thr = tl.where(kk > 0, thr, float("inf"))
-                cnt = _count_abs_ge(v0, v1, v2, v3, thr, BLOCK_T, Q, INTERP)
-                good = good & ((kk == 0) | (cnt == kk))
-                redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
-            if redo:
-                # The passes again, from the true max, with retries. A pass whose subtraction may
-                # have rounded (the next value below `up` is under up / 2: rows with outliers)
-                # still gives m within an ulp of `up` of that value, so up' = m + up * 2^-22 lies
-                # strictly between the two and the next pass finds the value again, exactly once
-                # it is >= up' / 2. Rows left with fewer than k distinct values (ties) go on below.
-                thr = top
-                up = top
-                found = tl.zeros([BLOCK_T], tl.int32)
-                alive = rmask
-                n = kk - kk     # the pass count, an int32 scalar like kk (a Python 0 cannot be loop-carried)
-                while (tl.max(tl.where(alive & (found < kk - 1), 1, 0), axis=0) > 0) & (n < kk + 64):
-                    d = tl.min(tl.minimum(tl.minimum((tl.abs(v0) - up[:, None]).to(tl.int32, bitcast=True),
-                                                     (tl.abs(v1) - up[:, None]).to(tl.int32, bitcast=True)),
-                                          tl.minimum((tl.abs(v2) - up[:, None]).to(tl.int32, bitcast=True),
-                                                     (tl.abs(v3) - up[:, None]).to(tl.int32, bitcast=True))),
-                               axis=1).to(tl.float32, bitcast=True)
-                    m = up + d
-                    act = alive & (found < kk - 1)
-                    below = m < up
-                    adv = act & below & (d > -0.5 * up)
-                    thr = tl.where(adv, m, thr)
-                    found = found + adv.to(tl.int32)
-                    up = tl.where(adv, m, tl.where(act & below, tl.fma(up, 2.0 ** -22, m), up))
-                    alive = alive & (below | (act == 0))
-                    n += 1
-                thr = tl.where(kk > 0, thr, float("inf"))
-                cnt = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), thr)
-                good = alive & (found >= kk - 1) & ((kk == 0) | (cnt == kk))
-                redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
                 if redo:
+                    # most often a wide spread among the top k (heavy tails, outlier channels),
+                    # which the estimate's walk through the middle of the row does not meet
+                    thr, walked = _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, rmask, rmask,
+                                                        BLOCK_T, Q, NCAP, INTERP)
+                    thr = tl.where(kk > 0, thr, float("inf"))
+                    cnt = _count_abs_ge(v0, v1, v2, v3, thr, BLOCK_T, Q, INTERP)
+                    good = walked & ((kk == 0) | (cnt == kk))
+                    redo = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
+            if redo:
+                # a walk that ended on an exact value with other than k values at or above it met
+                # a tie, as passes from the max would: only the float path counts multiplicities
+                to_float = tl.max(tl.where(rmask & (walked == 0), 1, 0), axis=0) == 0
+                if to_float == 0:
+                    # The passes again, from the true max, with retries. A pass whose subtraction may
+                    # have rounded (the next value below `up` is under up / 2: rows with outliers)
+                    # still gives m within an ulp of `up` of that value, so up' = m + up * 2^-22 lies
+                    # strictly between the two and the next pass finds the value again, exactly once
+                    # it is >= up' / 2. Rows left with fewer than k distinct values (ties) go on below.
+                    thr = top
+                    up = top
+                    found = tl.zeros([BLOCK_T], tl.int32)
+                    alive = rmask
+                    n = kk - kk     # the pass count, an int32 scalar like kk (a Python 0 cannot be loop-carried)
+                    while (tl.max(tl.where(alive & (found < kk - 1), 1, 0), axis=0) > 0) & (n < kk + 64):
+                        d = tl.min(tl.minimum(tl.minimum((tl.abs(v0) - up[:, None]).to(tl.int32, bitcast=True),
+                                                         (tl.abs(v1) - up[:, None]).to(tl.int32, bitcast=True)),
+                                              tl.minimum((tl.abs(v2) - up[:, None]).to(tl.int32, bitcast=True),
+                                                         (tl.abs(v3) - up[:, None]).to(tl.int32, bitcast=True))),
+                                   axis=1).to(tl.float32, bitcast=True)
+                        m = up + d
+                        act = alive & (found < kk - 1)
+                        below = m < up
+                        adv = act & below & (d > -0.5 * up)
+                        thr = tl.where(adv, m, thr)
+                        found = found + adv.to(tl.int32)
+                        up = tl.where(adv, m, tl.where(act & below, tl.fma(up, 2.0 ** -22, m), up))
+                        alive = alive & (below | (act == 0))
+                        n += 1
+                    thr = tl.where(kk > 0, thr, float("inf"))
+                    cnt = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), thr)
+                    good = alive & (found >= kk - 1) & ((kk == 0) | (cnt == kk))
+                    to_float = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
+                if to_float:
                     # the float path, exact for every row: the threshold is the first distinct value,
                     # from the top, with at least k values at or above it
                     upper = tl.full([BLOCK_T], float("inf"), tl.float32)
@@ -487,18 +495,19 @@ def _estimate_coefficients(kk: torch.Tensor, d: int) -> torch.Tensor:
     return torch.where((kk > 0)[:, None], e, 0.0).float().contiguous()
 
 
-_ON_DEVICE: dict = {}
+_TABLES: dict = {}
 
 
-def _on_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A small per-head table on `dev`, uploaded once per distinct value (no host-to-device copy
-    per call, so quantize_kv can be captured in a CUDA graph)."""
-    key = (str(dev), t.dtype, tuple(t.shape), tuple(t.flatten().tolist()))
-    if key not in _ON_DEVICE:
-        if len(_ON_DEVICE) > 256:
-            _ON_DEVICE.clear()
-        _ON_DEVICE[key] = t.to(dev)
-    return _ON_DEVICE[key]
+def _tables(kk: torch.Tensor, d: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clip counts int32 [H], estimate coefficients f32 [H, 2]) on `dev`, made and uploaded once
+    per distinct counts (no host-to-device copy per call, so quantize_kv can be captured in a
+    CUDA graph; and no ndtri per call either)."""
+    key = (str(dev), d, tuple(kk.tolist()))
+    if key not in _TABLES:
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        _TABLES[key] = (kk.to(dev), _estimate_coefficients(kk, d).to(dev))
+    return _TABLES[key]
 
 
 # Tuning (CUDA): rows per program step, warps, register cap (None: the compiler's choice), and
@@ -554,9 +563,7 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
     if t == 0:
         return packed, sz
     kk = clip_counts(clip, h, d)
-    kk_dev = _on_device(kk, dev)
-    est = int(kk.max()) > KFAST
-    e_dev = _on_device(_estimate_coefficients(kk, d), dev)
+    kk_dev, e_dev = _tables(kk, d, dev)
     # 16-bit x: R rounded to x's dtype for the tensor cores (as serving rotates), fp32 x: fp32 R
     r = rotation.to(device=dev, dtype=x.dtype).contiguous() if rotation is not None else None
     mr = None
@@ -565,6 +572,7 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         mr = (m64 if r64 is None else (m64 @ r64 if r64.dim() == 2
                                        else torch.einsum("hd,hde->he", m64, r64))).float().contiguous()
     kmax = int(kk.max())
+    est = kmax > KFAST
     bt = _block_t(dev, t)
     ntb = triton.cdiv(t, bt)
     grid = (_programs(dev, ntb, h), h)

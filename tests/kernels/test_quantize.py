@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton.language as tl
 
 from oscar_zoo.kernels import dequantize_kv, fake_quantize_kv, quantize_kv
 from oscar_zoo.kernels import quantize as quantize_mod
 from oscar_zoo.kernels import reference as ref
+from oscar_zoo.kernels._launch import kernel
 from oscar_zoo.zoo.errors import InvalidInput
 
 from .conftest import random_orthogonal, run_poisoned, signed_permutation
@@ -119,11 +121,51 @@ def test_both_threshold_paths_exact_at_any_clip(device, monkeypatch, kfast, ncap
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(150, 3, 128, generator=gen)
     x[::9, :, :2] *= 50.0                                            # rows with outliers
-    x[1::9] = torch.distributions.Laplace(0.0, 1.0).sample((3, 128))   # heavier tails than the guess
+    x[1::9] = _laplace((17, 3, 128), gen)                           # heavier tails than the guess
     for clip in ([0.99, 0.92, 0.85], [0.79, 0.6, 0.3], 0.01):      # k = 2, 11, 20; 27, 52, 90; 127
         packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None, torch.float16))
         rp, rsz = ref.ref_quantize_kv(x, None, clip, None, torch.float16)
         assert torch.equal(packed.cpu(), rp) and torch.equal(sz.cpu(), rsz)
+
+
+def _laplace(shape, gen):
+    u = torch.rand(shape, generator=gen) - 0.5
+    return -torch.sign(u) * torch.log1p(-2 * u.abs())
+
+
+def _walk(x_ptr, e_ptr, k, thr_ptr, good_ptr, BT: tl.constexpr, Q: tl.constexpr, NCAP: tl.constexpr,
+                 INTERP: tl.constexpr):
+    # x: [BT, 4Q] f32 rows; the estimate's walk alone, as the kernel calls it
+    rows = tl.arange(0, BT)
+    at = x_ptr + rows[:, None] * (4 * Q) + tl.arange(0, Q)[None, :]
+    v0, v1, v2, v3 = tl.load(at), tl.load(at + Q), tl.load(at + 2 * Q), tl.load(at + 3 * Q)
+    top = tl.max(tl.maximum(tl.maximum(tl.abs(v0), tl.abs(v1)), tl.maximum(tl.abs(v2), tl.abs(v3))), axis=1)
+    every = rows >= 0
+    thr, good = quantize_mod._passes_from_estimate(v0, v1, v2, v3, k, tl.load(e_ptr), tl.load(e_ptr + 1), top,
+                                                   every, every, BT, Q, NCAP, INTERP)
+    tl.store(thr_ptr + rows, thr)
+    tl.store(good_ptr + rows, good.to(tl.int32))
+
+
+walk = kernel(_walk)
+
+
+@pytest.mark.parametrize("clip", [0.92, 0.7, 0.3])
+def test_the_estimates_walk_vouches_for_most_rows_and_only_exact_ones(device, clip):
+    """Results never ride on the guess (the fallback is exact), so only this sees a guess gone
+    wrong: the walk must end on the exact k-th largest |x| where it vouches, and vouch for
+    nearly every gaussian or heavy-tailed row."""
+    gen = torch.Generator().manual_seed(14)
+    x = torch.cat([torch.randn(64, 128, generator=gen), _laplace((64, 128), gen)]) * 3   # [rows, d]
+    k = quantize_mod.clip_counts(clip, 1, 128)
+    e = quantize_mod._estimate_coefficients(k, 128)[0]
+    thr, good = torch.empty(128, device=device), torch.empty(128, dtype=torch.int32, device=device)
+    walk.on(device)[(1,)](x.to(device), e.to(device), int(k), thr, good, BT=128, Q=32, NCAP=quantize_mod.NCAP,
+                       INTERP=device.type == "cpu")
+    want = x.abs().sort(-1, descending=True).values[:, int(k) - 1]
+    good = good.cpu().bool()
+    assert good.float().mean() > 0.95
+    assert torch.equal(thr.cpu()[good], want[good])
 
 
 @pytest.mark.parametrize("clip", [0.92, 0.85, 0.6, 0.3])

@@ -28,6 +28,7 @@ from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
 from . import capture, fit, jobspec
+from .cache_bits import cache_bits, layer_windows
 from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
 from .loading import model_geometry
@@ -296,6 +297,10 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
     cfg.check(sink, recent)
     check_geometry(bundle, model)
+    # what each layer's cache holds, read from the config now: one it cannot read fails before
+    # hours of evaluation, not after
+    bits = _bits_at_context(m.quantization, cfg.context_len, model_geometry(model),
+                       layer_windows(model.config))
     src, windows = held_out or eval_windows(
         tokenizer, text or load_text(cfg.data, "heldout", cfg.text_field), cfg.context_len,
         cfg.windows)
@@ -328,10 +333,30 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
             nll[name][s] += float(-lp.gather(1, targets[:, None]).sum())
             kl[name][s] += float((ref.exp() * (ref - lp)).sum())
             progress(phase="validating", done=w * (1 + len(specs)) + 2 + i, total=steps, variant=name)
-    return _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer)
+    return _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer,
+                   bits)
 
 
-def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer) -> Validation:
+def _int2_tier_bits(q) -> float:
+    """Bits per element of the INT2 tier: 2-bit codes plus a scale and a zero per group."""
+    return 2 + 2 * SCALE_BITS[q.scale_dtype] / q.group_size
+
+
+def _bits_at_context(q, context_len: int, geometry, spans) -> tuple[float, dict[str, int]]:
+    """(bits_at_context, window_by_layer) of a cache quantized as `q` (a manifest's
+    Quantization) at context_len. spans: layer_windows(model.config), the tokens each layer
+    (global id) keeps; only geometry.layers() count, those with a KV cache (a hybrid's
+    linear-attention layers have none)."""
+    layers = geometry.layers()
+    kept = [spans[i] for i in layers]
+    widths = [geometry.kv_heads_of(i) * geometry.head_dim_of(i) for i in layers]
+    return (cache_bits(_int2_tier_bits(q), q.sink_tokens + q.recent_tokens, context_len, kept, widths),
+            {str(i): w for i, w in zip(layers, kept, strict=True) if w is not None})
+
+
+def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer,
+            bits) -> Validation:
+    """bits: _bits_at_context(...), that is (bits_at_context, window_by_layer)."""
     m = bundle.manifest
     # One window fills set A only: an empty set B is left out, not reported as a loss of 0.
     per_set = lambda xs: [x / t for x, t in zip(xs, tokens) if t]  # noqa: E731
@@ -345,15 +370,14 @@ def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, rec
             attn_rel_error=sum(layers) / len(layers), per_layer_attn_rel_error=layers,
             delta_nll_by_set=[a - b for a, b in zip(per_set(nll[name]), bf16_sets)]))
     ok, criterion = _verdict({r.name: r for r in results}, cfg)
-    bq = 2 + 2 * SCALE_BITS[m.quantization.scale_dtype] / m.quantization.group_size
-    w = min(sink + recent, cfg.context_len)
+    bits_at_context, window_by_layer = bits
     return Validation(
         passed=ok, criterion=criterion,
         tolerance=cfg.tolerance, dataset=src.name, context_len=cfg.context_len,
         eval_windows=len(windows), eval_tokens=sum(tokens), sink_tokens=sink, recent_tokens=recent,
         group_size=m.quantization.group_size, scale_dtype=m.quantization.scale_dtype,
-        bf16_nll=total(nll["bf16"]), bits_int2_tier=bq,
-        bits_at_context=bq * (1 - w / cfg.context_len) + 16 * w / cfg.context_len,
+        bf16_nll=total(nll["bf16"]), bits_int2_tier=_int2_tier_bits(m.quantization),
+        bits_at_context=bits_at_context, window_by_layer=window_by_layer,
         variants=results, created_at=utc_now(), code_version=__version__, hardware=hardware(),
         int2_backend=getattr(quantizer, "backend", None),
         quantizer=getattr(quantizer, "kind", "uniform"))

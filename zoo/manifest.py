@@ -12,7 +12,8 @@ import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer)
 
 from .errors import BundleFormatError
 from .geometry import ModelGeometry
@@ -47,6 +48,17 @@ def check_finite(value: Any, where: str = "value") -> Any:
     return value
 
 
+def layer_keys(by_layer: dict[str, Any]) -> dict[str, Any]:
+    """`by_layer` unchanged; ValueError unless its keys are global layer ids (JSON keys are
+    strings; ModelGeometry turns them into ints)."""
+    bad = [k for k in by_layer if not k.isascii() or not k.isdigit()]
+    if bad:
+        raise ValueError(f"keys must be layer ids (0, 1, ...), not {bad[:3]}")
+    if any(len(k) > len(str(MAX_LAYERS)) for k in by_layer):
+        raise ValueError(f"layer ids must be below {MAX_LAYERS}")
+    return by_layer
+
+
 class Strict(BaseModel):
     # allow_inf_nan: float fields refuse NaN and Infinity (see check_finite for free-form ones)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -73,15 +85,9 @@ class Geometry(Strict):
     @field_validator("head_dim_by_layer", "kv_heads_by_layer")
     @classmethod
     def _by_layer(cls, by_layer: dict[str, int]) -> dict[str, int]:
-        # keys are global layer ids (JSON keys are strings); ModelGeometry turns them into ints
-        bad = [k for k in by_layer if not k.isascii() or not k.isdigit()]
-        if bad:
-            raise ValueError(f"keys must be layer ids (0, 1, ...), not {bad[:3]}")
         if any(not 0 < v <= max(MAX_HEADS, MAX_HEAD_DIM) for v in by_layer.values()):
             raise ValueError(f"values must be positive and at most {max(MAX_HEADS, MAX_HEAD_DIM)}")
-        if any(len(k) > len(str(MAX_LAYERS)) for k in by_layer):
-            raise ValueError(f"layer ids must be below {MAX_LAYERS}")
-        return by_layer
+        return layer_keys(by_layer)
 
     def to_geometry(self) -> ModelGeometry:
         return ModelGeometry.from_dict(self.model_dump())
@@ -182,12 +188,38 @@ class Validation(Strict):
     bf16_nll: float
     bits_int2_tier: float                 # 2 + 2*scale_bits/group_size
     bits_at_context: float                # with the BF16 sink/recent windows at context_len
+    # tokens each sliding-window (or chunked) attention layer keeps, by global layer id; the
+    # others hold all context_len. Past its window a layer holds fewer INT2 tokens beside the
+    # same BF16 ones, which raises bits_at_context. Empty: every layer full (and in reports
+    # from before the field)
+    window_by_layer: dict[str, int] = {}
     variants: list[VariantResult]
     created_at: str
     code_version: str
     hardware: str | None = None
     int2_backend: str | None = None       # triton kernels, or their bit-exact vectorized twin
     quantizer: Literal["uniform", "lloyd_max"] = "uniform"   # the INT2 buckets simulated
+
+    @field_validator("window_by_layer")
+    @classmethod
+    def _windows(cls, by_layer: dict[str, int]) -> dict[str, int]:
+        if any(v <= 0 for v in by_layer.values()):
+            raise ValueError("windows must be positive token counts")
+        return layer_keys(by_layer)
+
+    # written only where a layer has a window: every other manifest keeps the bytes it had
+    # before the field, and the canonical bytes are the bundle's digest (a re-published bundle
+    # is matched to its version by it). A model serializer, as a field serializer can change a
+    # value but not drop its key, and Field(exclude_if=...) needs a newer pydantic than the 2.6
+    # this project allows. No return annotation on purpose: pydantic (2.6 to 2.14 at least)
+    # takes an annotated one as the serialization JSON schema, and dict[str, Any] would hide
+    # every field from model_json_schema(mode="serialization")
+    @model_serializer(mode="wrap")
+    def _without_empty_windows(self, handler):
+        out = handler(self)
+        if not out.get("window_by_layer"):
+            out.pop("window_by_layer", None)
+        return out
 
 
 class FileEntry(Strict):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException
 
 from ...zoo import __version__
-from ...zoo.cli.output import plural
+from ...zoo.cli.output import plural, window_note
 from ...zoo.errors import NotFound, OscarZooError
 
 HERE = Path(__file__).parent
@@ -53,7 +53,7 @@ def ticked(text: str | None) -> Markup:
 
 
 templates.env.filters.update(size=human_size, when=short_time, ticked=ticked, plural=plural)
-templates.env.globals.update(app_version=__version__)
+templates.env.globals.update(app_version=__version__, window_note=window_note)
 
 
 def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:

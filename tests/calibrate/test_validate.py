@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -190,18 +191,24 @@ def _lossless(x, rotation, clip, group_size, mean):
     return xr if mean is None else xr - torch.einsum("hd,hde->he", mean.float(), r)
 
 
-def _tiny_run(sink=4, recent=8, group=64, scale_dtype="float32", quantizer=_lossless):
-    """validate() on a random bfloat16 2-layer Llama of the test model's head geometry (9 query
-    heads, 3 KV heads, d 64; no GGUF needed), two windows of 64 random tokens."""
+def _tiny_llama():
+    """A random bfloat16 2-layer Llama of the test model's head geometry (9 query heads, 3 KV
+    heads, d 64; no GGUF needed)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from oscar_zoo.calibrate.data import TextSource
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=512, hidden_size=288, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                          max_position_embeddings=256, initializer_range=0.1)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _tiny_run(sink=4, recent=8, group=64, scale_dtype="float32", quantizer=_lossless, model=None):
+    """validate() on `model` (default _tiny_llama(): 2 layers of 3 KV heads of d 64, as the
+    bundle), two windows of 64 random tokens."""
+    from oscar_zoo.calibrate.data import TextSource
+
+    model = model or _tiny_llama()
     capture.install(model)
     b = _bundle(2, sink=sink, recent=recent, group=group, per_head=True, centered=True)
     b.manifest = b.manifest.model_copy(update={
@@ -264,6 +271,208 @@ def test_bits_per_element_are_the_bytes_the_cache_holds(group, scale_dtype):
     assert report.bits_int2_tier == pytest.approx(8 * int2 / (2 * (t - 12) * h * d))
     assert report.bits_at_context == pytest.approx(8 * (int2 + nbytes(cache.hp_k, cache.hp_v)) / (2 * t * h * d))
     assert report.bits_int2_tier == 2 + 2 * (32 if scale_dtype == "float32" else 16) / group
+
+
+# --- bits per element with sliding-window layers ----------------------------------------------
+
+def _bits_by_hand(bq: float, bf16_tokens: int, context_len: int, windows, widths) -> float:
+    """Every row each layer holds, counted one by one in float64: a layer keeps the last
+    min(W, L) of the L positions (all L for None), the first bf16_tokens of them in BF16
+    (sink and recent slots), the rest at bq bits; K and V alike, `width` elements a row."""
+    bits = elements = np.float64(0)
+    for window, width in zip(windows, widths):
+        kept = np.arange(context_len)[-(window or context_len):]
+        per_row = np.where(np.arange(len(kept)) < bf16_tokens, 16.0, bq)      # [rows]
+        bits += 2 * width * per_row.sum()
+        elements += 2 * width * len(kept)
+    return float(bits / elements)
+
+
+def _single_span(bq: float, bf16_tokens: int, context_len: int) -> float:
+    """The report's formula before sliding windows: every layer holds the whole context."""
+    w = min(bf16_tokens, context_len)
+    return bq * (1 - w / context_len) + 16 * w / context_len
+
+
+@pytest.mark.parametrize("bq, context_len, windows, widths, above", [
+    (2.5, 96, [None, 128, None, 128], [192] * 4, False),      # L below W: as if all full
+    (2.5, 512, [None, 128, None, 128], [192] * 4, True),      # L above W
+    (3.0, 96, [16, None, 16], [192] * 3, True),               # W below sink + recent (24)
+    (2.25, 1000, [64, 64, 64, 64, 64, None], [512] * 5 + [1024], True),   # Gemma 4: wider full layers
+])
+def test_cache_bits_count_every_layers_rows(bq, context_len, windows, widths, above):
+    """bits_at_context assumed every layer holds the whole context: a sliding-window layer past
+    its window holds W tokens beside as many BF16 ones, a higher share of 16-bit rows."""
+    from oscar_zoo.calibrate.cache_bits import cache_bits
+
+    got = cache_bits(bq, 24, context_len, windows, widths)
+    assert got == pytest.approx(_bits_by_hand(bq, 24, context_len, windows, widths), rel=1e-12)
+    if above:
+        assert got > _single_span(bq, 24, context_len) + 0.1
+    else:
+        assert got == pytest.approx(_single_span(bq, 24, context_len), rel=1e-12)
+
+
+def test_cache_bits_of_one_full_and_one_windowed_layer_by_hand():
+    from oscar_zoo.calibrate.cache_bits import cache_bits
+
+    # full: 24 x 16 + 488 x 2.5 bits over 512 rows; windowed: 24 x 16 + 104 x 2.5 over 128
+    assert cache_bits(2.5, 24, 512, [None, 128], [1, 1]) == pytest.approx((1604 + 644) / 640)
+
+
+@pytest.mark.parametrize("bq, bf16_tokens, context_len", [
+    (4.0, 24, 96), (2.5, 320, 2048), (2.0 + 2 * 16 / 96, 320, 4097), (2.25, 7, 3),
+    (3.0, 5000, 2048)])                                        # sink + recent beyond the context
+@pytest.mark.parametrize("windows", [[None] * 30, [None, 1 << 20, None]])   # windows past L: full
+def test_a_cache_without_windows_keeps_the_single_span_number_to_the_bit(bq, bf16_tokens,
+                                                                       context_len, windows):
+    """Models without sliding windows (every catalog model but Gemma 4) keep the number their
+    published reports carry, to the last bit."""
+    from oscar_zoo.calibrate.cache_bits import cache_bits
+
+    widths = [3 * 64] * len(windows)
+    assert cache_bits(bq, bf16_tokens, context_len, windows, widths) == _single_span(bq, bf16_tokens,
+                                                                                   context_len)
+
+
+def _config(name, **kw):
+    import transformers
+
+    return getattr(transformers, name)(**kw)
+
+
+@pytest.mark.parametrize("make, windows", [
+    (lambda: _config("Gemma3TextConfig", num_hidden_layers=8, sliding_window=512),
+     [512] * 5 + [None] + [512] * 2),                           # 5 sliding : 1 full
+    (lambda: _config("Gemma3Config", text_config={"num_hidden_layers": 8, "sliding_window": 512}),
+     [512] * 5 + [None] + [512] * 2),                           # multimodal: its text tower
+    (lambda: _config("Gemma2Config", num_hidden_layers=4, sliding_window=4096), [4096, None] * 2),
+    (lambda: _config("GptOssConfig", num_hidden_layers=4, sliding_window=128), [128, None] * 2),
+    (lambda: _config("Qwen2Config", num_hidden_layers=4, use_sliding_window=True, sliding_window=64,
+                     max_window_layers=2), [None, None, 64, 64]),
+    (lambda: _config("Qwen2Config", num_hidden_layers=4, sliding_window=64, max_window_layers=2),
+     [None] * 4),                                               # use_sliding_window off
+    (lambda: _config("MistralConfig", num_hidden_layers=3, sliding_window=4096), [4096] * 3),
+    (lambda: _config("MistralConfig", num_hidden_layers=3, sliding_window=None), [None] * 3),
+    # not Qwen2's rule, read right from the live configs: Qwen2-MoE's layer_types, and
+    # Qwen3-MoE's want of max_window_layers (its model slides every layer)
+    (lambda: _config("Qwen2MoeConfig", num_hidden_layers=4, use_sliding_window=True,
+                     sliding_window=64, max_window_layers=3), [64, None, 64, None]),
+    (lambda: _config("Qwen3MoeConfig", num_hidden_layers=3, use_sliding_window=True,
+                     sliding_window=64), [64] * 3),
+    (lambda: _config("LlamaConfig", num_hidden_layers=3), [None] * 3),
+    (lambda: _config("Llama4TextConfig", num_hidden_layers=4, attention_chunk_size=8192),
+     [8192] * 3 + [None]),                                      # chunked: a chunk at most
+    # config.json dicts from before layer_types: Qwen2.5 writes a window it does not use
+    (lambda: {"num_hidden_layers": 4, "sliding_window": 131072, "use_sliding_window": False,
+              "max_window_layers": 2}, [None] * 4),
+    (lambda: {"num_hidden_layers": 4, "sliding_window": 4096, "use_sliding_window": True,
+              "max_window_layers": 2}, [None, None, 4096, 4096]),
+    (lambda: {"num_hidden_layers": 2, "sliding_window": 4096}, [4096, 4096]),    # Mistral 7B v0.1
+    (lambda: {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+              "sliding_window": None}, [None, None]),           # hybrid: no window anywhere
+], ids=["gemma3-text", "gemma3-multimodal", "gemma2", "gpt-oss", "qwen2-sliding", "qwen2-off",
+        "mistral", "mistral-no-window", "qwen2-moe", "qwen3-moe", "llama", "llama4-chunked", "qwen2.5-json-off",
+        "qwen2-json-on", "mistral-json", "hybrid-json"])
+def test_layer_windows_are_read_from_the_config(make, windows):
+    from oscar_zoo.calibrate.cache_bits import layer_windows
+
+    assert layer_windows(make()) == windows
+
+
+def test_a_model_with_sliding_window_layers_reports_the_bits_its_cache_holds():
+    """validate() on a random 2-layer Qwen2 whose layer 1 keeps 16 tokens, at context 64 with
+    sink 4 + recent 8: the report counts that layer's 16 rows, not 64, and says which layer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from oscar_zoo.zoo.cli.output import window_note
+    from oscar_zoo.zoo.manifest import Validation
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=576, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
+                         use_sliding_window=True, sliding_window=16, max_window_layers=1,
+                         initializer_range=0.1)
+    report = _tiny_run(sink=4, recent=8, model=Qwen2ForCausalLM(config).to(torch.bfloat16).eval())
+    assert report.window_by_layer == {"1": 16}
+    assert report.bits_int2_tier == 3.0                         # fp32 scale and zero per 64
+    # layer 0: 12 BF16 + 52 INT2 rows; layer 1: 12 BF16 + 4 INT2 rows; both 3 x 64 wide
+    assert report.bits_at_context == pytest.approx((12 * 16 + 52 * 3.0 + 12 * 16 + 4 * 3.0) / 80)
+    assert Validation.model_validate_json(report.model_dump_json()) == report
+    assert window_note(report.model_dump(mode="json")) == "1 sliding-window layer holds 16 tokens"
+
+
+def test_a_report_from_before_window_by_layer_loads_and_says_nothing_of_windows():
+    from oscar_zoo.zoo.cli.output import window_note
+    from oscar_zoo.zoo.manifest import Validation
+
+    report = _tiny_run()                       # a Llama: no layer has a window
+    written = report.model_dump(mode="json")
+    # not written where no layer has a window: such a report reads as one from before the field,
+    # and its manifest's bytes (its bundle's digest) are what they were
+    assert "window_by_layer" not in written and "window_by_layer" not in report.model_dump_json()
+    assert Validation.model_validate(written).window_by_layer == {} and window_note(written) == ""
+    with pytest.raises(ValueError, match="keys must be layer ids"):
+        Validation.model_validate({**written, "window_by_layer": {"layer1": 16}})
+    with pytest.raises(ValueError, match="positive"):
+        Validation.model_validate({**written, "window_by_layer": {"1": 0}})
+
+
+def test_a_manifest_without_windows_keeps_its_canonical_bytes():
+    """Manifest.to_json() is hashed into the bundle's digest, by which a re-published bundle is
+    matched to its version: a manifest whose report has no windowed layer must serialize to the
+    bytes it had before Validation gained window_by_layer. No manifest from before the field is
+    committed to compare with, so the bytes before are made here: the same manifest dumped with
+    that field excluded, which is what the model without it wrote."""
+    import json
+
+    from oscar_zoo.zoo.manifest import parse_manifest
+    from tests.api.ui.seeding import validation
+
+    m = make_manifest("smollm2-135m")
+    m = m.model_copy(update={"validation": validation(30, 0)})
+    assert m.validation.window_by_layer == {}
+    text = m.to_json()
+    before = json.dumps(m.model_dump(mode="json", exclude={"validation": {"window_by_layer"}}),
+                        indent=2, sort_keys=True) + "\n"
+    assert text == before and '"window_by_layer"' not in text
+    assert parse_manifest(text).to_json() == text
+    # with windows the key is written, and read back
+    windowed = m.model_copy(update={"validation": m.validation.model_copy(
+        update={"window_by_layer": {"1": 512}})})
+    assert parse_manifest(windowed.to_json()).validation.window_by_layer == {"1": 512}
+
+
+def test_the_serialization_schema_of_a_report_still_lists_its_fields():
+    """The serializer that leaves out an empty window_by_layer wraps pydantic's own: the JSON
+    schema of what is written lists every field, window_by_layer as optional."""
+    from oscar_zoo.zoo.manifest import Validation
+
+    schema = Validation.model_json_schema(mode="serialization")
+    assert {"bits_at_context", "window_by_layer", "variants"} <= set(schema["properties"])
+    assert "bits_at_context" in schema["required"] and "window_by_layer" not in schema["required"]
+
+
+def test_a_hybrids_layers_without_a_kv_cache_are_left_out_of_the_bits():
+    """A hybrid (Qwen3-Next style) has linear-attention layers with no KV cache: the whole
+    cache's bits count the attention layers the geometry names, each at its own width, and
+    window_by_layer names only those that slide."""
+    from oscar_zoo.calibrate.cache_bits import cache_bits, layer_windows
+    from oscar_zoo.calibrate.validate import _bits_at_context
+    from oscar_zoo.zoo.geometry import ModelGeometry
+
+    geometry = ModelGeometry(num_layers=4, num_q_heads=9, num_kv_heads=3, head_dim=64,
+                             attention_layers=(1, 3), head_dim_by_layer={3: 128})
+    spans = layer_windows({"num_hidden_layers": 4, "sliding_window": 16, "layer_types": [
+        "linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
+    q = SimpleNamespace(scale_dtype="float32", group_size=64, sink_tokens=4, recent_tokens=8)
+    bits, windows = _bits_at_context(q, 64, geometry, spans)
+    assert windows == {"1": 16}
+    # layer 1: 12 BF16 + 4 INT2 rows, 3 x 64 wide; layer 3: 12 BF16 + 52 INT2 rows, 3 x 128
+    assert bits == pytest.approx((192 * (12 * 16 + 4 * 3.0) + 384 * (12 * 16 + 52 * 3.0))
+                                 / (192 * 16 + 384 * 64), rel=1e-12)
+    # the linear layers counted as full ones would lower it
+    assert bits > cache_bits(3.0, 12, 64, spans, [192, 192, 192, 384]) + 0.1
 
 
 # --- on the test model -------------------------------------------------------------------------

@@ -223,6 +223,17 @@ def test_the_validate_report_says_what_its_bits_per_element_count():
                       "per layer, not counted)")
 
 
+@pytest.mark.parametrize("windows, says", [
+    ({str(i): 512 for i in range(20)} | {"20": 4096}, "cache (20 sliding-window layers hold 512 tokens), its"),
+    ({"0": 4096}, "cache, its"),                  # a window past the context holds all of it
+    ({}, "cache, its")])
+def test_the_validate_report_says_which_layers_held_fewer_tokens(windows, says):
+    """A model with sliding-window layers has a higher whole-cache figure than its sink and
+    recent explain: "a whole 2048-token cache" was not one in those layers."""
+    second = calibrate_cmds._human_report(_report(window_by_layer=windows)).splitlines()[1]
+    assert f"9.00 per element of a whole 2048-token {says} BF16 sink 128" in second
+
+
 @pytest.mark.parametrize("command", ["calibrate", "validate"])
 @pytest.mark.parametrize("content, says", [
     (None, "no such file"),

@@ -13,7 +13,7 @@ import click
 
 from .. import settings
 from ..files import out_of_space
-from .output import emit, info, json_option, warn
+from .output import emit, info, json_option, warn, window_note
 
 
 class PhaseBars:
@@ -406,6 +406,9 @@ _QUANTIZERS = {"uniform": "uniform INT2", "lloyd_max": "Lloyd-Max INT2 buckets"}
 
 def _human_report(r: dict) -> str:
     quantizer = r.get("quantizer") or "uniform"
+    # a cache with sliding-window layers is not context_len tokens in every layer: said, as
+    # it is what raises the whole cache's bits
+    windowed = window_note(r)
     # bits per stored K/V element: what each figure counts is said beside it (rotations and the
     # key mean are per layer, the same whatever the length: no per-token cost)
     lines = [f"context {r['context_len']} (sink {r['sink_tokens']}, recent {r['recent_tokens']}, "
@@ -413,7 +416,8 @@ def _human_report(r: dict) -> str:
              f"{r['eval_tokens']:,} tokens of {r['dataset']}",
              f"cache bits {r['bits_int2_tier']:.2f} per K/V element in the INT2 tier (2-bit codes + "
              f"{r['scale_dtype']} scale and zero per {r['group_size']} elements); "
-             f"{r['bits_at_context']:.2f} per element of a whole {r['context_len']}-token cache, "
+             f"{r['bits_at_context']:.2f} per element of a whole {r['context_len']}-token cache"
+             + (f" ({windowed})" if windowed else "") + ", "
              f"its BF16 sink {r['sink_tokens']} + recent {r['recent_tokens']} included "
              "(rotations and key mean: per layer, not counted)",
              f"BF16 loss {r['bf16_nll']:.4f} nats/token", "",

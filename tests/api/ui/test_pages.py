@@ -307,6 +307,22 @@ def test_a_lloyd_max_version_says_which_buckets_were_served_and_measured(registr
     assert re.search(r"recent \d+, Lloyd-Max</dd>", page)                 # the served cache's
 
 
+def test_a_version_with_sliding_window_layers_says_what_they_held(registry_server, tmp_path):
+    """Its bits per value are above what the BF16 sink and recent explain: the caption says why."""
+    from oscar_zoo.zoo.bundle import Bundle, write
+    from tests.api.ui.seeding import validation
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    m = make_manifest("smollm2-135m")
+    report = validation(30, 0).model_copy(update={"window_by_layer": {str(i): 512 for i in range(25)}})
+    write(Bundle(m.model_copy(update={"validation": report}), *make_tensors(m)), tmp_path / "b")
+    registry_server.publish_dir(tmp_path / "b")
+    with registry_server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/1").text
+    assert re.search(r"bits per value at that\s+context, where 25 sliding-window layers hold 512 "
+                     r"tokens\)\.</caption>", page)
+
+
 def test_version_page_links_every_layer_and_downloads_a_range(seeded):
     """version -> layer -> download: each layer's number links its JSON, the range form asks
     layers.safetensors for a rank's share, and the table gives the clip maps' numbers."""

@@ -59,13 +59,6 @@ SZ_STORE64 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2
 
 
 @triton.jit
-def _count_ge(a0, a1, a2, a3, t):
-    """How many of a row's values (four [BT, Q] quarters) are >= t [BT]: int32 [BT]."""
-    return tl.sum((a0 >= t[:, None]).to(tl.int32) + (a1 >= t[:, None]).to(tl.int32)
-                  + (a2 >= t[:, None]).to(tl.int32) + (a3 >= t[:, None]).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _count_abs_ge(v0, v1, v2, v3, t, BLOCK_T: tl.constexpr, Q: tl.constexpr, INTERP: tl.constexpr):
     """How many of a row's |v| (four [BT, Q] quarters) are >= t [BT]: int32 [BT]. Compiled, a
     value costs FSET.BF + FADD, both off the integer pipe."""
@@ -316,7 +309,7 @@ def _quantize_kernel(
                         alive = alive & (below | (act == 0))
                         n += 1
                     thr = tl.where(kk > 0, thr, float("inf"))
-                    cnt = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), thr)
+                    cnt = _count_abs_ge(v0, v1, v2, v3, thr, BLOCK_T, Q, INTERP)
                     good = alive & (found >= kk - 1) & ((kk == 0) | (cnt == kk))
                     to_float = tl.max(tl.where(rmask & (good == 0), 1, 0), axis=0) > 0
                 if to_float:
@@ -329,7 +322,7 @@ def _quantize_kernel(
                                                          tl.where(tl.abs(v1) < upper[:, None], tl.abs(v1), -1.0)),
                                               tl.maximum(tl.where(tl.abs(v2) < upper[:, None], tl.abs(v2), -1.0),
                                                          tl.where(tl.abs(v3) < upper[:, None], tl.abs(v3), -1.0))), axis=1)
-                        c = _count_ge(tl.abs(v0), tl.abs(v1), tl.abs(v2), tl.abs(v3), m)
+                        c = _count_abs_ge(v0, v1, v2, v3, m, BLOCK_T, Q, INTERP)
                         thr = tl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
                         upper = m
 

@@ -4,6 +4,7 @@ Retry-After), and keeps its own stdout clean. Real clients against the loopback 
 from __future__ import annotations
 
 import email.utils
+import errno
 import json
 import os
 import subprocess
@@ -157,21 +158,10 @@ def test_a_data_dir_too_full_to_stage_in_records_each_target_failed(registry, hu
     hub; before, nothing was recorded at all. Simulated at os.mkdir, which tempfile.mkdtemp
     calls: a disk full to the last block cannot be made in a test run in general
     (tests/utils/full_disk.py)."""
-    import errno
-
     from oscar_zoo.registry_db.mirrors import mirror_version
 
-    registry.publish_dir(make_bundle(tmp_path / "b").path)
-    real_mkdir, staging = os.mkdir, str(registry.data_dir / "staging")
-
-    def full_mkdir(path, *args, **kwargs):
-        if os.fspath(path).startswith(staging + os.sep):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        return real_mkdir(path, *args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(os, "mkdir", full_mkdir)
-        results = mirror_version(registry.registry, "smollm2-135m", 1, [HF, MS])
+    results = _mirror_with_staging_mkdir_failing(registry, tmp_path, monkeypatch, OSError,
+                                                 errno.ENOSPC, [HF, MS])
     says = ("out of disk space in the registry's data dir (No space left on device) while "
             "staging smollm2-135m v1's files for its mirrors; nothing was sent to the hubs.")
     assert [(r.target, r.status) for r in results] == [("hf", "failed"), ("modelscope", "failed")]
@@ -194,22 +184,28 @@ def test_a_staging_dir_that_cannot_be_made_keeps_the_data_dir_out_of_the_public_
     """Another error than a full disk (here EACCES, simulated at os.mkdir as above) was
     recorded as str(e), which holds the staging path: the mirror records are public (GET
     .../mirrors), the server's data dir is not. The log, the operator's, still names it."""
-    import errno
+    results = _mirror_with_staging_mkdir_failing(registry, tmp_path, monkeypatch, PermissionError,
+                                                 errno.EACCES, [HF])
+    staging = str(registry.data_dir / "staging")
+    assert [r.status for r in results] == ["failed"]
+    assert "PermissionError: Permission denied" in results[0].error
+    assert str(registry.data_dir) not in results[0].error
+    assert staging in caplog.text
 
+
+def _mirror_with_staging_mkdir_failing(registry, tmp_path, monkeypatch, error, code, targets):
+    """Mirror smollm2-135m v1 (published here) while making a dir under the registry's staging
+    dir raises error(code): simulated at os.mkdir, which tempfile.mkdtemp calls."""
     from oscar_zoo.registry_db.mirrors import mirror_version
 
     registry.publish_dir(make_bundle(tmp_path / "b").path)
     real_mkdir, staging = os.mkdir, str(registry.data_dir / "staging")
 
-    def denied(path, *args, **kwargs):
+    def failing(path, *args, **kwargs):
         if os.fspath(path).startswith(staging + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            raise error(code, os.strerror(code), path)
         return real_mkdir(path, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(os, "mkdir", denied)
-        results = mirror_version(registry.registry, "smollm2-135m", 1, [HF])
-    assert [r.status for r in results] == ["failed"]
-    assert "PermissionError: Permission denied" in results[0].error
-    assert str(registry.data_dir) not in results[0].error
-    assert staging in caplog.text
+        m.setattr(os, "mkdir", failing)
+        return mirror_version(registry.registry, "smollm2-135m", 1, targets)

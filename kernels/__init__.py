@@ -16,6 +16,9 @@ quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=
     -> (packed uint8 [T, H, d/4], scales_zeros [T, H, 2G] in scale_dtype, scale at 2g, zero at 2g+1)
     x must be finite: a row holding NaN or inf gets unspecified codes and scales (the reference
     gives NaN), as checking every value would cost the hot path; validate names such a layer.
+    R in x's dtype and mean @ R are made once per (rotation, mean) pair of tensors and reused
+    while both live unchanged (in-place writes are seen; `_operands.py`): pass the same tensors
+    on every call and each call is one kernel launch (H100: 1.56x faster at 8K rows, 1.04x at 262K).
 
 dequantize_kv(packed, scales_zeros, group_size=None)
     -> float32 [T, H, d] in the rotated basis: (code - zero) * scale in float32.

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _args
+from . import _args, _operands
 from ._launch import interpreted, kernel, new_buffer, sm_count
 
 
@@ -557,13 +557,7 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         return packed, sz
     kk = clip_counts(clip, h, d)
     kk_dev, e_dev = _tables(kk, d, dev)
-    # 16-bit x: R rounded to x's dtype for the tensor cores (as serving rotates), fp32 x: fp32 R
-    r = rotation.to(device=dev, dtype=x.dtype).contiguous() if rotation is not None else None
-    mr = None
-    if mean is not None:    # centering after the rotation: (x - m) @ R = x @ R - m @ R, exact R
-        m64, r64 = mean.double().to(dev), None if rotation is None else rotation.double().to(dev)
-        mr = (m64 if r64 is None else (m64 @ r64 if r64.dim() == 2
-                                       else torch.einsum("hd,hde->he", m64, r64))).float().contiguous()
+    r, mr = _operands.operands(rotation, mean, x.dtype, dev)
     kmax = int(kk.max())
     est = kmax > KFAST
     bt = _block_t(dev, t)

@@ -36,6 +36,12 @@ def run_poisoned(fn):
     return outs[0] if len(outs[0]) > 1 else outs[0][0]
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit: torch.equal calls -0.0 and +0.0 equal, a stored scale/zero cannot."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return a.dtype == b.dtype and torch.equal(a.view(ints[a.element_size()]), b.view(ints[b.element_size()]))
+
+
 def signed_permutation(d: int, gen: torch.Generator) -> torch.Tensor:
     """An orthogonal matrix whose products are exact in any precision."""
     p = torch.zeros(d, d)

@@ -16,9 +16,13 @@ quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=
     -> (packed uint8 [T, H, d/4], scales_zeros [T, H, 2G] in scale_dtype, scale at 2g, zero at 2g+1)
     x must be finite: a row holding NaN or inf gets unspecified codes and scales (the reference
     gives NaN), as checking every value would cost the hot path; validate names such a layer.
-    R in x's dtype and mean @ R are made once per (rotation, mean) pair of tensors and reused
-    while both live unchanged (in-place writes are seen; `_operands.py`): pass the same tensors
-    on every call and each call is one kernel launch (H100: 1.56x faster at 8K rows, 1.04x at 262K).
+    rotation may also be prepare_rotation's result (then no mean): see below.
+
+prepare_rotation(rotation, mean=None, dtype=torch.bfloat16, device=None) -> PreparedRotation
+    R cast to x's dtype and mean @ R (float64, rounded once), made once per layer instead of on
+    every quantize_kv call (five small kernels): a call with it is one kernel launch (H100:
+    1.56x faster at 8K rows, 1.04x at 262K). The tensors are the caller's (keep them alive as
+    long as a CUDA graph captured with them; prepare again after changing R or the mean).
 
 dequantize_kv(packed, scales_zeros, group_size=None)
     -> float32 [T, H, d] in the rotated basis: (code - zero) * scale in float32.
@@ -63,6 +67,7 @@ import torch
 from .cache import Int2KVCache
 from .decode import decode_attention
 from .dequantize import dequantize_kv
+from .prepared import PreparedRotation, prepare_rotation
 from .quantize import clip_counts, quantize_kv
 from .vectorized import fake_quantize_kv_vectorized
 from .lloyd_max import fake_quantize_kv_lloyd_max, quantize_kv_lloyd_max
@@ -78,9 +83,9 @@ def fake_quantize_kv(x, rotation, clip, group_size=None, mean=None, scale_dtype=
 
 
 __all__ = [
-    "Int2KVCache", "clip_counts", "decode_attention", "dequantize_kv", "fake_quantize_kv",
+    "Int2KVCache", "PreparedRotation", "clip_counts", "decode_attention", "dequantize_kv", "fake_quantize_kv",
     "fake_quantize_kv_lloyd_max", "fake_quantize_kv_vectorized", "quantize_kv", "quantize_kv_lloyd_max",
     "literal_codes", "ref_attention", "ref_cache_to_dense", "ref_clip_threshold", "ref_decode_attention",
     "ref_dequantize_kv", "ref_fake_quantize_kv", "ref_quantize_kv", "ref_quantize_lloyd_max", "ref_quantize_rotated",
-    "ref_rotate",
+    "prepare_rotation", "ref_rotate",
 ]

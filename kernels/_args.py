@@ -60,6 +60,9 @@ def clip_ratios(clip, heads: int) -> torch.Tensor:
 def check_rotation(rotation: torch.Tensor | None, heads: int, d: int, name: str = "rotation") -> None:
     if rotation is None:
         return
+    if not isinstance(rotation, torch.Tensor):
+        raise InvalidInput(f"{name} must be a tensor, got {type(rotation).__name__} (a prepared rotation "
+                           "is for quantize_kv and fake_quantize_kv; pass the plain R here).")
     ok = tuple(rotation.shape) in ((d, d), (heads, d, d))
     if not ok:
         raise InvalidInput(f"{name} must be [d, d] or [kv_heads, d, d] = [{heads}, {d}, {d}], "

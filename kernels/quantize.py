@@ -33,8 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _args, _operands
+from oscar_zoo.zoo.errors import InvalidInput
+
+from . import _args
 from ._launch import interpreted, kernel, new_buffer, sm_count
+from .prepared import PreparedRotation, operands
 
 
 # packed + code * 4^i in float32 (exact small integers): three compares to 1.0 / 0.0, three FMAs.
@@ -536,18 +539,29 @@ def _programs(device: torch.device, blocks: int, heads: int) -> int:
     return max(1, min(blocks, sm_count(device) * PROGRAMS_PER_SM // heads))
 
 
-def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size: int | None = None,
-                scale_dtype: torch.dtype = torch.float32, mean: torch.Tensor | None = None):
+def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | None, clip,
+                group_size: int | None = None, scale_dtype: torch.dtype = torch.float32,
+                mean: torch.Tensor | None = None):
     """Rotate, center, clip and INT2-quantize K or V rows. See the package docstring.
     Returns (packed uint8 [tokens, kv_heads, d/4], scales_zeros [tokens, kv_heads, 2*groups])."""
     t, h, d = _args.check_x(x)
     ng = _args.group_count(d, group_size)
     _args.check_scale_dtype(scale_dtype)
-    _args.check_rotation(rotation, h, d)
-    _args.check_mean(mean, h, d)
     dev = x.device
-    if rotation is not None and d > FUSED_MAX_D:
-        xr, mr = _rotated_first(x, rotation, mean)
+    if isinstance(rotation, PreparedRotation):
+        if mean is not None:
+            raise InvalidInput("a prepared rotation holds its mean: pass the mean to prepare_rotation, "
+                               "not to quantize_kv")
+        rotation.check(x, h, d)
+        r, mr = rotation.r, rotation.mr
+    else:
+        _args.check_rotation(rotation, h, d)
+        _args.check_mean(mean, h, d)
+        r, mr = operands(rotation, mean, x.dtype, dev)
+    if r is not None and d > FUSED_MAX_D:
+        # R no longer fits in shared memory beside x: one matmul ahead of the kernel, with R as
+        # the fused path's tensor cores would take it, then only the centering in the kernel
+        xr = x.float() @ r.float() if r.dim() == 2 else torch.einsum("thd,hde->the", x.float(), r.float())
         return quantize_kv(xr, None, clip, group_size, scale_dtype, mean=mr)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -557,7 +571,6 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         return packed, sz
     kk = clip_counts(clip, h, d)
     kk_dev, e_dev = _tables(kk, d, dev)
-    r, mr = _operands.operands(rotation, mean, x.dtype, dev)
     kmax = int(kk.max())
     est = kmax > KFAST
     bt = _block_t(dev, t)
@@ -573,18 +586,6 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | None, clip, group_size
         **({} if interpreted(dev) else _launch_options()),
     )
     return packed, sz
-
-
-def _rotated_first(x: torch.Tensor, rotation: torch.Tensor, mean: torch.Tensor | None):
-    """(x @ R in float32, mean @ R): the rotation as one matmul ahead of the kernel, with
-    R rounded to x's dtype as the fused path's tensor cores take it."""
-    # x: [T, H, d] -> [T, H, d] f32
-    r = rotation.to(device=x.device, dtype=x.dtype).float()
-    xr = x.float() @ r if r.dim() == 2 else torch.einsum("thd,hde->the", x.float(), r)
-    if mean is None:
-        return xr, None
-    m64, r64 = mean.double().to(x.device), rotation.double().to(x.device)
-    return xr, (m64 @ r64 if r64.dim() == 2 else torch.einsum("hd,hde->he", m64, r64))
 
 
 def _launch_options() -> dict:

@@ -19,10 +19,11 @@ quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=
     rotation may also be prepare_rotation's result (then no mean): see below.
 
 prepare_rotation(rotation, mean=None, dtype=torch.bfloat16, device=None) -> PreparedRotation
-    R cast to x's dtype and mean @ R (float64, rounded once), made once per layer instead of on
-    every quantize_kv call (five small kernels): a call with it is one kernel launch (H100:
-    1.56x faster at 8K rows, 1.04x at 262K). The tensors are the caller's (keep them alive as
-    long as a CUDA graph captured with them; prepare again after changing R or the mean).
+    R cast to x's dtype and mean @ R (float64, rounded once), copies made once per layer instead
+    of on every quantize_kv call (five small kernels): a call with it is one kernel launch for
+    d <= 128 (H100: 1.56x faster at 8K rows, 1.04x at 262K). device defaults to the rotation's
+    (else the mean's, else the CPU). The tensors are the caller's: keep them alive as long as a
+    CUDA graph captured with them, and prepare again after changing R or the mean.
 
 dequantize_kv(packed, scales_zeros, group_size=None)
     -> float32 [T, H, d] in the rotated basis: (code - zero) * scale in float32.

@@ -21,8 +21,9 @@ from oscar_zoo.zoo.errors import InvalidInput
 from . import _args
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PreparedRotation:
+    """Made by prepare_rotation; quantize_kv checks it against x before the kernel reads it."""
     r: torch.Tensor | None      # [d, d] | [H, d, d] in `dtype` on `device`, contiguous
     mr: torch.Tensor | None     # [H, d] float32: mean @ R in float64, rounded once
     dtype: torch.dtype          # x's dtype this was made for
@@ -35,24 +36,39 @@ class PreparedRotation:
                                "device=x.device)")
         _args.check_rotation(self.r, heads, d)
         _args.check_mean(self.mr, heads, d)
+        # the kernel reads raw storage with no strides: a hand-made one must be laid out as ours
+        for t, want in ((self.r, self.dtype), (self.mr, torch.float32)):
+            if t is not None and (t.dtype != want or t.device != self.device or not t.is_contiguous()):
+                raise InvalidInput("this PreparedRotation was not made by prepare_rotation (a tensor of "
+                                   "another dtype, device or layout): make it with prepare_rotation")
 
 
 def prepare_rotation(rotation: torch.Tensor | None, mean: torch.Tensor | None = None,
                      dtype: torch.dtype = torch.bfloat16,
                      device: torch.device | str | None = None) -> PreparedRotation:
-    """The operands for quantize_kv on x of `dtype` on `device` (default: rotation's, or mean's):
-    pass the result as quantize_kv's `rotation` (and no `mean`)."""
+    """The operands for quantize_kv on x of `dtype` on `device` (default: the rotation's, else the
+    mean's, else the CPU): pass the result as quantize_kv's `rotation`, and no `mean`. They are
+    copies: changing R or the mean later needs a new prepare_rotation."""
     if dtype not in _args.FLOAT_DTYPES:
         raise InvalidInput(f"dtype must be x's: float32, float16 or bfloat16, got {dtype}.")
+    for name, t in (("rotation", rotation), ("mean", mean)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise InvalidInput(f"{name} must be a tensor or None, got {type(t).__name__}.")
     src = rotation if rotation is not None else mean
     dev = torch.device(device) if device is not None else (src.device if src is not None else torch.device("cpu"))
+    if dev.type == "cuda" and dev.index is None:    # x.device always has its index
+        dev = torch.device("cuda", torch.cuda.current_device())
     if rotation is not None and (rotation.dim() not in (2, 3) or rotation.shape[-1] != rotation.shape[-2]):
         raise InvalidInput(f"rotation must be [d, d] or [kv_heads, d, d], got {tuple(rotation.shape)}.")
-    if mean is not None and (mean.dim() != 2 or (rotation is not None and mean.shape[-1] != rotation.shape[-1])):
-        raise InvalidInput(f"mean must be [kv_heads, d] matching the rotation's d, got {tuple(mean.shape)}.")
+    if mean is not None and (mean.dim() != 2 or (rotation is not None and (
+            mean.shape[-1] != rotation.shape[-1] or (rotation.dim() == 3 and mean.shape[0] != rotation.shape[0])))):
+        want = "[kv_heads, d]" if rotation is None else \
+            f"[{rotation.shape[0] if rotation.dim() == 3 else 'kv_heads'}, {rotation.shape[-1]}] to match the rotation"
+        raise InvalidInput(f"mean must be {want}, got {tuple(mean.shape)}.")
     r, mr = operands(rotation, mean, dtype, dev)
-    # the tensors' own device: "cuda" names cuda:0 there, and x.device says cuda:0
-    return PreparedRotation(r, mr, dtype, next((t.device for t in (r, mr) if t is not None), dev))
+    if r is not None and r.data_ptr() == rotation.data_ptr():   # no cast or move happened
+        r = r.clone()
+    return PreparedRotation(r, mr, dtype, dev)
 
 
 @torch.no_grad()    # a rotation that requires grad must not tie the operands to its graph

@@ -562,7 +562,7 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
         # R no longer fits in shared memory beside x: one matmul ahead of the kernel, with R as
         # the fused path's tensor cores would take it, then only the centering in the kernel
         xr = x.float() @ r.float() if r.dim() == 2 else torch.einsum("thd,hde->the", x.float(), r.float())
-        return quantize_kv(xr, None, clip, group_size, scale_dtype, mean=mr)
+        return quantize_kv(xr, PreparedRotation(None, mr, torch.float32, dev), clip, group_size, scale_dtype)
     if x.stride(-1) != 1:
         x = x.contiguous()
     packed = new_buffer((t, h, d // 4), torch.uint8, dev)

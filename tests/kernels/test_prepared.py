@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oscar_zoo.kernels import fake_quantize_kv_vectorized, prepare_rotation, quantize_kv
+from oscar_zoo.kernels import PreparedRotation, fake_quantize_kv_vectorized, prepare_rotation, quantize_kv
 from oscar_zoo.kernels import reference as ref
 from oscar_zoo.zoo.errors import InvalidInput
 
@@ -40,6 +40,13 @@ def test_prepared_operands_give_the_same_bytes(device, d, xdt, rot, centered):
     got = run_poisoned(lambda: quantize_kv(x, prep, [0.96, 0.9, 0.0], None, torch.float16))
     want = quantize_kv(x, r, [0.96, 0.9, 0.0], None, torch.float16, mean=mean)
     assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
+    # the operands themselves: R as x's dtype takes it, mean @ R in float64 rounded once (the
+    # bytes above cannot tell a float32 product from it)
+    if r is not None:
+        assert torch.equal(prep.r.cpu(), r.to(xdt)) and prep.r.is_contiguous()
+    if mean is not None:
+        m_rot = mean.double() if r is None else ref.ref_rotate(mean[None], r)[0]
+        assert same_bits(prep.mr.cpu(), m_rot.float())
 
 
 def test_prepared_with_an_exact_rotation_matches_the_reference(device):
@@ -79,8 +86,26 @@ def test_bad_operands_are_refused_when_prepared():
         prepare_rotation(torch.randn(4, 64, 32))
     with pytest.raises(InvalidInput, match="mean must be"):
         prepare_rotation(torch.eye(64), torch.randn(2, 32))
+    with pytest.raises(InvalidInput, match=r"mean must be \[2, 64\] to match"):
+        prepare_rotation(torch.eye(64).expand(2, 64, 64), torch.randn(1, 64))
     with pytest.raises(InvalidInput, match="dtype must be"):
         prepare_rotation(torch.eye(64), dtype=torch.int8)
+    with pytest.raises(InvalidInput, match="rotation must be a tensor"):
+        prepare_rotation([[1.0]])
+
+
+def test_a_hand_made_one_laid_out_otherwise_is_refused():
+    gen = torch.Generator().manual_seed(8)
+    r = torch.linalg.qr(torch.randn(64, 64, generator=gen))[0]       # column-major
+    x = torch.randn(8, 1, 64, generator=gen).bfloat16()
+    hand = PreparedRotation(r.bfloat16(), None, torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(InvalidInput, match="make it with prepare_rotation"):
+        quantize_kv(x, hand, 0.9)
+    # prepared copies: a later write to R does not reach them half-way (R but not mean @ R)
+    r32 = torch.eye(64)
+    prep = prepare_rotation(r32, dtype=torch.float32)
+    r32.mul_(-1)
+    assert torch.equal(prep.r, torch.eye(64))
 
 
 def test_operands_of_a_rotation_that_requires_grad_hold_no_graph():

@@ -37,7 +37,8 @@ A pull holds gc.lock shared from its first request to its last export file, prun
 exclusive: prune never sees a pull's blobs or snapshot before the ref that keeps them, nor removes
 a snapshot an export is about to read. `cache rm` (cache_remove.py) and verify's repair hold it
 exclusive too, and remove a directory by renaming it into tmp/ first (cache rm drops a bundle's
-refs before its snapshot): no pull finds half a snapshot, and a crash leaves what prune cleans up.
+refs before its snapshot, and so does verify's repair of a bundle it removes whole): no pull
+finds half a snapshot, nor a ref to one that is gone, and a crash leaves what prune cleans up.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ from typing import Callable, Iterable, Iterator
 
 from . import settings
 from .errors import BundleFormatError, LockTimeout, UnsafePathError
-from .files import (CACHED_PART, atomic_write_bytes, is_sha256, out_of_space, publish_dir,
-                    safe_join, sha256_file, staging_dir)
+from .files import (CACHED_PART, atomic_write_bytes, fsync_dir, is_sha256, out_of_space,
+                    publish_dir, safe_join, sha256_file, staging_dir)
 
 try:
     import fcntl
@@ -467,8 +468,9 @@ def verify_cache(cache: Cache, model: str | None = None, repair: bool = True) ->
     the engine files exported from them.
 
     Returns (files checked, problems). With repair, a corrupt or missing blob is deleted along
-    with every snapshot (or part) that uses it, so the next `pull` fetches it again; a corrupt
-    export is deleted, so the next pull or export builds it again.
+    with every snapshot (or part) that uses it, so the next `pull` fetches it again, and so are
+    the refs of a bundle left with nothing cached (no pull finds them naming a bundle that is
+    gone); a corrupt export is deleted, so the next pull or export builds it again.
 
     Hashes under gc.lock shared, as pulls and exports hold it: a long verify must not stop them,
     and they only add, so nothing it hashes goes meanwhile (prune and cache rm wait). What looks
@@ -602,6 +604,10 @@ def _check_export(edir: Path, name: str, digest: str) -> tuple[int, _Fault]:
 
 
 def _repair(cache: Cache, faults: list[_Fault]) -> None:
+    # the refs of a bundle that goes first, as cache rm drops them: a ref left naming a
+    # snapshot that is gone would have an offline pull list it as cached; a crash after this
+    # leaves a snapshot no ref names, which prune removes
+    _drop_refs_of_gone(cache, {f.path for f in faults})
     for blob in {b for f in faults for b in f.blobs}:
         if blob.parent == cache.blobs:
             blob.unlink(missing_ok=True)
@@ -609,6 +615,33 @@ def _repair(cache: Cache, faults: list[_Fault]) -> None:
     # export is built again from its snapshot on its next use
     for fault in faults:
         _delete(cache, fault.path)
+
+
+def _drop_refs_of_gone(cache: Cache, going: set[Path]) -> None:
+    """Remove the refs naming a bundle of which nothing stays once `going` (snapshots, --layers
+    parts, exports) is removed: its snapshot goes and so does each of its parts, or it has no
+    part. A bundle that keeps a part keeps its refs (the part still serves its layers).
+
+    Call with gc.lock held exclusively (verify's repair), as cache rm unlinks refs: pulls, which
+    write refs holding it shared, wait; each unlink is atomic, and the refs dir is fsynced."""
+    models = cache.root / "models"
+    bundles: set[tuple[Path, str]] = set()
+    for path in going:
+        if path.parent.name == "snapshots" and path.parent.parent.parent == models:
+            bundles.add((path.parent.parent, path.name))
+        elif path.parent.parent.name == "partial" and path.parents[2].parent == models:
+            bundles.add((path.parents[2], path.parent.name))
+    for mdir, digest in sorted(bundles):
+        held = [p for p in [mdir / "snapshots" / digest, *(mdir / "partial" / digest).glob("layers-*")]
+                if p.is_dir()]
+        if not is_sha256(digest) or not set(held) <= going:
+            continue
+        refs = mdir / "refs"
+        dropped = [p for p in _entries(refs) if p.is_file() and _read_digest(p) == digest]
+        for p in dropped:
+            p.unlink(missing_ok=True)
+        if dropped:
+            fsync_dir(refs)
 
 
 def prune(cache: Cache, dry_run: bool = False,

@@ -5,8 +5,9 @@
     result = pull("glm-4.7-fp8", layers="0-45")       # one pipeline stage's share
 
 Sources are tried in the order of the `sources` setting (registry, hf, modelscope); a source that
-does not have the model, or cannot be reached, hands over to the next. When none can be reached
-and the cache holds what was asked for, the cached copy is used (with a warning), like
+does not have the model, or cannot be reached, hands over to the next. When none could serve it
+because some could not be reached (the others only said they do not have it) and the cache holds
+what was asked for, the cached copy is used (with a warning naming the unreachable sources), like
 `hf_hub_download`. Offline mode (OSCAR_ZOO_OFFLINE=1 or HF_HUB_OFFLINE=1) reads only the cache.
 
 The warm path (bundle and export already cached) imports neither numpy, safetensors, pydantic
@@ -143,6 +144,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
     if entry is None and not any(s.name == "registry" for s in sources):
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=catalog.suggest(name))
     failures: list[tuple[str, Exception]] = []
+    silent: list[bool] = []     # per failure: a "not found" that says nothing about the bundle
     for source in sources:
         try:
             plan = source.plan(entry, name, ref)
@@ -154,16 +156,50 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
             return _materialize(plan, cache, layers, progress, fmt)  # pull() holds the gc lock
         except _FALLBACK as e:
             failures.append((source.name, e))
-    if all(isinstance(e, (OfflineError, RemoteError)) for _, e in failures):
+            silent.append(_no_opinion(source, e))
+    down = _unreachable(failures, silent)
+    if down:
+        why = _fallback_why(failures, down)
         try:
-            result = from_cache(cache, entry, name, ref, "no source could be reached", layers)
+            result = from_cache(cache, entry, name, ref, why, layers)
         except (OfflineError, NotFound):
             pass
         else:
-            result.notes.insert(0, "no source could be reached (" + _join(failures)
-                                + "); using the cached copy")
+            result.notes.insert(0, f"{why}; using the cached copy")
             return result
     raise _combine(failures, entry, name, ref)
+
+
+def _no_opinion(source, e: Exception) -> bool:
+    """A failure that says nothing against a cached copy: the source does not know the model at
+    all, or it is the RotationZoo, which answers from the catalog (no network) and never holds
+    what the registry published. A reached registry or mirror saying the version or alias is
+    gone (removed, yanked) has an opinion, and a cached copy must not overrule it."""
+    return isinstance(e, ModelNotFound) or (isinstance(e, NotFound)
+                                            and getattr(source, "answers_from_catalog", False))
+
+
+def _unreachable(failures: list[tuple[str, Exception]], silent: list[bool]) -> list[tuple[str, Exception]]:
+    """The sources that could not be reached (or answered an error of their own), when those
+    are why nothing was pulled: every other source had no opinion (_no_opinion). Empty
+    otherwise: a corrupt download, a refused token or a version the registry says is gone is
+    for the user to see, not for a cached copy to hide."""
+    down = [(src, e) for src, e in failures if isinstance(e, (OfflineError, RemoteError))]
+    if down and all(isinstance(e, (OfflineError, RemoteError)) or quiet
+                    for (_, e), quiet in zip(failures, silent)):
+        return down
+    return []
+
+
+def _fallback_why(failures: list[tuple[str, Exception]], down: list[tuple[str, Exception]]) -> str:
+    """Why the cache answers: which sources could not be reached, and what the others said."""
+    if len(down) == len(failures):
+        return f"no source could be reached ({_join(failures)})"
+    others = [(src, e) for src, e in failures if not isinstance(e, (OfflineError, RemoteError))]
+    names = ", ".join(dict.fromkeys(src for src, _ in others))
+    return (f"{', '.join(dict.fromkeys(src for src, _ in down))} could not be reached "
+            f"({_join(down)}), and {names} {'has' if ',' not in names else 'have'} no such "
+            f"bundle ({_join(others)})")
 
 
 def _join(failures) -> str:
@@ -538,7 +574,7 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
             parts = _part_specs(cache, model, digest)
             passed_over.append(f"@{r} (sha256:{digest[:12]}"
                                + (f", only layers {', '.join(parts)} cached)" if parts else ")"))
-    have = sorted(cache.refs(model)) if cache.model_dir(model).exists() else []
+    have = _held_refs(cache, model) if cache.model_dir(model).exists() else []
     if entry is None and not have:
         raise ModelNotFound(f"unknown model {name!r}, and nothing by that name is cached "
                             f"({why}).", suggestions=catalog.suggest(name))
@@ -551,6 +587,19 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
         fix += " with OSCAR_ZOO_OFFLINE and HF_HUB_OFFLINE unset"
     raise OfflineError(f"{why}, and {what} is not in the cache ({cache.root}); {cached}. "
                        f"To fix: {fix}.")
+
+
+def _held_refs(cache: Cache, model: str) -> list[str]:
+    """The model's refs whose bundle is still cached, as a message lists them: a ref to a
+    bundle held only as --layers parts says which layers. A ref whose bundle went (a `verify`
+    repair of an older oscar-zoo left such refs behind) is not listed: nothing would serve it."""
+    out = []
+    for ref, digest in sorted(cache.refs(model).items()):
+        if cache.snapshot(model, digest):
+            out.append(ref)
+        elif parts := _part_specs(cache, model, digest):
+            out.append(f"{ref} (only layers {', '.join(parts)})")
+    return out
 
 
 def _cached_for(cache: Cache, model: str, digest: str, layers: str | None) -> PullResult | None:

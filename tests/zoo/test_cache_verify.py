@@ -256,3 +256,70 @@ def test_a_snapshot_linked_to_a_corrupt_blob_during_the_hashing_goes_with_it(hf_
     assert checked == 3 + 1         # the late snapshot: the one file that links the blob
     assert not blob.exists() and not first.path.exists() and not late.exists()
     assert verify_cache(cache) == (0, [])
+
+
+# --- verify's repair drops the refs of a bundle it removes -------------------------------------
+
+def test_verify_drops_the_refs_of_a_snapshot_it_deletes(hf_only, monkeypatch):
+    """After verify deleted a corrupt snapshot, `cache ls` showed the model gone but an offline
+    pull said "glm-4.7-fp8 is not in the cache ...; cached refs of glm-4.7-fp8: latest,
+    rotationzoo": the refs still named the snapshot verify had removed."""
+    from oscar_zoo.zoo.errors import OfflineError
+
+    r = pull(f"{GLM}@latest")
+    cache = Cache()
+    assert set(cache.refs(GLM)) == {"latest", "rotationzoo"}
+    flip_a_byte(cache.blob(cache.read_meta(GLM, r.digest)["files"]["rotations.safetensors"]))
+    result = CliRunner().invoke(cli, ["verify", GLM])
+    assert result.exit_code == 1, result.output
+    assert not r.path.exists() and cache.refs(GLM) == {}
+    assert not list((cache.model_dir(GLM) / "refs").iterdir())   # no temp file left either
+    listed = CliRunner().invoke(cli, ["cache", "ls", "--json"])
+    assert listed.exit_code == 0 and GLM not in listed.stdout, listed.output
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    with pytest.raises(OfflineError, match=f"{GLM} is not cached at all") as e:
+        pull(GLM)
+    assert "cached refs" not in str(e.value)
+    monkeypatch.delenv("OSCAR_ZOO_OFFLINE")
+    again = pull(f"{GLM}@latest")             # online: converted again (the .pt files stayed)
+    assert again.digest == r.digest and again.path.exists()
+    assert verify_cache(cache, GLM)[1] == []
+    assert cache.refs(GLM) == {"latest": r.digest, "rotationzoo": r.digest}
+
+
+def test_verify_keeps_the_refs_of_bundles_it_leaves(registry, glm_bundles, monkeypatch):
+    """Only the refs of the bundle that went: another version's stay, and so do the refs of a
+    bundle whose corrupt --layers part went while its whole snapshot stays."""
+    from oscar_zoo.zoo.errors import OfflineError
+
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    v1, v2 = pull(f"{GLM}@1"), pull(f"{GLM}@2")
+    cache = Cache()
+    before = cache.refs(GLM)
+    assert before["v1"] == v1.digest and before["latest"] == before["v2"] == v2.digest
+    flip_a_byte(cache.blob(cache.read_meta(GLM, v1.digest)["files"]["rotations.safetensors"]))
+    checked, problems = verify_cache(cache, GLM)
+    assert [(p.digest, p.file) for p in problems] == [(v1.digest, "rotations.safetensors")]
+    assert cache.refs(GLM) == {r: d for r, d in before.items() if d != v1.digest}
+    assert v2.path.exists() and not v1.path.exists()
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    with pytest.raises(OfflineError, match=f"cached refs of {GLM}: latest, v2\\."):
+        pull(f"{GLM}@1")
+    assert pull(GLM).digest == v2.digest
+
+
+def test_verify_keeps_the_refs_of_a_bundle_whose_part_stays(registry, glm_bundles, monkeypatch):
+    """A corrupt whole snapshot goes; a --layers part of the same bundle (its own rotation
+    file) stays, and so do the refs that name the bundle: the part still serves its layers."""
+    registry.publish_dir(glm_bundles[0].path)
+    part = pull(GLM, layers="0-3")
+    whole = pull(GLM)
+    cache = Cache()
+    before = cache.refs(GLM)
+    flip_a_byte(cache.blob(cache.read_meta(GLM, whole.digest)["files"]["rotations.safetensors"]))
+    checked, problems = verify_cache(cache, GLM)
+    assert problems and not whole.path.exists() and part.path.exists()
+    assert cache.refs(GLM) == before
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")     # the refs still lead to the part
+    assert pull(GLM, layers="1-2").path == part.path

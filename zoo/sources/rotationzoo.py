@@ -30,6 +30,10 @@ def serving_of(entry: CatalogEntry) -> dict:
 
 
 class RotationZooSource:
+    # its "not found" comes from the catalog, before any network: it never holds a published
+    # bundle, so it says nothing against a cached one (pull's fallback when the registry is down)
+    answers_from_catalog = True
+
     def __init__(self, kind: str, repo: str | None = None):
         self.name = kind
         self.hub = hub(kind)

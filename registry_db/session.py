@@ -15,13 +15,23 @@ from typing import Iterator
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..zoo import settings
-from ..zoo.errors import ConfigError, StorageFull
+from ..zoo.errors import ConfigError, DatabaseUnavailable, StorageFull
 
 SQLITE_BUSY_MS = 30_000
+
+URL_FIX = ("check OSCAR_ZOO_DATABASE_URL (SQLite: sqlite:///path; PostgreSQL: "
+           "postgresql://user@host:port/db)")
+
+# The package that installs each DB-API module SQLAlchemy's dialects import (by module name).
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary",
+                   "asyncpg": "asyncpg", "pg8000": "pg8000", "MySQLdb": "mysqlclient",
+                   "pymysql": "PyMySQL", "mysql": "mysql-connector-python",
+                   "mariadb": "mariadb", "aiomysql": "aiomysql", "aiosqlite": "aiosqlite",
+                   "oracledb": "oracledb", "pyodbc": "pyodbc", "pymssql": "pymssql"}
 
 
 def default_url(data_dir: str | Path | None = None) -> str:
@@ -36,7 +46,7 @@ def normalize_url(url: str) -> str:
     try:
         parsed = make_url(url)
     except Exception:
-        raise ConfigError(f"database URL {url!r} is not a SQLAlchemy URL "
+        raise ConfigError(f"database URL {settings.redact_url(url)!r} is not a SQLAlchemy URL "
                           "(e.g. sqlite:////path/registry.sqlite or postgresql://host/db)") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -49,7 +59,15 @@ class Database:
     def __init__(self, url: str | None = None):
         self.url = normalize_url(url or default_url())
         self.is_sqlite = self.url.startswith("sqlite")
-        self.engine = _sqlite_engine(self.url) if self.is_sqlite else _server_engine(self.url)
+        try:
+            self.engine = _sqlite_engine(self.url) if self.is_sqlite else _server_engine(self.url)
+        except ModuleNotFoundError as e:    # the dialect imports its driver in create_engine
+            raise _missing_driver(self.url, e) from None
+        except NoSuchModuleError:           # foo://: no dialect of that name
+            raise ConfigError(f"cannot connect to the database at {shown_url(self.url)}: "
+                              f"SQLAlchemy knows no database kind "
+                              f"{make_url(self.url).drivername!r}; {URL_FIX}") from None
+        event.listen(self.engine, "handle_error", _note_connect_failure)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_lock = threading.Lock() if self.is_sqlite else None
 
@@ -74,6 +92,48 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def shown_url(url) -> str:
+    """The URL fit for a message: its password as ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return settings.redact_url(str(url))
+
+
+def _missing_driver(url: str, e: ModuleNotFoundError) -> ConfigError:
+    module = (e.name or "").split(".")[0]
+    package = DRIVER_PACKAGES.get(module, module or "its driver")
+    return ConfigError(f"cannot connect to the database at {shown_url(url)}: its driver "
+                       f"{module or e} is not installed; install it (pip install '{package}') "
+                       f"or {URL_FIX}")
+
+
+def _note_connect_failure(ctx) -> None:
+    """handle_error: a driver error raised while connecting (no connection yet, so no statement
+    failed) keeps the URL it was connecting to, for connect_failure."""
+    if ctx.connection is None and ctx.sqlalchemy_exception is not None and ctx.engine is not None:
+        ctx.sqlalchemy_exception.connecting_to = ctx.engine.url
+
+
+def connect_failure(e: BaseException) -> DatabaseUnavailable | None:
+    """e as one actionable line when it (or an error it was raised from) is a failure to
+    connect to the registry database: no such database, nothing listening, a refused login.
+    None for any other error, a failed statement included. The CLI tells it this way
+    (zoo/cli/main.py); the API leaves it to its 500 handler, which names no server address."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        url = getattr(e, "connecting_to", None)
+        if url is not None:
+            reason = " ".join(_first_line(getattr(e, "orig", None) or e).split())
+            if url.password:
+                reason = reason.replace(str(url.password), "***")
+            return DatabaseUnavailable(f"cannot connect to the database at {shown_url(url)}: "
+                                       f"{reason}; {URL_FIX}")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 SQLITE_FULL = 13

@@ -202,6 +202,14 @@ class OfflineError(OscarZooError, ConnectionError):
     title = "Offline"
 
 
+class DatabaseUnavailable(OscarZooError, ConnectionError):
+    """The registry database cannot be connected to: no such database, nothing listening, a
+    refused login (registry_db/session.py, connect_failure)."""
+
+    http_status = 503
+    title = "Database unavailable"
+
+
 class RemoteError(OscarZooError, ConnectionError):
     """A registry or hub answered with an error we cannot recover from."""
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from . import settings
 from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelled, ModelNotFound,
@@ -71,6 +71,25 @@ def store_token(token: str) -> Path:
     return path
 
 
+def check_endpoint(endpoint: str, name: str = "OSCAR_ZOO_ENDPOINT") -> None:
+    """Raise ConfigError unless `endpoint` is an http(s) URL with a host: without its scheme
+    (127.0.0.1:8000) httpx refused it as UnsupportedProtocol, told as a network problem."""
+    try:
+        parts = urlsplit(endpoint)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # read for its check: a port that is no number
+    except ValueError:
+        ok = False
+    if ok:
+        return
+    if "://" not in endpoint:   # the usual slip: host:port alone; shown with any password masked
+        shown = settings.redact_url(f"http://{endpoint}").removeprefix("http://")
+        raise ConfigError(f"{name} must start with http:// or https://, got {shown!r}: use "
+                          f"http://{shown}")
+    raise ConfigError(f"{name} must be an http:// or https:// URL with a host, got "
+                      f"{settings.redact_url(endpoint)!r} (e.g. http://127.0.0.1:8000)")
+
+
 def _ref(ref: str | int) -> str:
     return quote(str(ref).strip(), safe="")
 
@@ -82,6 +101,8 @@ def _name(name: str) -> str:
 class RegistryClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
+        # what the messages call it: `worker --registry URL` passes its own
+        self.endpoint_name = "OSCAR_ZOO_ENDPOINT" if not endpoint else "the registry URL"
         self.where = settings.redact_url(self.endpoint)  # for messages: never its password
         self.token = _clean(token) if token is not None else current_token()
         # where a refused token came from decides how to replace it (`oscar-zoo worker` passes
@@ -98,6 +119,7 @@ class RegistryClient:
             raise ConfigError("no registry configured: set OSCAR_ZOO_ENDPOINT (e.g. "
                               "http://127.0.0.1:8000) or use the hub sources")
         if self._http is None:
+            check_endpoint(self.endpoint, self.endpoint_name)
             from .sources.download import new_client
 
             self._http = new_client(base_url=self.endpoint, headers=self.auth_headers)
@@ -123,8 +145,12 @@ class RegistryClient:
 
     # --- requests ----------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, *, retry: bool | None = None, **kwargs):
-        from .sources.download import import_httpx
+    def request(self, method: str, path: str, *, retry: bool | None = None,
+                offline_hint: bool = False, **kwargs):
+        """offline_hint: a read the local cache can answer (a model, its versions), whose
+        connection error says that OSCAR_ZOO_OFFLINE=1 uses the cache, where it holds any bundle;
+        not whoami, jobs or writes, which only the registry answers."""
+        from .sources.download import import_httpx, offline_hint as cache_hint
 
         httpx = import_httpx()
 
@@ -139,8 +165,8 @@ class RegistryClient:
                     continue
                 raise OfflineError(
                     f"cannot reach the registry at {self.where} ({type(e).__name__}); check "
-                    "OSCAR_ZOO_ENDPOINT and your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
-                    "local cache") from None
+                    f"{self.endpoint_name} and your network"
+                    f"{cache_hint() if offline_hint else ''}") from None
             # 507: the registry's disk is full, and stays so until its operator makes room
             if r.status_code >= 500 and r.status_code != 507 and attempt + 1 < attempts:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
@@ -150,9 +176,10 @@ class RegistryClient:
             return r
         raise AssertionError("unreachable")
 
-    def get_json(self, path: str, **params) -> Any:
+    def get_json(self, path: str, *, offline_hint: bool = False, **params) -> Any:
         params = {k: v for k, v in params.items() if v is not None}
-        return self.json_of(self.request("GET", path, params=params or None))
+        return self.json_of(self.request("GET", path, params=params or None,
+                                         offline_hint=offline_hint))
 
     def json_of(self, r) -> Any:
         """The body as JSON; a web page (a proxy's or a login portal's, or an endpoint that is
@@ -209,15 +236,16 @@ class RegistryClient:
     # --- reads -------------------------------------------------------------------------------
 
     def model(self, name: str) -> dict:
-        return self.get_json(f"/v1/models/{_name(name)}")
+        return self.get_json(f"/v1/models/{_name(name)}", offline_hint=True)
 
     def version(self, name: str, ref: str | int) -> dict:
         """Version detail: {model, version, status, digest, manifest, files[{name, sha256, size,
         url}], aliases, ...}. `ref` is a number or an alias."""
-        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}")
+        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}", offline_hint=True)
 
     def versions(self, name: str, status: str | None = None) -> Iterator[dict]:
-        yield from self._pages(f"/v1/models/{_name(name)}/versions", status=status)
+        yield from self._pages(f"/v1/models/{_name(name)}/versions", status=status,
+                               offline_hint=True)
 
     def whoami(self) -> dict:
         """{actor, scopes} of this client's token; Unauthorized when it has none or it is refused."""
@@ -225,12 +253,14 @@ class RegistryClient:
         return self.json_of(r)
 
     def models(self, q: str | None = None, published: bool = False) -> Iterator[dict]:
-        yield from self._pages("/v1/models", q=q, published="true" if published else None)
+        yield from self._pages("/v1/models", q=q, published="true" if published else None,
+                               offline_hint=True)
 
-    def _pages(self, path: str, **params) -> Iterator[dict]:
+    def _pages(self, path: str, *, offline_hint: bool = False, **params) -> Iterator[dict]:
         cursor = None
         while True:
-            body = self.get_json(path, cursor=cursor, limit=200, **params)
+            body = self.get_json(path, cursor=cursor, limit=200, offline_hint=offline_hint,
+                                 **params)
             yield from body.get("items", [])
             cursor = body.get("next_cursor")
             if not cursor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +164,9 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
         if not parts.password:
             return url
-    except ValueError:  # not a URL after all
-        return url
+    except ValueError:  # not a URL urlsplit takes (broken brackets, a port that is no number):
+        # mask whatever sits between "scheme://user:" and the last "@" all the same
+        return re.sub(r"^([a-z][\w+.-]*://[^:/@]*):.*@", r"\1:***@", url, flags=re.I | re.S)
     netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"
     return parts._replace(netloc=netloc).geturl()
 

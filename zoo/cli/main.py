@@ -33,6 +33,24 @@ class ZooGroup(click.Group):
             click.echo(click.style("Error: ", fg="red") + f"{e} ({fix}`oscar-zoo settings` "
                        "shows the directories oscar-zoo uses and their variables)", err=True)
             sys.exit(1)
+        except Exception as e:
+            told = _database_unreachable(e)
+            if told is None:
+                raise
+            click.echo(click.style("Error: ", fg="red") + str(told), err=True)
+            sys.exit(1)
+
+
+def _database_unreachable(e: Exception):
+    """A failure to connect to the registry database (a database that does not exist, nothing
+    listening on its port, a refused login) as one line naming the URL, its password masked;
+    None for any other error. Only where SQLAlchemy is loaded: without it, no database was
+    asked, and `oscar-zoo --help` and the client commands stay light."""
+    if "sqlalchemy" not in sys.modules:
+        return None
+    from ...registry_db.session import connect_failure
+
+    return connect_failure(e)
 
 
 @click.group(cls=ZooGroup, context_settings={"help_option_names": ["-h", "--help"]})

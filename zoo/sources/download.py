@@ -439,10 +439,23 @@ def _final_error(remote: RemoteFile, e: Exception, retries: int) -> Exception:
 
     where = f"{remote.name} from {remote.source or 'the server'}"
     if isinstance(e, httpx.ConnectError):
-        return OfflineError(f"{where}: cannot connect ({e}); check your network, or set "
-                            "OSCAR_ZOO_OFFLINE=1 to use only the local cache")
+        # no OSCAR_ZOO_OFFLINE hint: a file is downloaded because the cache lacks it
+        return OfflineError(f"{where}: cannot connect ({e}); check your network")
     return RemoteError(f"{where}: {_describe(e)} after {retries} retries; the partial download "
                        "is kept and the next run resumes it")
+
+
+def offline_hint() -> str:
+    """", or set OSCAR_ZOO_OFFLINE=1 to use the local cache", for the connection error of a
+    read the cache can answer (a registry's or a hub's listing), where the cache holds some
+    bundle; "" where it holds none: offline mode would only fail the same read again. Callers
+    whose request no cache answers (whoami, jobs, publish, mirror uploads) add nothing."""
+    try:
+        if next(Cache().held(), None) is None:
+            return ""
+    except (OSError, ValueError):    # a cache dir that cannot be read, a bad OSCAR_ZOO_CACHE
+        return ""
+    return ", or set OSCAR_ZOO_OFFLINE=1 to use the local cache"
 
 
 def _note(message: str) -> None:

@@ -11,6 +11,7 @@ MODELSCOPE_ENDPOINT, MODELSCOPE_API_TOKEN), and every client error becomes one o
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ from urllib.parse import quote
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
                       RemoteError, Unauthorized, VersionNotFound)
-from .download import RemoteFile, duration, finished_file, retry_after_seconds, retry_transient
+from .download import (RemoteFile, duration, finished_file, offline_hint, retry_after_seconds,
+                       retry_transient)
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -77,7 +79,7 @@ class HFHub:
     def listing(self, repo: str, paths: list[str], revision: str = "main") -> Listing:
         """Commit of `revision` and metadata of the given paths at that commit (missing: absent)."""
         def call():
-            with self.errors(repo, revision):
+            with self.errors(repo, revision, cache_serves=True):
                 api = self.api()
                 info = api.repo_info(repo, revision=revision)
                 found = api.get_paths_info(repo, paths, revision=info.sha) if paths else []
@@ -120,7 +122,7 @@ class HFHub:
 
     def tags(self, repo: str) -> dict[str, str]:
         def call():
-            with self.errors(repo, None):
+            with self.errors(repo, None, cache_serves=True):
                 refs = self.api().list_repo_refs(repo)
                 return {t.name: t.target_commit for t in refs.tags}
         return _retrying(call)
@@ -138,7 +140,9 @@ class HFHub:
         return f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
     @contextmanager
-    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
+    def errors(self, repo: str, revision: str | None, cache_serves: bool = False) -> Iterator[None]:
+        """The client's errors as ours. cache_serves: a read the local cache can answer (a pull's
+        listing), whose connection error may suggest OSCAR_ZOO_OFFLINE=1 (not an upload's)."""
         from huggingface_hub import errors as hf
 
         where = f"hf:{repo}" + (f"@{revision}" if revision else "")
@@ -163,8 +167,8 @@ class HFHub:
         except Exception as e:
             if _is_connection_error(e):
                 raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
-                                   "check your network, or set OSCAR_ZOO_OFFLINE=1 to use the "
-                                   "local cache") from None
+                                   f"check your network{offline_hint() if cache_serves else ''}"
+                                   ) from None
             raise
 
 
@@ -189,7 +193,7 @@ class MSHub:
 
     # modelscope-hub retries failed requests itself (with backoff), so no _retrying here.
     def listing(self, repo: str, paths: list[str] | None, revision: str = "master") -> Listing:
-        with self.errors(repo, revision):
+        with self.errors(repo, revision, cache_serves=True):
             entries = self.api().list_repo_files(repo, "model", revision=revision, recursive=True)
         want = None if paths is None else set(paths)
         files = {e.path: FileMeta(e.path, int(e.size or 0), e.sha256)
@@ -197,7 +201,7 @@ class MSHub:
         return Listing(repo, revision, None, None, files)
 
     def tags(self, repo: str) -> dict[str, str]:
-        with self.errors(repo, None):
+        with self.errors(repo, None, cache_serves=True):
             revs = self.api().list_repo_revisions(repo, "model")
         return {r.get("Revision"): r.get("CommitId") or r.get("Revision") for r in revs
                 if r.get("Revision") not in ("master", "main")}
@@ -224,7 +228,8 @@ class MSHub:
                 f"&FilePath={quote(path, safe='')}")
 
     @contextmanager
-    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
+    def errors(self, repo: str, revision: str | None, cache_serves: bool = False) -> Iterator[None]:
+        """As HFHub.errors."""
         import modelscope_hub.errors as ms
 
         where = f"modelscope:{repo}" + (f"@{revision}" if revision else "")
@@ -241,7 +246,7 @@ class MSHub:
             raise IntegrityError(f"{where}: {_first_line(e)}; the download was discarded") from None
         except ms.NetworkError as e:
             raise OfflineError(f"{where}: cannot reach {self.endpoint} ({_first_line(e)}); check "
-                               "your network, or set OSCAR_ZOO_OFFLINE=1") from None
+                               f"your network{offline_hint() if cache_serves else ''}") from None
         except ms.APIError as e:
             raise _http_error(where, getattr(e, "status_code", None), _first_line(e),
                               "MODELSCOPE_API_TOKEN", _retry_after(e)) from None
@@ -329,8 +334,28 @@ def _hf_text(e) -> str:
     return f"{first}: {reason}" if reason and reason not in first else first
 
 
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+def _first_line(e: Exception, limit: int = 300) -> str:
+    """The first line of e's message, kept readable: a urllib3 chain ("Connection failed:
+    ...Pool(host=..., port=443): Max retries exceeded with url: ... (Caused by
+    NameResolutionError("...: Failed to resolve 'host' (...)"))") as its first words and the
+    cause's class and reason; anything still over `limit` cut at a word, with "...".
+    Cut at a fixed length it broke off mid-word inside the pool's repr."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    caused = _CAUSED_BY.search(line)
+    if caused:
+        head = line[:caused.start()].split(": ", 1)[0].strip()
+        head = "" if "(" in head else head      # a pool's repr: the message names the host
+        inner = caused.group("args")
+        reason = next((inner.split(sep, 1)[1] for sep in (">: ", "): ", ">, ") if sep in inner),
+                      inner).strip().strip("'\"")
+        line = ": ".join(part for part in (head, caused.group("cls"), reason) if part)
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:([{")
+    return f"{cut}..."
+
+
+_CAUSED_BY = re.compile(r"\(Caused by (?P<cls>\w+)\((?P<args>.*)\)\)\s*$")
 
 
 def _is_connection_error(e: Exception) -> bool:

@@ -140,7 +140,7 @@ def test_validate_takes_the_text_field_its_error_asks_for(monkeypatch, tmp_path)
 @pytest.mark.parametrize("args, says", [
     (["validate", "{b}", "--windows", "0"], "windows 0"),
     (["validate", "{b}", "--context-len", "256"], "must exceed sink 64 + recent 256 = 320; raise --context-len"),
-    (["calibrate", "qwen3-8b", "--seq-len", "256", "--validate", "--out", "{o}"], "raise --seq-len (seq_len in a job spec) above 320"),
+    (["calibrate", "qwen3-8b", "--seq-len", "256", "--validate", "--out", "{o}"], "Raise --seq-len above 320"),
 ])
 def test_lengths_that_measure_nothing_are_refused_before_the_model_loads(monkeypatch, tmp_path,
                                                                          args, says):
@@ -442,3 +442,81 @@ def test_a_calibration_meeting_a_real_full_out_is_saved_on_another_disk(tmp_path
             "writing the calibrated bundle; nothing half-written was kept there. The calibration "
             f"is not lost: it was saved to {saved} instead") in proc.stderr.strip().splitlines()[-1]
     assert bundle_mod.read(saved).manifest.model.name == "qwen3-8b"
+
+
+def _never_load(monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    monkeypatch.setattr(pipeline, "load_model", never)
+
+
+def test_calibrate_suggests_the_catalog_name_a_typo_is_close_to(monkeypatch, tmp_path):
+    """`show`, `pull` and `convert` said "Did you mean: smollm2-135m?"; calibrate did not."""
+    _never_load(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "smollm-135m", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 1 and "Did you mean: smollm2-135m?" in r.stderr, r.output
+    assert "'smollm-135m' is not a catalog model" in r.stderr
+    b = make_bundle(tmp_path / "made", model="qwen3-8b")   # validate --model too
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--model", "qwen3-8bb"])
+    assert r.exit_code == 1 and "Did you mean: qwen3-8b" in r.stderr, r.output
+    r = CliRunner().invoke(cli, ["calibrate", "./smollm2-135m", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 1 and "no such file or directory" in r.stderr    # a path: no guess
+    assert "Did you mean" not in r.stderr
+
+
+@pytest.mark.parametrize("validating", [[], ["--validate"]])
+def test_a_seq_len_too_short_for_the_clip_search_names_options_that_exist(monkeypatch, tmp_path,
+                                                                          validating):
+    """The error said "or lower the windows": the sink and recent windows are how OSCAR serves
+    the model, and calibrate has no option for them. --no-clip-search is the way out it has."""
+    _never_load(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--seq-len", "256", *validating,
+                                 "--out", str(tmp_path / "b")])
+    assert r.exit_code == 1, r.output
+    assert "Raise --seq-len above 320" in r.stderr and "--no-clip-search" in r.stderr, r.stderr
+    assert "sink 64 + recent 256 = 320 tokens (how OSCAR serves smollm2-135m)" in r.stderr
+    assert "lower the windows" not in r.stderr and "job spec" not in r.stderr
+    seen = _capture_config(monkeypatch)      # and the way out it names works
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--seq-len", "256",
+                                 "--no-clip-search", "--out", str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop), r.output
+    assert seen[0].seq_len == 256 and not seen[0].clip_search
+
+
+class _WordTokenizer:
+    """One token per word: what token_windows asks of a tokenizer."""
+    add_bos_token = False
+    bos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": list(range(len(text.split())))}
+
+
+@pytest.mark.parametrize("clip, says", [
+    ([], "3 needed for 1,536 tokens: --tokens 512 to calibrate on, plus 2 windows of --seq-len "
+         "512 held out for the clip search (--no-clip-search needs none)"),
+    (["--no-clip-search"], None)])
+def test_too_little_text_says_the_clip_search_takes_windows_too(monkeypatch, tmp_path, clip, says):
+    """--tokens 512 --seq-len 512 said "3 needed for 1,536 tokens" with no word of where the
+    other 1,024 came from: the clip search's held-out windows."""
+    class Calibrated(Exception):
+        pass
+
+    monkeypatch.setattr(pipeline, "load_model", lambda src: (object(), _WordTokenizer()))
+    monkeypatch.setattr(pipeline.capture, "install", lambda model: None)
+    monkeypatch.setattr(pipeline, "model_geometry", lambda model: src_geometry)
+    monkeypatch.setattr(pipeline, "_moments_and_fit", lambda *a: (_ for _ in ()).throw(Calibrated()))
+    from oscar_zoo.zoo.catalog import lookup
+
+    src_geometry = lookup("smollm2-135m").geometry
+    data = tmp_path / "d.txt"
+    data.write_text("word " * 1000)                 # room for one window of 512
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--tokens", "512", "--seq-len", "512",
+                                 *clip, "--data", str(data), "--out", str(tmp_path / "b")])
+    if says is None:                                # one window is all it needs
+        assert isinstance(r.exception, Calibrated), r.output
+        return
+    assert r.exit_code == 1 and says in r.stderr, r.output
+    assert "room for 1 windows of 512" in r.stderr and "add data" in r.stderr

@@ -363,3 +363,78 @@ def test_any_other_write_onto_a_full_disk_says_to_free_space(monkeypatch):
     result = CliRunner().invoke(cli, ["login", "--token", "ozk_test"])
     _one_error_line(result, "No space left on device", "free space on that disk",
                     "`oscar-zoo prune`")
+
+
+@pytest.fixture
+def registry_with_smol(tmp_path, monkeypatch, hub):
+    """A registry holding smollm2-135m v1, published without a validation report; head_dim 64,
+    so vLLM's prototype (head_dim 128, group 128) refuses it."""
+    from tests.utils.bundles import make_bundle
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    bundle = make_bundle(tmp_path / "b", model="smollm2-135m")
+    assert bundle.manifest.validation is None
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        server.publish_dir(bundle.path)
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+        yield server
+
+
+REFUSAL = "The PR's prototype checks its settings and accepts only head_dim 128 with group size 128"
+
+
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_pull_warns_on_stderr_of_what_the_engine_will_refuse(registry_with_smol, tmp_path, quiet):
+    """`pull ... --format vllm > serve.sh` exited 0 with the only word of vLLM refusing the
+    bundle in a `# note:` line of serve.sh: with stdout redirected, the user saw nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    out = tmp_path / "rotations"
+    r = CliRunner().invoke(cli, ["pull", "smollm2-135m@1", "--format", "vllm", "--out", str(out),
+                                 *quiet])
+    assert r.exit_code == 0, r.output
+    assert f"# note: {REFUSAL}" in r.stdout                 # the recipe keeps it
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(REFUSAL in line for line in warned), r.stderr
+    assert any("work-in-progress PR" in line for line in warned)   # every note of the recipe
+    assert "warning" not in r.stdout
+    data = json.loads(CliRunner().invoke(cli, ["pull", "smollm2-135m@1", "--format", "vllm",
+                                               "--json"]).stdout)
+    assert any(REFUSAL in n for n in data["export"]["recipe"]["notes"])   # and --json
+
+
+def test_pull_says_a_version_was_never_validated(registry_with_smol):
+    """The summary left its validation line out, which read as nothing to worry about."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["pull", "smollm2-135m@1"])
+    assert r.exit_code == 0, r.output
+    assert ("  validation  none: the bundle holds no validation report"
+            in r.stderr.splitlines()), r.stderr
+    assert "validation" not in CliRunner().invoke(cli, ["pull", "smollm2-135m@1", "-q"]).stderr
+
+
+def test_export_warns_on_stderr_of_what_the_engine_will_refuse(registry_with_smol, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    pull("smollm2-135m@1")
+    r = CliRunner().invoke(cli, ["export", "smollm2-135m@1", "--format", "vllm", "--out",
+                                 str(tmp_path / "x")])
+    assert r.exit_code == 0, r.output
+    assert f"# note: {REFUSAL}" in r.stdout
+    assert any(line.startswith("warning: ") and REFUSAL in line for line in r.stderr.splitlines())
+    r = CliRunner().invoke(cli, ["export", "smollm2-135m@1", "--format", "vllm", "--out",
+                                 str(tmp_path / "x"), "--json"])
+    assert r.exit_code == 0 and any(REFUSAL in n for n in json.loads(r.stdout)["recipe"]["notes"])

@@ -12,6 +12,7 @@ from typing import Callable, ContextManager, Iterator
 import click
 
 from .. import settings
+from ..errors import InvalidInput
 from ..files import out_of_space
 from .output import emit, info, json_option, warn, window_note
 
@@ -70,7 +71,9 @@ class PhaseBars:
 @click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Tokens per window [default: 2048].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Windows per forward pass [default: 1 on a CPU, 32K tokens' worth on a GPU].")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Picks which windows of the text are calibrated on (and held out for the clip "
+                   "search) and the clip search's query positions.")
 @click.option("--revision", help="Model revision (branch, tag or commit) when loading from a hub.")
 @click.option("--k-objective", type=click.Choice(["qqt", "ktk", "hadamard"]), default="qqt", show_default=True)
 @click.option("--v-objective", type=click.Choice(["sst", "vtv", "hadamard"]), default="sst", show_default=True)
@@ -91,7 +94,7 @@ class PhaseBars:
               help="INT2 buckets to simulate (clip search, validation) and record for serving: "
                    "Lloyd-Max, as SGLANG_LLOYD_MAX=1 (needs group size = head_dim), or uniform "
                    "min/max [default: how OSCAR serves the model, from the catalog].")
-@click.option("--validate/--no-validate", "run_validation", default=False,
+@click.option("--validate/--no-validate", "run_validation", default=False, show_default=True,
               help="Validate the bundle on held-out text right after calibrating (exit 1 if it fails).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle at --out.")
 @json_option
@@ -108,13 +111,12 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
                                "--overwrite replaces only a bundle: choose another --out")
     from oscar_zoo.calibrate.data import BUILTIN, load_text
     from oscar_zoo.calibrate.jobspec import check_int2_geometry, int2_defaults
-    from oscar_zoo.calibrate.loading import resolve_source
     from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
     from oscar_zoo.calibrate.validate import ValidationConfig
 
     from .. import bundle as bundle_mod
 
-    src = resolve_source(model, revision)
+    src = _resolve(model, revision)
     int2 = int2_defaults(src.entry)  # the cache OSCAR serves this model with, as a job would
     cfg = CalibrationConfig(
         model=model, revision=revision, data=list(data) or [BUILTIN], text_field=text_field,
@@ -126,6 +128,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         group_size=group_size or int2.get("group_size"), sink_tokens=int2["sink_tokens"],
         recent_tokens=int2["recent_tokens"],
         lloyd_max=int2["lloyd_max"] if lloyd_max is None else lloyd_max)
+    _check_clip_windows(cfg, src)
     cfg.check()  # before a load: a bad length must not cost one
     if src.entry is not None:   # a catalog model's geometry is known: a bad group costs no load
         check_int2_geometry(cfg.group_size, src.entry.geometry, lloyd_max=cfg.lloyd_max)
@@ -137,7 +140,10 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     t0 = time.perf_counter()
     loaded = _load(src, bars) if run_validation else None  # one load for both steps
     load_s = time.perf_counter() - t0
-    result = calibrate(cfg, progress=bars, loaded=loaded, text=text)
+    try:
+        result = calibrate(cfg, progress=bars, loaded=loaded, text=text)
+    except InvalidInput as e:
+        raise _with_clip_windows_said(e, cfg) from None
     for phase in ("loading", "total"):  # calibrate() times a load only when it does it
         result.timings[phase] = result.timings.get(phase, 0.0) + load_s
     bars.close()
@@ -157,6 +163,53 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     emit(data_out, as_json, _human)
     if run_validation:
         _exit_unless_passed(written.manifest.validation, out)
+
+
+def _resolve(model: str, revision: str | None = None):
+    """resolve_source, with the "Did you mean" of `show`, `pull` and `convert` for a name that is
+    close to a catalog model's (smollm-135m: smollm2-135m)."""
+    from oscar_zoo.calibrate.jobspec import is_path
+    from oscar_zoo.calibrate.loading import resolve_source
+
+    from ..catalog import suggest
+    from ..errors import ModelNotFound
+
+    try:
+        return resolve_source(model, revision)
+    except ModelNotFound as e:
+        close = [] if e.suggestions or is_path(model) or Path(model).exists() else suggest(model)
+        if not close:
+            raise
+        raise ModelNotFound(str(e), suggestions=close) from None
+
+
+def _check_clip_windows(cfg, src) -> None:
+    """What cfg.check() says of a --seq-len too short for the clip search, in this command's
+    options: the BF16 sink + recent windows are how OSCAR serves the model (the catalog's), not
+    an option of calibrate, so the ways out are a longer --seq-len or no clip search."""
+    window = cfg.sink_tokens + cfg.recent_tokens
+    if not cfg.clip_search or cfg.seq_len > window or cfg.sink_tokens < 0 or cfg.recent_tokens < 0:
+        return
+    served = f"how OSCAR serves {src.entry.name}" if src.entry is not None else "the defaults"
+    raise InvalidInput(
+        f"--seq-len {cfg.seq_len} leaves no INT2 keys for the clip search: its windows must be "
+        f"longer than the BF16 sink {cfg.sink_tokens} + recent {cfg.recent_tokens} = {window} "
+        f"tokens ({served}). Raise --seq-len above {window} (e.g. 2048), or pass "
+        "--no-clip-search to keep OSCAR's shipped clips (K 0.96 / V 0.92)")
+
+
+def _with_clip_windows_said(e: InvalidInput, cfg) -> InvalidInput:
+    """Too little text for the windows: token_windows counts --tokens plus the clip search's
+    held-out windows, which a user who asked for --tokens alone cannot tell from its numbers
+    ("3 needed for 1,536 tokens" for --tokens 512). Any other error: as it was."""
+    budget = cfg.tokens + cfg.clip_windows * cfg.seq_len
+    said = f"needed for {budget:,} tokens"
+    if not cfg.clip_search or said not in str(e):
+        return e
+    windows = f"{cfg.clip_windows} window{'s' if cfg.clip_windows != 1 else ''}"
+    return type(e)(str(e).replace(said, (
+        f"{said}: --tokens {cfg.tokens:,} to calibrate on, plus {windows} of --seq-len "
+        f"{cfg.seq_len:,} held out for the clip search (--no-clip-search needs none)"), 1))
 
 
 def _write_calibration(bundle, out: Path, overwrite: bool, validating: bool):
@@ -337,9 +390,13 @@ def _human(d: dict) -> str:
 @click.option("--model", help="Model to run (default: the bundle's own, e.g. its catalog name).")
 @click.option("--data", "data", multiple=True, help="Held-out text (default: builtin:pydoc, held-out half).")
 @click.option("--text-field", default="text", show_default=True, help="JSONL/dataset text field.")
-@click.option("--context-len", type=int, default=2048, show_default=True)
+@click.option("--context-len", type=int, default=2048, show_default=True,
+              help="Tokens per evaluation window: the context the INT2 cache is measured at "
+                   "(must exceed the bundle's BF16 sink + recent tokens).")
 @click.option("--windows", type=int, default=6, show_default=True,
-              help="Evaluation windows, split alternately into two sets for a noise estimate.")
+              help="Evaluation windows of --context-len tokens, split alternately into two sets "
+                   "for a noise estimate. Each costs a forward in BF16 and one per variant: "
+                   "fewer is faster.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Nats/token the bundle may lose to the Hadamard baseline and still pass.")
 @click.option("--write/--no-write", "write_back", default=True, show_default=True,
@@ -391,7 +448,7 @@ def _bundle_model(ref, model: str | None):
     from ..errors import ModelNotFound
 
     if model:
-        return resolve_source(model)
+        return _resolve(model)
     try:
         return resolve_source(ref.name, ref.revision)
     except ModelNotFound:

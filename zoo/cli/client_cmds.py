@@ -57,7 +57,7 @@ def _size(n: int | None) -> str:
               help="Only these layers, e.g. 0-45 (a pipeline-parallel stage's share).")
 @click.option("--source", "sources", multiple=True, type=click.Choice(["registry", "hf", "modelscope"]),
               help="Pull only from these sources (default: OSCAR_ZOO_SOURCES).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress or summary on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress or summary on stderr (warnings still).")
 @json_option
 def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
     """Download, verify and cache a rotation bundle, then print how to serve with it.
@@ -81,6 +81,7 @@ def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
             warn(note)
         elif not quiet:
             info(f"note: {note}")
+    _warn_recipe_notes(result.export)
     if not quiet:
         for line in _summary(result):
             info(line)
@@ -103,6 +104,8 @@ def _summary(r) -> list[str]:
         lines.append("  validation  none: imported from the RotationZoo as shipped")
     elif r.validated is not None:
         lines.append(f"  validation  {'passed' if r.validated else 'FAILED'}")
+    else:   # said, not left out: a missing line reads as nothing to worry about
+        lines.append("  validation  none: the bundle holds no validation report")
     if r.export is not None:
         lines.append(f"  {r.export.format:<11} {r.export.dir}")
     return lines
@@ -118,6 +121,15 @@ def _stdout(r) -> str:
     # `pull ... > serve.sh` must carry it: stderr is gone by the time someone runs the script
     head += [f"# WARNING: {n}" for n in r.notes if _is_warning(n) and "reached" not in n]
     return "\n".join(head + [_recipe_text(exp)])
+
+
+def _warn_recipe_notes(exp) -> None:
+    """The recipe's notes (what the engine will refuse, ignore or need extra) as warnings on
+    stderr too: `pull ... > serve.sh` puts the recipe, and its `# note:` lines, where the user
+    does not look until the engine refuses to start."""
+    if exp is not None and exp.recipe is not None:
+        for note in exp.recipe.notes:
+            warn(note)
 
 
 def _recipe_text(exp) -> str:
@@ -745,6 +757,8 @@ def export_command(target, fmt, out, layers, as_json):
             bdir, digest = result.path, result.digest
         chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
         result = export(cache, digest, bdir, fmt, chosen, out)
+    if not as_json:     # --json carries them in recipe.notes
+        _warn_recipe_notes(result)
     emit(result.to_dict(), as_json, lambda d: _recipe_text(result))
 
 

@@ -68,6 +68,7 @@ def yank_command(spec, reason, as_json):
 def alias_command(spec, alias, reason, as_json):
     """Point ALIAS (e.g. recommended) at a published version.
 
+    \b
       oscar-zoo alias qwen3-8b@3 recommended --reason "lower loss on GPQA"
       oscar-zoo alias qwen3-8b@latest recommended
     """

@@ -31,8 +31,8 @@ from .. import settings
               help="Exit (after the current job) when the process that started this one is gone.")
 @click.option("--once", is_flag=True, help="Run at most one job, then exit.")
 def worker_command(registry, gpus, executor, ray_address, worker_id, exit_with_parent, once):
-    """Claim calibration jobs from REGISTRY and run them until stopped (Ctrl-C gives the current
-    job back to the queue)."""
+    """Claim calibration jobs from the registry at --registry and run them until stopped (Ctrl-C
+    gives the current job back to the queue)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
     token = settings.get("token")

@@ -114,6 +114,7 @@ def _sources(names: list[str] | None, cache: Cache):
             from .sources.registry import RegistrySource
 
             client = RegistryClient()
+            client.offline_hints = False    # pull falls back to the cache by itself
             if client.configured:
                 out.append(RegistrySource(client))
         elif name in ("hf", "modelscope"):
@@ -158,16 +159,17 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
             failures.append((source.name, e))
             silent.append(_no_opinion(source, e))
     down = _unreachable(failures, silent)
+    cache_said = ""
     if down:
         why = _fallback_why(failures, down)
         try:
-            result = from_cache(cache, entry, name, ref, why, layers)
-        except (OfflineError, NotFound):
-            pass
+            result = from_cache(cache, entry, name, ref, "no source could serve it", layers)
+        except (OfflineError, NotFound) as e:
+            cache_said = f"; and {e}"     # what the cache holds instead, and how to get it
         else:
             result.notes.insert(0, f"{why}; using the cached copy")
             return result
-    raise _combine(failures, entry, name, ref)
+    raise _combine(failures, entry, name, ref, cache_said)
 
 
 def _no_opinion(source, e: Exception) -> bool:
@@ -206,10 +208,12 @@ def _join(failures) -> str:
     return "; ".join(str(e) for _, e in failures)
 
 
-def _combine(failures: list[tuple[str, Exception]], entry, name: str, ref: Ref) -> Exception:
-    """One error for all sources: the most actionable class, every source's reason."""
+def _combine(failures: list[tuple[str, Exception]], entry, name: str, ref: Ref,
+             cache_said: str = "") -> Exception:
+    """One error for all sources: the most actionable class, every source's reason (and, after
+    a fallback that found nothing, what the cache said)."""
     what = f"{name}@{ref.label}" if not ref.is_default else name
-    message = f"could not pull {what}: {_join(failures)}"
+    message = f"could not pull {what}: {_join(failures)}{cache_said}"
     errors = [e for _, e in failures]
     for cls in (Unauthorized, Forbidden, IntegrityError, RemoteError, OfflineError):
         if any(isinstance(e, cls) for e in errors):

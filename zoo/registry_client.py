@@ -104,6 +104,7 @@ class RegistryClient:
         # what the messages call it: `worker --registry URL` passes its own
         self.endpoint_name = "OSCAR_ZOO_ENDPOINT" if not endpoint else "the registry URL"
         self.where = settings.redact_url(self.endpoint)  # for messages: never its password
+        self.offline_hints = True   # unreachable: say OSCAR_ZOO_OFFLINE=1 serves reads from the cache
         self.token = _clean(token) if token is not None else current_token()
         # where a refused token came from decides how to replace it (`oscar-zoo worker` passes
         # OSCAR_ZOO_TOKEN's value in itself)
@@ -166,7 +167,7 @@ class RegistryClient:
                 raise OfflineError(
                     f"cannot reach the registry at {self.where} ({type(e).__name__}); check "
                     f"{self.endpoint_name} and your network"
-                    f"{cache_hint() if offline_hint else ''}") from None
+                    f"{cache_hint() if offline_hint and self.offline_hints else ''}") from None
             # 507: the registry's disk is full, and stays so until its operator makes room
             if r.status_code >= 500 and r.status_code != 507 and attempt + 1 < attempts:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))

@@ -173,8 +173,8 @@ def _removed(session: Session, model: Model, ref: str) -> str:
     if last is None or last.to_version_id is not None:
         return ""
     by = f" by {last.by}" if last.by else ""
-    why = f": {last.reason}" if last.reason else ""
-    return f" Alias {ref.lower()!r} was removed {last.at:%Y-%m-%d %H:%M} UTC{by}{why}."
+    why = f" ({last.reason.strip().rstrip('.')})" if last.reason and last.reason.strip() else ""
+    return f"; alias {ref.lower()!r} was removed {last.at:%Y-%m-%d %H:%M} UTC{by}{why}"
 
 
 def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVersion:
@@ -198,10 +198,17 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
         newest = session.scalar(select(func.max(BundleVersion.number))
                                  .where(BundleVersion.model_id == model.id))
         known = sorted(alias_map(session, model))
-        hint = f" Its versions: 1 to {newest}." if newest else " It has no versions yet."
-        hint += f" Aliases: {', '.join(known)}." if known else ""
-        raise VersionNotFound(f"{model.name} has no version {ref!r}.{_removed(session, model, ref)}"
-                              f"{hint}")
+        # one sentence, no closing period: clients join several sources' reasons with "; "
+        if ref.isascii() and ref.isdigit():
+            what = f"version {ref}"
+        elif catalog.ALIAS_NAME.fullmatch(ref.lower()):
+            what = f"alias {ref.lower()!r}"
+        else:
+            what = f"version or alias {ref!r}"
+        span = "" if not newest else f"1 to {newest}" if newest > 1 else "1"
+        hint = f"; its versions: {span}" if newest else "; it has no versions yet"
+        hint += f"; aliases: {', '.join(known)}" if known else "; it has no aliases"
+        raise VersionNotFound(f"{model.name} has no {what}{_removed(session, model, ref)}{hint}")
     return row
 
 

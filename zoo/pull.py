@@ -426,13 +426,20 @@ def _number(text: str) -> bool:
     return text.isascii() and text.isdigit()  # str.isdigit alone takes '²', which int() refuses
 
 
-def select_layers(spec: str, available: list[int]) -> list[int]:
+def select_layers(spec: str, available: list[int], num_layers: int | None = None) -> list[int]:
     """The listed layers the bundle has: a range keeps the layers it covers (hybrid models have
-    gaps), a single layer must exist. Raises InvalidInput."""
+    gaps), a single layer must exist, and no range may reach past the model's last layer
+    (`num_layers` - 1; without it, the last of `available`): 0-99 on a 30-layer model is a
+    mistake to say, not a request to clamp. Raises InvalidInput."""
+    total = num_layers or available[-1] + 1
     chosen = set()
     for a, b, is_range in parse_layer_spec(spec):
         if not is_range and a not in available:
             raise InvalidInput(f"--layers {spec}: the bundle has no layer {a}")
+        if b >= total:
+            raise InvalidInput(f"--layers {spec}: the model has {total} layers (0-{total - 1}), "
+                               f"so {a}-{b} goes past its last layer; pass ranges within "
+                               f"0-{total - 1}, or leave --layers out for the whole bundle")
         chosen |= {i for i in available if a <= i <= b}
     if not chosen:
         raise InvalidInput(f"--layers {spec}: none of the bundle's {len(available)} layers "
@@ -466,7 +473,7 @@ def _layers_of(bundle_dir: Path, spec: str) -> list[int]:
     m = json.loads((bundle_dir / MANIFEST).read_text())
     geo = m["geometry"]
     available = geo["attention_layers"] or list(range(geo["num_layers"]))
-    return select_layers(spec, available)
+    return select_layers(spec, available, geo["num_layers"])
 
 
 def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
@@ -479,10 +486,10 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
     if sha256_bytes(raw) != plan.digest:
         raise IntegrityError(f"{plan.origin}: bundle.json does not hash to the announced digest")
     # read plainly: pydantic (parse_manifest) is for a part not yet here, so a warm pull skips it
-    available, granularity = _layers_and_granularity(raw)
+    available, granularity, num_layers = _layers_and_granularity(raw)
     if fmt is not None:
         check_format(fmt, granularity)
-    chosen = select_layers(spec, available)
+    chosen = select_layers(spec, available, num_layers)
     pdir = cache.partial_dir(plan.model, plan.digest, layer_spec(chosen))
     fetched = 0
     if _part_layers(pdir) != chosen:
@@ -506,13 +513,14 @@ def _part_layers(pdir: Path) -> list[int] | None:
         return None
 
 
-def _layers_and_granularity(raw: bytes) -> tuple[list[int], str]:
-    """The bundle's layers with a KV cache and its rotation granularity; a manifest that does not
-    even say these gets the schema's own error."""
+def _layers_and_granularity(raw: bytes) -> tuple[list[int], str, int]:
+    """The bundle's layers with a KV cache, its rotation granularity and the model's layer count;
+    a manifest that does not even say these gets the schema's own error."""
     try:
         m = json.loads(raw)
         geo = m["geometry"]
-        return list(geo.get("attention_layers") or range(geo["num_layers"])), m["method"]["granularity"]
+        n = int(geo["num_layers"])
+        return list(geo.get("attention_layers") or range(n)), m["method"]["granularity"], n
     except (ValueError, KeyError, TypeError):
         from .manifest import parse_manifest
 

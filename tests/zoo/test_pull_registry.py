@@ -145,9 +145,10 @@ def test_list_and_show_with_the_registry(registry, glm_bundles):
     assert result.exit_code == 0, result.output
     assert "92 of 92 layers" in result.stdout and "v1" in result.stdout
     assert "rotations.safetensors" in result.stdout
-    for ref in ("7", "nightly"):  # the registry lacks it: say so, do not show the model alone
+    for ref, said in (("7", "no version 7"), ("nightly", "no alias 'nightly'")):
+        # the registry lacks it: say so, do not show the model alone
         result = CliRunner().invoke(cli, ["show", f"glm-4.7-fp8@{ref}"])
-        assert result.exit_code == 1 and f"no version {ref!r}" in result.stderr, result.output
+        assert result.exit_code == 1 and said in result.stderr, result.output
     verify_bundle(glm_bundles[0].path)
 
 
@@ -159,7 +160,7 @@ def test_show_of_a_version_offline_answers_from_the_cache_or_fails(registry, glm
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["version"]["digest"] == glm_bundles[0].digest
     result = CliRunner().invoke(cli, ["show", "glm-4.7-fp8@7"])
-    assert result.exit_code == 1 and "glm-4.7-fp8@v7 is not in the cache" in result.stderr, result.output
+    assert result.exit_code == 1 and "glm-4.7-fp8@7 is not in the cache" in result.stderr, result.output
 
 
 def test_yanked_version_warns_and_drops_out_of_latest(registry, glm_bundles):
@@ -428,3 +429,38 @@ def test_offline_default_pull_says_when_recommended_is_cached_only_in_part(regis
     # the layers the part holds are still served from it, with no such note
     part = pull("glm-4.7-fp8", layers="1-2")
     assert part.digest == glm_bundles[0].digest and not any("instead" in n for n in part.notes)
+
+
+def test_a_missing_version_is_echoed_as_typed_in_one_plain_sentence(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)         # v1 only, aliases latest and recommended
+    with RegistryClient(token=registry.token("bundles:publish")) as client:
+        client.set_alias("glm-4.7-fp8", "recommended", 1)
+    r = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8@3"])
+    assert r.exit_code == 1 and "could not pull glm-4.7-fp8@3:" in r.stderr, r.output
+    said = ("glm-4.7-fp8 has no version 3; its versions: 1; aliases: latest, recommended; ")
+    assert said in r.stderr and "1 to 1" not in r.stderr, r.output
+    with pytest.raises(VersionNotFound, match="could not pull glm-4.7-fp8@v3:"):
+        pull("glm-4.7-fp8@v3")                        # v3 typed, v3 echoed
+
+
+def test_a_missing_alias_is_called_an_alias(registry, glm_bundles):
+    for b in glm_bundles:
+        registry.publish_dir(b.path)
+    with pytest.raises(VersionNotFound) as e:
+        pull("glm-4.7-fp8@canary")
+    assert ("glm-4.7-fp8 has no alias 'canary'; its versions: 1 to 2; aliases: latest;"
+            in str(e.value)), e.value
+    assert "no version 'canary'" not in str(e.value)
+
+
+def test_layers_past_the_last_layer_are_refused_not_clamped(registry, glm_bundles):
+    registry.publish_dir(glm_bundles[0].path)         # 92 layers: 0-91
+    for spec in ("0-99", "90-92", "0-45,80-100"):
+        with pytest.raises(InvalidInput, match=r"the model has 92 layers \(0-91\).*--layers out"):
+            pull("glm-4.7-fp8", layers=spec, fmt="sglang")
+    cache = Cache()
+    assert not list(cache.root.glob("exports/*/*")) and not list(cache.root.glob("models/*/partial/*/*"))
+    assert pull("glm-4.7-fp8", layers="46-91").layers == list(range(46, 92))  # the last stage
+    r = CliRunner().invoke(cli, ["export", "glm-4.7-fp8@v1", "--layers", "0-99", "--format", "sglang",
+                                 "--out", str(cache.root.parent / "out")])
+    assert r.exit_code == 1 and "the model has 92 layers (0-91)" in r.stderr, r.output

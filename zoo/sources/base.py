@@ -21,6 +21,7 @@ class Ref:
 
     version: int | None = None
     alias: str | None = None
+    typed: str | None = field(default=None, compare=False)  # as the user wrote it: 3, v3
 
     @property
     def is_default(self) -> bool:
@@ -28,8 +29,9 @@ class Ref:
 
     @property
     def label(self) -> str:
+        """The ref as messages echo it: as typed (`@3` stays `@3`, not `@v3`)."""
         if self.version is not None:
-            return f"v{self.version}"
+            return self.typed or f"v{self.version}"
         return self.alias or "default"
 
     def cache_refs(self) -> tuple[str, ...]:
@@ -53,7 +55,7 @@ def parse_spec(spec: str) -> tuple[str, Ref]:
         return name, Ref()
     m = _VERSION.match(ref)
     if m:
-        return name, Ref(version=int(m.group(1)))
+        return name, Ref(version=int(m.group(1)), typed=ref)
     if not _ALIAS.match(ref.lower()):
         raise InvalidInput(f"{ref!r} is neither a version number nor an alias (e.g. "
                            f"{name}@3, {name}@recommended)")

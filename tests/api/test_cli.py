@@ -67,7 +67,7 @@ def test_tokens_expire_and_list_says_which_are_live(registry_db_url, monkeypatch
     assert listed["soon"]["expires_at"] == past.isoformat() and listed["forever"]["expires_at"] is None
     left = datetime.fromisoformat(listed["quarter"]["expires_at"]) - datetime.now(timezone.utc)
     assert timedelta(days=89) < left <= timedelta(days=90)
-    human = {line.split()[2]: line for line in runner.invoke(cli, ["tokens", "list"]).stdout.splitlines()}
+    human = {line.split()[2]: line for line in runner.invoke(cli, ["tokens", "list"]).stdout.splitlines()[1:]}
     assert human["soon"].endswith(f"expired {past.isoformat()[:19]}")
     assert human["quarter"].endswith(f"live until {listed['quarter']['expires_at'][:19]}")
     assert human["forever"].endswith("live") and " revoked 20" in human["gone"]
@@ -86,6 +86,43 @@ def test_a_bad_expiry_is_refused_with_the_forms_it_takes(registry_db_url, monkey
         stderr = " ".join(out.stderr.split())     # click wraps its usage errors
         assert "--expires-in" in stderr and says in stderr, stderr
     assert runner.invoke(cli, ["tokens", "list", "--json"]).stdout.strip() == "[]"
+
+
+def test_tokens_list_has_a_header_row(registry_db_url, monkeypatch):
+    """`tokens list` printed bare rows, unlike `list` and `cache ls`; --json stays rows only."""
+    import json
+
+    monkeypatch.setenv("OSCAR_ZOO_DATABASE_URL", registry_db_url)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["tokens", "create", "--scope", "admin", "--name", "ci"]).exit_code == 0
+    lines = runner.invoke(cli, ["tokens", "list"]).stdout.splitlines()
+    assert lines[0].split() == ["ID", "PREFIX", "NAME", "SCOPES", "STATE"] and len(lines) == 2
+    assert lines[1].index("ci") == lines[0].index("NAME")        # the columns line up
+    assert lines[1].index("admin") == lines[0].index("SCOPES")
+    assert lines[1].index("live") == lines[0].index("STATE")
+    assert [r["name"] for r in json.loads(runner.invoke(cli, ["tokens", "list", "--json"]).stdout)] == ["ci"]
+
+
+def test_tokens_create_json(registry_db_url, monkeypatch):
+    """`tokens create` had no --json: a script had to take the token from bare text."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    monkeypatch.setenv("OSCAR_ZOO_DATABASE_URL", registry_db_url)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["tokens", "create", "--scope", "jobs:work", "--scope", "admin",
+                              "--name", "ci", "--expires-in", "12h", "--json"])
+    assert out.exit_code == 0, out.output
+    made = json.loads(out.stdout)
+    assert made["token"].startswith("ozk_") and len(made["token"]) == 47
+    assert made["name"] == "ci" and made["scopes"] == ["admin", "jobs:work"]
+    left = datetime.fromisoformat(made["expires_at"]) - datetime.now(timezone.utc)
+    assert timedelta(hours=11) < left <= timedelta(hours=12)
+    assert "shown only this once" in out.stderr and made["token"] not in out.stderr
+    listed = json.loads(runner.invoke(cli, ["tokens", "list", "--json"]).stdout)
+    assert [(r["id"], r["prefix"]) for r in listed] == [(made["id"], made["token"][:12])]
+    unnamed = json.loads(runner.invoke(cli, ["tokens", "create", "--scope", "admin", "--json"]).stdout)
+    assert unnamed["name"] == f"token-{unnamed['id']}" and unnamed["expires_at"] is None
 
 
 def test_serve_on_a_port_in_use_says_so_in_one_line():

@@ -121,6 +121,30 @@ def test_export_list_and_show_without_a_registry(seed_zoo, tmp_path):
     assert bad.exit_code == 1 and "Did you mean: qwen3-8b" in bad.stderr
 
 
+def test_list_without_a_registry_says_what_it_shows(seed_zoo, monkeypatch):
+    """`list 'qwen3-*' --validated` with no OSCAR_ZOO_ENDPOINT said only "no models match":
+    validation reports come from the registry, so nothing could."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    seed_zoo(("hf",))
+    runner = CliRunner()
+    out = runner.invoke(cli, ["list", "qwen3-*", "--validated"])
+    assert out.exit_code == 0 and out.stdout.strip() == "no models match"
+    assert "no registry configured" in out.stderr and "OSCAR_ZOO_ENDPOINT" in out.stderr
+    assert "--validated" in out.stderr and "RotationZoo" in out.stderr
+    assert runner.invoke(cli, ["list", "qwen3-*", "--validated", "--json"]).stdout.strip() == "[]"
+    listed = runner.invoke(cli, ["list", "qwen3-*"])      # rows: no note to read past
+    assert "qwen3-8b" in listed.stdout and listed.stderr == ""
+    nothing = runner.invoke(cli, ["list", "nosuch-*"])
+    assert "no registry configured" in nothing.stderr and "--validated" not in nothing.stderr
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    offline = runner.invoke(cli, ["list", "qwen3-*", "--validated"])
+    assert "offline" in offline.stderr and "no registry configured" not in offline.stderr
+
+
 @pytest.mark.parametrize("spec", ["", "²", "3-²", "0,,2"])
 def test_export_refuses_a_layer_spec_it_cannot_read(tmp_path, spec):
     """'' used to export every layer (pull refused it), '²' passed str.isdigit and died in int()."""

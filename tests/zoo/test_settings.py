@@ -168,3 +168,22 @@ def test_the_service_list_names_every_setting_the_server_reads():
                                    source.read_text()))
     assert {"max_upload_bytes", "job_lease_seconds", "mirror_targets"} <= read   # the scan works
     assert read <= set(settings.SERVICE), f"add to settings.SERVICE: {read - set(settings.SERVICE)}"
+
+
+def test_settings_command_shows_a_boolean_as_its_env_var_is_written(monkeypatch):
+    """`settings` showed False/True where docs/settings.md (and every hint: OSCAR_ZOO_OFFLINE=1)
+    shows 0/1; --json keeps JSON booleans."""
+    import json
+
+    def offline_cell(args=()):
+        out = CliRunner().invoke(cli, ["settings", *args])
+        assert out.exit_code == 0, out.output
+        if args:
+            return next(r for r in json.loads(out.stdout) if r["env"] == "OSCAR_ZOO_OFFLINE")["value"]
+        return next(line for line in out.stdout.splitlines()
+                    if line.startswith("OSCAR_ZOO_OFFLINE ")).split()[1]
+
+    assert "| `OSCAR_ZOO_OFFLINE` | `0` |" in DOC.read_text()
+    assert offline_cell() == "0" and offline_cell(["--json"]) is False
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "yes")
+    assert offline_cell() == "1" and offline_cell(["--json"]) is True

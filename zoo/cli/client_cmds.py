@@ -160,7 +160,8 @@ def list_command(pattern, validated, as_json):
     rows: dict[str, dict] = {}
     cache = Cache()
     client = RegistryClient()
-    if client.configured and not settings.is_offline():
+    asked = client.configured and not settings.is_offline()
+    if asked:
         try:
             rows = _registry_rows(client, pattern, validated)
         except OfflineError as e:  # the catalog and the cache still answer, as in `show`
@@ -176,7 +177,21 @@ def list_command(pattern, validated, as_json):
         row["cached"] = sorted(cache.refs(row["name"])) if cache.model_dir(row["name"]).exists() else []
     out = [r for r in rows.values() if not validated or r["validated"]]
     out = [r for r in out if r["sources"] or r["cached"]]
+    if not asked and (validated or not out):
+        info(_no_registry_note(client.configured, validated))
     emit(sorted(out, key=lambda r: r["name"]), as_json, _list_table)
+
+
+def _no_registry_note(configured: bool, validated: bool) -> str:
+    """Why a list without the registry is empty, or may be: validation reports (--validated)
+    and the registry's own models come from it alone."""
+    why = ("offline (OSCAR_ZOO_OFFLINE or HF_HUB_OFFLINE): the registry was not asked"
+           if configured else "no registry configured: set OSCAR_ZOO_ENDPOINT (e.g. "
+           "http://127.0.0.1:8000) to list its models")
+    shown = "this list holds only the RotationZoo's models and the local cache"
+    if validated:
+        shown += ", and --validated keeps none of them (list takes validation from the registry)"
+    return f"note: {why}; {shown}"
 
 
 def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, dict]:

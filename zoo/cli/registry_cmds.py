@@ -135,8 +135,10 @@ class Duration(click.ParamType):
 @click.option("--name", default="", help="A label to recognise the token by.")
 @click.option("--expires-in", type=Duration(),
               help="Refuse the token after this long: 30m, 12h, 90d, 52w. Default: never expires.")
-def tokens_create(scopes: tuple[str, ...], name: str, expires_in):
-    """Create a token and print it once (store it now: only its hash is kept)."""
+@json_option
+def tokens_create(scopes: tuple[str, ...], name: str, expires_in, as_json: bool):
+    """Create a token and print it once (store it now: only its hash is kept). With --json:
+    the token with its id, name, scopes and expiry."""
     from ...registry_db.registry import open_registry
     from ...registry_db.tokens import create_token
 
@@ -144,11 +146,15 @@ def tokens_create(scopes: tuple[str, ...], name: str, expires_in):
     with registry.db.write() as session:
         row, token = create_token(session, list(scopes), name, created_by="cli",
                                   expires_in=expires_in)
+        # the fields of `tokens list --json`, plus the token
+        made = {"token": token, "id": row.id, "name": row.name, "prefix": row.prefix,
+                "scopes": row.scopes, "created_at": row.created_at.isoformat(),
+                "expires_at": row.expires_at.isoformat() if row.expires_at else None}
     # said on every create, so that a token with no expiry is a choice someone saw
     until = (f"expires {row.expires_at.isoformat(timespec='seconds')}" if row.expires_at
              else "never expires (--expires-in 90d makes one that does)")
     info(f"token {row.name!r} ({', '.join(row.scopes)}), {until}; it is shown only this once")
-    click.echo(token)
+    emit(made, as_json, lambda d: d["token"])
 
 
 @tokens_group.command("list")
@@ -172,8 +178,9 @@ def tokens_list(as_json: bool):
 def _human_tokens(rows: list[dict]) -> str:
     if not rows:
         return "no tokens; create one with `oscar-zoo tokens create --scope ...`"
-    return "\n".join(f"{r['id']:>4}  {r['prefix']}...  {r['name']:<24} {','.join(r['scopes']):<28}"
-                     f"{_state_shown(r)}" for r in rows)
+    head = f"{'ID':>4}  {'PREFIX':<15}  {'NAME':<24} {'SCOPES':<28}STATE"
+    return "\n".join([head] + [f"{r['id']:>4}  {r['prefix'] + '...':<15}  {r['name']:<24} "
+                                f"{','.join(r['scopes']):<28}{_state_shown(r)}" for r in rows])
 
 
 def _state_shown(row: dict) -> str:

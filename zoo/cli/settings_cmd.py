@@ -39,6 +39,8 @@ def _cell(row: dict) -> str:
     value = row["value"]
     if value is None:
         return "unset"
+    if isinstance(value, bool):   # as the variable is written (OSCAR_ZOO_OFFLINE=1) and documented
+        return "1" if value else "0"
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 

@@ -64,7 +64,7 @@ class Database:
         except ModuleNotFoundError as e:    # the dialect imports its driver in create_engine
             raise _missing_driver(self.url, e) from None
         except NoSuchModuleError:           # foo://: no dialect of that name
-            raise ConfigError(f"cannot connect to the database at {shown_url(self.url)}: "
+            raise ConfigError(f"cannot connect to the database at {settings.redact_url(self.url)}: "
                               f"SQLAlchemy knows no database kind "
                               f"{make_url(self.url).drivername!r}; {URL_FIX}") from None
         event.listen(self.engine, "handle_error", _note_connect_failure)
@@ -94,18 +94,10 @@ class Database:
         self.engine.dispose()
 
 
-def shown_url(url) -> str:
-    """The URL fit for a message: its password as ***."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return settings.redact_url(str(url))
-
-
 def _missing_driver(url: str, e: ModuleNotFoundError) -> ConfigError:
     module = (e.name or "").split(".")[0]
     package = DRIVER_PACKAGES.get(module, module or "its driver")
-    return ConfigError(f"cannot connect to the database at {shown_url(url)}: its driver "
+    return ConfigError(f"cannot connect to the database at {settings.redact_url(url)}: its driver "
                        f"{module or e} is not installed; install it (pip install '{package}') "
                        f"or {URL_FIX}")
 
@@ -130,8 +122,8 @@ def connect_failure(e: BaseException) -> DatabaseUnavailable | None:
             reason = " ".join(_first_line(getattr(e, "orig", None) or e).split())
             if url.password:
                 reason = reason.replace(str(url.password), "***")
-            return DatabaseUnavailable(f"cannot connect to the database at {shown_url(url)}: "
-                                       f"{reason}; {URL_FIX}")
+            # SQLAlchemy's URL prints its password as ***
+            return DatabaseUnavailable(f"cannot connect to the database at {url}: {reason}; {URL_FIX}")
         e = e.__cause__ or e.__context__
     return None
 

@@ -121,8 +121,10 @@ def adds_bos(tokenizer) -> bool:
 
 
 def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed: int = 0,
-                  bos: bool | None = None) -> list[list[int]]:
-    """ceil(budget / seq_len) non-overlapping windows of seq_len tokens, chosen with `seed`.
+                  bos: bool | None = None, held_out: int = 0) -> list[list[int]]:
+    """ceil(budget / seq_len) non-overlapping windows of seq_len tokens, chosen with `seed`;
+    `held_out` of them are the clip search's, which the error for too little text names (a user
+    who asked for --tokens alone could not tell "3 needed for 1,536 tokens" from --tokens 512).
 
     A BOS token is prepended when the tokenizer adds one by itself (Gemma) so every window
     starts the way the model saw text in training.
@@ -134,8 +136,13 @@ def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed
     n = -(-budget // seq_len)
     slots = len(ids) // body
     if slots < n:
+        why = ""
+        if held_out:
+            held = f"{held_out} window{'s' if held_out != 1 else ''}"
+            why = (f": --tokens {budget - held_out * seq_len:,} to calibrate on, plus {held} of "
+                   f"--seq-len {seq_len:,} held out for the clip search (--no-clip-search needs none)")
         raise InvalidInput(f"{source.name} has {len(ids):,} tokens: room for {slots} windows of "
-                           f"{seq_len}, {n} needed for {budget:,} tokens. Lower --tokens or "
+                           f"{seq_len}, {n} needed for {budget:,} tokens{why}. Lower --tokens or "
                            "--seq-len, or add data.")
     chosen = sorted(random.Random(seed).sample(range(slots), n))
     prefix = [tokenizer.bos_token_id] if bos else []

@@ -127,7 +127,8 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None,
 
     text = text or load_text(cfg.data, "calibration", cfg.text_field)
     n_clip = cfg.clip_windows if cfg.clip_search else 0
-    windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed)
+    windows = token_windows(tok, text, cfg.seq_len, cfg.tokens + n_clip * cfg.seq_len, cfg.seed,
+                            held_out=n_clip)
     calib, held_out = windows[:len(windows) - n_clip], windows[len(windows) - n_clip:]
 
     fitted = _moments_and_fit(model, calib, cfg, geometry, progress, timings)

@@ -140,10 +140,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     t0 = time.perf_counter()
     loaded = _load(src, bars) if run_validation else None  # one load for both steps
     load_s = time.perf_counter() - t0
-    try:
-        result = calibrate(cfg, progress=bars, loaded=loaded, text=text)
-    except InvalidInput as e:
-        raise _with_clip_windows_said(e, cfg) from None
+    result = calibrate(cfg, progress=bars, loaded=loaded, text=text)
     for phase in ("loading", "total"):  # calibrate() times a load only when it does it
         result.timings[phase] = result.timings.get(phase, 0.0) + load_s
     bars.close()
@@ -196,20 +193,6 @@ def _check_clip_windows(cfg, src) -> None:
         f"longer than the BF16 sink {cfg.sink_tokens} + recent {cfg.recent_tokens} = {window} "
         f"tokens ({served}). Raise --seq-len above {window} (e.g. 2048), or pass "
         "--no-clip-search to keep OSCAR's shipped clips (K 0.96 / V 0.92)")
-
-
-def _with_clip_windows_said(e: InvalidInput, cfg) -> InvalidInput:
-    """Too little text for the windows: token_windows counts --tokens plus the clip search's
-    held-out windows, which a user who asked for --tokens alone cannot tell from its numbers
-    ("3 needed for 1,536 tokens" for --tokens 512). Any other error: as it was."""
-    budget = cfg.tokens + cfg.clip_windows * cfg.seq_len
-    said = f"needed for {budget:,} tokens"
-    if not cfg.clip_search or said not in str(e):
-        return e
-    windows = f"{cfg.clip_windows} window{'s' if cfg.clip_windows != 1 else ''}"
-    return type(e)(str(e).replace(said, (
-        f"{said}: --tokens {cfg.tokens:,} to calibrate on, plus {windows} of --seq-len "
-        f"{cfg.seq_len:,} held out for the clip search (--no-clip-search needs none)"), 1))
 
 
 def _write_calibration(bundle, out: Path, overwrite: bool, validating: bool):

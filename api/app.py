@@ -1,5 +1,6 @@
 """The registry service: `create_app()` builds the FastAPI app (JSON under /v1, OpenAPI at
-/openapi.json, interactive docs at /docs). `oscar-zoo serve` runs it under uvicorn.
+/openapi.json, interactive docs at /docs, which work offline: docs.py). `oscar-zoo serve` runs
+it under uvicorn.
 
 Other areas add their routers with `app.include_router(...)` (the web UI, api/ui, serves pages
 at `/`; the jobs API adds /v1/jobs). Every GET route and page answers HEAD too (HeadAsGet).
@@ -15,7 +16,7 @@ from starlette.routing import Match, Router
 
 from ..registry_db.registry import Registry, open_registry
 from ..zoo import __version__, settings
-from . import auth, errors, jobs_runtime, ui
+from . import auth, docs, errors, jobs_runtime, ui
 from .limits import BodyLimit
 from .routes import aliases, files, layers, models, publish, versions
 
@@ -37,7 +38,8 @@ def create_app(database_url: str | None = None, data_dir: str | Path | None = No
     settings.check(settings.SERVICE)   # before the database is opened (or migrated)
     registry = registry or open_registry(database_url, data_dir)
     app = FastAPI(title="oscar-zoo registry", version=__version__, description=DESCRIPTION,
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+                  openapi_url="/openapi.json", docs_url=None, redoc_url=None)
+    docs.install(app)   # FastAPI's /docs less its CDN; first, as FastAPI's is: no page shadows it
     app.state.registry = registry
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet, router=app.router)

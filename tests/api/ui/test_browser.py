@@ -332,3 +332,42 @@ def test_pages_work_without_javascript(browser, site):
     expect(page.get_by_role("link", name="Refresh")).to_be_visible()
     expect(page.locator('[data-field="status"]')).to_have_text("queued")
     context.close()
+
+
+def offline(context, origin: str) -> list[str]:
+    """Abort every request of `context` that is not for `origin` (the loopback server), as on
+    an air-gapped host; returns the list of those aborted, filled in as they happen."""
+    refused = []
+
+    def route(r):
+        if r.request.url.startswith(origin + "/"):
+            return r.continue_()
+        refused.append(r.request.url)
+        return r.abort("internetdisconnected")
+
+    context.route("**/*", route)
+    return refused
+
+
+def test_api_docs_render_and_run_offline(browser, site, shots):
+    """/docs (Swagger UI) with nothing reachable but this server: it draws the operations from
+    our OpenAPI schema, and one runs from the page."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(base_url=site.server.url, viewport={"width": 1200, "height": 800})
+    refused = offline(context, site.server.url)
+    page = context.new_page()
+    page.goto("/docs")
+    expect(page.locator(".info .title")).to_contain_text("oscar-zoo registry")
+    health = page.locator("#operations-service-health_v1_health_get")
+    expect(health.locator(".opblock-summary-path")).to_have_text("/v1/health")
+    versions = page.locator('.opblock-summary-path[data-path="/v1/models/{name}/versions"]')
+    expect(versions).to_have_count(2)                 # GET lists the versions, POST publishes
+    page.screenshot(path=shots / "api-docs.png")
+    health.locator(".opblock-summary").click()
+    health.get_by_role("button", name="Try it out").click()
+    health.get_by_role("button", name="Execute").click()
+    expect(health.locator(".live-responses-table tbody .response-col_status")).to_have_text("200")
+    expect(health.locator(".live-responses-table .microlight").first).to_contain_text('"ok"')
+    assert refused == []
+    context.close()

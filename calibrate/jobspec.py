@@ -171,18 +171,38 @@ def check_windows(sink: int, recent: int, seq_len: int | None = None,
                   context_len: int | None = None) -> None:
     """InvalidInput when clip search's windows (seq_len) or validation's (context_len) hold no
     token past the BF16 sink + recent tiers: each would run a whole model pass and then fail or
-    measure nothing. For a job spec, a CLI calibration and a CLI validation alike."""
+    measure nothing. For a job spec, a CalibrationConfig and a CLI validation (`oscar-zoo
+    calibrate` checks its windows with check_clip_windows first, in its options' names)."""
     if sink < 0 or recent < 0:
         raise InvalidInput(f"sink_tokens {sink} and recent_tokens {recent} must be >= 0")
+    if seq_len is not None:
+        check_clip_windows(seq_len, sink, recent)
     window = sink + recent
-    if seq_len is not None and seq_len <= window:
-        raise InvalidInput(f"seq_len {seq_len} leaves no INT2 keys for the clip search with "
-                           f"sink {sink} + recent {recent}; raise --seq-len (seq_len in a job "
-                           f"spec) above {window} or lower the windows")
     if context_len is not None and context_len <= window:
         raise InvalidInput(f"validation.context_len {context_len} must exceed sink {sink} + recent "
                            f"{recent} = {window}; raise --context-len (validation.context_len in "
                            f"a job spec) above {window}")
+
+
+def check_clip_windows(seq_len: int, sink: int, recent: int, *, seq_len_name: str = "seq_len",
+                       windows_from: str = "the job spec's sink_tokens and recent_tokens; by "
+                                           "default how OSCAR serves the model",
+                       clip_search_off: str = "set clip_search false to use the fixed k_clip / "
+                                              "v_clip instead (OSCAR ships 0.96 / 0.92)") -> None:
+    """InvalidInput when the clip search's windows of seq_len tokens hold no token past the BF16
+    sink + recent tiers: the search would run a whole model pass and measure nothing.
+
+    The message names what to change as the caller knows it: a job spec's fields (a
+    CalibrationConfig's are the same) unless told; `oscar-zoo calibrate` names its options, and
+    where its windows come from (how OSCAR serves the model: not an option of the command)."""
+    window = sink + recent
+    if seq_len > window:
+        return
+    example = " (e.g. 2048)" if window < 2048 else ""   # the default seq_len, where it is enough
+    raise InvalidInput(
+        f"{seq_len_name} {seq_len} leaves no INT2 keys for the clip search: its windows must be "
+        f"longer than the BF16 sink {sink} + recent {recent} = {window} tokens ({windows_from}). "
+        f"Raise {seq_len_name} above {window}{example}, or {clip_search_off}")
 
 
 def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from oscar_zoo.calibrate import clip_search, loading, pipeline
+from oscar_zoo.calibrate import clip_search, jobspec, loading, pipeline
 from oscar_zoo.calibrate.pipeline import CalibrationConfig, calibrate
 from oscar_zoo.calibrate.validate import ValidationConfig, validate
+from oscar_zoo.zoo import catalog
 from oscar_zoo.zoo.bundle import Bundle
 from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound, OfflineError
 from tests.utils.bundles import make_manifest, make_tensors
@@ -66,6 +67,29 @@ def test_calibration_refuses_before_loading_anything(monkeypatch, kw, match):
                                 dict(seq_len=321), dict(clip_windows=0, clip_search=False)])
 def test_calibration_accepts_windows_it_can_use(kw):
     CalibrationConfig(model="smollm2-135m", **kw).check()
+
+
+def test_a_job_spec_with_windows_too_short_for_the_clip_search_is_told_in_its_fields():
+    """It said "raise --seq-len (seq_len in a job spec) above 320 or lower the windows": a CLI
+    option, and windows no field is called. It is `oscar-zoo calibrate`'s check, worded in the
+    spec's fields: what is short, the numbers, where the windows come from, the ways out."""
+    spec = jobspec.parse_spec({"model": "smollm2-135m", "seq_len": 256})
+    spec = jobspec.complete(spec, catalog.find("smollm2-135m"))
+    with pytest.raises(InvalidInput) as e:
+        jobspec.check(spec, None)
+    assert str(e.value) == (
+        "seq_len 256 leaves no INT2 keys for the clip search: its windows must be longer than "
+        "the BF16 sink 64 + recent 256 = 320 tokens (the job spec's sink_tokens and "
+        "recent_tokens; by default how OSCAR serves the model). Raise seq_len above 320 (e.g. "
+        "2048), or set clip_search false to use the fixed k_clip / v_clip instead (OSCAR ships "
+        "0.96 / 0.92)")
+    jobspec.check(spec.model_copy(update={"clip_search": False}), None)   # the way out works
+
+
+def test_windows_longer_than_the_default_seq_len_get_no_example_that_is_too_short():
+    with pytest.raises(InvalidInput, match=r"Raise seq_len above 3072, or set clip_search false"):
+        jobspec.check_clip_windows(2048, 1024, 2048)
+    jobspec.check_clip_windows(3073, 1024, 2048)
 
 
 # --- validation: settings and a bundle that do not fit --------------------------------------------

@@ -475,14 +475,30 @@ def test_a_seq_len_too_short_for_the_clip_search_names_options_that_exist(monkey
     r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--seq-len", "256", *validating,
                                  "--out", str(tmp_path / "b")])
     assert r.exit_code == 1, r.output
-    assert "Raise --seq-len above 320" in r.stderr and "--no-clip-search" in r.stderr, r.stderr
-    assert "sink 64 + recent 256 = 320 tokens (how OSCAR serves smollm2-135m)" in r.stderr
+    assert ("--seq-len 256 leaves no INT2 keys for the clip search: its windows must be longer "
+            "than the BF16 sink 64 + recent 256 = 320 tokens (how OSCAR serves smollm2-135m). "
+            "Raise --seq-len above 320 (e.g. 2048), or pass --no-clip-search to keep OSCAR's "
+            "shipped clips (K 0.96 / V 0.92)") in " ".join(r.stderr.split()), r.stderr
     assert "lower the windows" not in r.stderr and "job spec" not in r.stderr
     seen = _capture_config(monkeypatch)      # and the way out it names works
     r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--seq-len", "256",
                                  "--no-clip-search", "--out", str(tmp_path / "b")])
     assert isinstance(r.exception, Stop), r.output
     assert seen[0].seq_len == 256 and not seen[0].clip_search
+
+
+def test_a_seq_len_too_short_for_a_model_outside_the_catalog_says_whose_windows(monkeypatch,
+                                                                                tmp_path):
+    """It said "(the defaults)": of what, the user could not tell. The check is the job spec's
+    (jobspec.check_clip_windows), in calibrate's options."""
+    _never_load(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "someorg/some-model", "--seq-len", "256",
+                                 "--out", str(tmp_path / "b")])
+    assert r.exit_code == 1, r.output
+    said = " ".join(r.stderr.split())
+    assert ("= 320 tokens (OSCAR's defaults for a model outside its catalog). Raise --seq-len "
+            "above 320") in said, said
+    assert "clip_search false" not in said and "job spec" not in said
 
 
 class _WordTokenizer:

@@ -12,7 +12,6 @@ from typing import Callable, ContextManager, Iterator
 import click
 
 from .. import settings
-from ..errors import InvalidInput
 from ..files import out_of_space
 from .output import emit, info, json_option, warn, window_note
 
@@ -181,18 +180,20 @@ def _resolve(model: str, revision: str | None = None):
 
 
 def _check_clip_windows(cfg, src) -> None:
-    """What cfg.check() says of a --seq-len too short for the clip search, in this command's
-    options: the BF16 sink + recent windows are how OSCAR serves the model (the catalog's), not
-    an option of calibrate, so the ways out are a longer --seq-len or no clip search."""
-    window = cfg.sink_tokens + cfg.recent_tokens
-    if not cfg.clip_search or cfg.seq_len > window or cfg.sink_tokens < 0 or cfg.recent_tokens < 0:
+    """The check a job spec gets of the clip search's windows, in this command's terms: the
+    BF16 sink + recent windows are how OSCAR serves the model (the catalog's), not an option of
+    calibrate, so the ways out are a longer --seq-len or no clip search. Before cfg.check(),
+    which would name a job spec's fields."""
+    from oscar_zoo.calibrate.jobspec import check_clip_windows
+
+    if not cfg.clip_search:
         return
-    served = f"how OSCAR serves {src.entry.name}" if src.entry is not None else "the defaults"
-    raise InvalidInput(
-        f"--seq-len {cfg.seq_len} leaves no INT2 keys for the clip search: its windows must be "
-        f"longer than the BF16 sink {cfg.sink_tokens} + recent {cfg.recent_tokens} = {window} "
-        f"tokens ({served}). Raise --seq-len above {window} (e.g. 2048), or pass "
-        "--no-clip-search to keep OSCAR's shipped clips (K 0.96 / V 0.92)")
+    served = (f"how OSCAR serves {src.entry.name}" if src.entry is not None
+              else "OSCAR's defaults for a model outside its catalog")
+    check_clip_windows(cfg.seq_len, cfg.sink_tokens, cfg.recent_tokens, seq_len_name="--seq-len",
+                       windows_from=served,
+                       clip_search_off=f"pass --no-clip-search to keep OSCAR's shipped clips "
+                                       f"(K {cfg.k_clip:g} / V {cfg.v_clip:g})")
 
 
 def _write_calibration(bundle, out: Path, overwrite: bool, validating: bool):

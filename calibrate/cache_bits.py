@@ -2,9 +2,10 @@
 different spans of tokens.
 
 A sliding-window layer (Gemma 2/3/4, Mistral, Qwen2 with use_sliding_window, gpt-oss, ...)
-keeps only its last W tokens, so past W it holds fewer tokens than a full-attention layer but
-as many BF16 ones (sink + recent): its bits per element are higher, and the whole cache's
-number is the total bits over the total elements held across layers.
+keeps only its last W tokens, so past W it holds fewer tokens than a full-attention layer, as
+many recent BF16 ones and, once its window has slid past them, no sink: its bits per element
+are higher, and the whole cache's number is the total bits over the total elements held across
+layers. A KV-shared layer (Gemma 3n, Gemma 4) reads an earlier layer's cache and holds none.
 """
 
 from __future__ import annotations
@@ -17,25 +18,40 @@ from collections.abc import Sequence
 _BOUNDED = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
 
 
-def cache_bits(bits_int2: float, bf16_tokens: int, context_len: int,
+def cache_bits(bits_int2: float, sink: int, recent: int, context_len: int,
                windows: Sequence[int | None], widths: Sequence[int]) -> float:
     """Bits per element the cache holds at context_len, each layer's tokens counted once.
 
-    windows[i]: the tokens attention layer i keeps (None: all of them, full attention);
-    widths[i]: its elements per token and side (kv heads x head_dim: Gemma 4's full layers
-    are wider than its sliding ones). bf16_tokens: sink + recent, kept in BF16 in every layer,
-    up to what the layer holds; the rest of its tokens are in the INT2 tier at bits_int2. A
-    sliding layer's sink slots count though past W its attention no longer reads them: the
-    most its BF16 tier can hold, so the figure errs high, never low. K and V hold the same
-    elements per layer, so the factor of 2 cancels."""
+    windows[i]: the tokens layer i keeps (None: all of them, full attention); widths[i]: its
+    elements per token and side (kv heads x head_dim: Gemma 4's full layers are wider than its
+    sliding ones). Only layers that store K/V: callers leave out linear-attention and KV-shared
+    layers. Of the tokens a layer holds, the sink's and the recent ones are BF16 (_bf16_rows),
+    the rest in the INT2 tier at bits_int2. K and V hold the same elements per layer, so the
+    factor of 2 cancels."""
     held = [context_len if w is None else min(w, context_len) for w in windows]
     elements = sum(n * e for n, e in zip(held, widths, strict=True))
-    bf16 = sum(min(bf16_tokens, n) * e for n, e in zip(held, widths, strict=True))
+    bf16 = sum(_bf16_rows(n, sink, recent, context_len) * e for n, e in zip(held, widths, strict=True))
     # integer sums until the last divisions, written as the single-span formula
     # bq (1 - w/L) + 16 w/L: where every layer holds L tokens, bf16 / elements is w / L as a
     # rational, and an int / int division rounds once, so such a model's number is that
     # formula's to the bit
     return bits_int2 * (1 - bf16 / elements) + 16 * bf16 / elements
+
+
+def _bf16_rows(held: int, sink: int, recent: int, context_len: int) -> int:
+    """Of the last `held` of context_len positions, those in the BF16 tier: the recent ones and
+    the sink positions still among them.
+
+    The sink is the sequence's positions [0, sink), not tokens pinned apart from them
+    (oscar-spec 3.5: BF16 sink [0, P), INT2 history [P, t - R), BF16 recent [t - R, t)). A
+    sliding layer's cache keeps its last W positions only (transformers' DynamicCache: W - 1
+    of them, test-model.md 4) and its mask hides older keys, so the sink leaves it as the
+    window slides on (oscar-spec names no sink kept apart for a sliding layer). Validation
+    reads the same: its emulation takes key j from BF16 where j < sink or j is recent
+    (int2_attention.tier_mask), under the model's sliding mask. A full layer holds them all:
+    min(sink + recent, L)."""
+    first = context_len - held
+    return min(recent, held) + max(0, min(sink, context_len - recent) - first)
 
 
 def layer_windows(config) -> list[int | None]:
@@ -51,13 +67,7 @@ def layer_windows(config) -> list[int | None]:
     max_window_layers, Qwen3-MoE every layer. Their live configs read right (Qwen2-MoE's carry
     layer_types; Qwen3-MoE's have no max_window_layers, so every layer slides), but a
     config.json dict of theirs with use_sliding_window on would not: pass the live config."""
-    if isinstance(config, dict):
-        cfg = config.get("text_config") or config
-        get, has = cfg.get, cfg.__contains__
-    else:   # attributes, not to_dict(): they follow attribute_map and the config's own defaults
-        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-        get = lambda name: getattr(cfg, name, None)   # noqa: E731
-        has = lambda name: hasattr(cfg, name)         # noqa: E731
+    get, has = _fields(config)
     kinds = get("layer_types")
     if kinds:   # linear-attention layers get None too: callers count attention layers only
         return [_window(get(_BOUNDED[k])) if k in _BOUNDED else None for k in kinds]
@@ -69,6 +79,30 @@ def layer_windows(config) -> list[int | None]:
         first = int(get("max_window_layers") or 0)
         return [window if get("use_sliding_window") and i >= first else None for i in range(n)]
     return [window] * n
+
+
+def kv_shared_layers(config) -> set[int]:
+    """Global ids of the layers that reuse an earlier layer's K/V and store none: the last
+    num_kv_shared_layers (Gemma 3n, Gemma 4; transformers' kv_sharing_modes marks them
+    "reuse", and its cache gives such a layer a DummyLayer that never stores anything,
+    cache_utils.get_layer_types_and_kwargs). Empty for every other model. config: as
+    layer_windows'."""
+    get, _ = _fields(config)
+    shared = int(get("num_kv_shared_layers") or 0)
+    if not shared:
+        return set()
+    n = int(get("num_hidden_layers"))
+    return set(range(n - shared, n))
+
+
+def _fields(config):
+    """(get, has) over the fields of config's text tower."""
+    if isinstance(config, dict):
+        cfg = config.get("text_config") or config
+        return cfg.get, cfg.__contains__
+    # attributes, not to_dict(): they follow attribute_map and the config's own defaults
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return (lambda name: getattr(cfg, name, None)), (lambda name: hasattr(cfg, name))
 
 
 def _window(value) -> int | None:

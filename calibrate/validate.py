@@ -28,7 +28,7 @@ from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
 from . import capture, fit, jobspec
-from .cache_bits import cache_bits, layer_windows
+from .cache_bits import cache_bits, kv_shared_layers, layer_windows
 from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
 from .loading import model_geometry
@@ -63,14 +63,10 @@ class ValidationConfig:
             raise InvalidInput(f"unknown baselines {unknown}: choose from {', '.join(BASELINES)}")
 
 
-def check_geometry(bundle: Bundle, model) -> None:
-    """InvalidInput naming what differs when the bundle was calibrated for another geometry:
-    its rotations would meet layers (or heads) they were not made for."""
-    check_geometry_of(bundle, model_geometry(model))
-
-
 def check_geometry_of(bundle: Bundle, have) -> None:
-    """check_geometry against a ModelGeometry: a catalog model's is known before its load."""
+    """InvalidInput naming what differs when the bundle was calibrated for another geometry
+    than `have`, a ModelGeometry (a catalog model's is known before its load): its rotations
+    would meet layers (or heads) they were not made for."""
     want = bundle.manifest.geometry.to_geometry()
     diffs = [f"{name} {getattr(want, name)} in the bundle, {getattr(have, name)} in the model"
              for name in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim")
@@ -296,11 +292,11 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     m = bundle.manifest
     sink, recent = m.quantization.sink_tokens, m.quantization.recent_tokens
     cfg.check(sink, recent)
-    check_geometry(bundle, model)
+    geometry = model_geometry(model)
+    check_geometry_of(bundle, geometry)
     # what each layer's cache holds, read from the config now: one it cannot read fails before
     # hours of evaluation, not after
-    bits = _bits_at_context(m.quantization, cfg.context_len, model_geometry(model),
-                       layer_windows(model.config))
+    bits = _bits_at_context(m.quantization, cfg.context_len, geometry, model.config)
     src, windows = held_out or eval_windows(
         tokenizer, text or load_text(cfg.data, "heldout", cfg.text_field), cfg.context_len,
         cfg.windows)
@@ -342,16 +338,25 @@ def _int2_tier_bits(q) -> float:
     return 2 + 2 * SCALE_BITS[q.scale_dtype] / q.group_size
 
 
-def _bits_at_context(q, context_len: int, geometry, spans) -> tuple[float, dict[str, int]]:
+def _bits_at_context(q, context_len: int, geometry, config) -> tuple[float, dict[str, int]]:
     """(bits_at_context, window_by_layer) of a cache quantized as `q` (a manifest's
-    Quantization) at context_len. spans: layer_windows(model.config), the tokens each layer
-    (global id) keeps; only geometry.layers() count, those with a KV cache (a hybrid's
-    linear-attention layers have none)."""
-    layers = geometry.layers()
+    Quantization) at context_len, for the model of `geometry` and `config` (its transformers
+    config, live or a config.json dict). Counted: the layers that store K/V, geometry.layers()
+    (a hybrid's linear-attention layers have no cache) less the KV-shared ones."""
+    shared = kv_shared_layers(config)
+    layers = [i for i in geometry.layers() if i not in shared]
+    if not layers:
+        raise InvalidInput("every attention layer of this model reuses another's keys and "
+                           "values (num_kv_shared_layers): it keeps no KV cache to validate")
+    spans = layer_windows(config)
     kept = [spans[i] for i in layers]
     widths = [geometry.kv_heads_of(i) * geometry.head_dim_of(i) for i in layers]
-    return (cache_bits(_int2_tier_bits(q), q.sink_tokens + q.recent_tokens, context_len, kept, widths),
-            {str(i): w for i, w in zip(layers, kept, strict=True) if w is not None})
+    bits = cache_bits(_int2_tier_bits(q), q.sink_tokens, q.recent_tokens, context_len, kept, widths)
+    # only windows below context_len: a layer with a longer one holds the whole context like a
+    # full layer, and a report without the field stays readable by clients from before it
+    # (zoo/manifest.py, Validation.window_by_layer)
+    return bits, {str(i): w for i, w in zip(layers, kept, strict=True)
+                  if w is not None and w < context_len}
 
 
 def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, recent, quantizer,

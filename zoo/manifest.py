@@ -188,10 +188,12 @@ class Validation(Strict):
     bf16_nll: float
     bits_int2_tier: float                 # 2 + 2*scale_bits/group_size
     bits_at_context: float                # with the BF16 sink/recent windows at context_len
-    # tokens each sliding-window (or chunked) attention layer keeps, by global layer id; the
-    # others hold all context_len. Past its window a layer holds fewer INT2 tokens beside the
-    # same BF16 ones, which raises bits_at_context. Empty: every layer full (and in reports
-    # from before the field)
+    # tokens each sliding-window (or chunked) layer keeps, by global layer id, where that is
+    # fewer than context_len; every other layer holds the whole context (a KV-shared one:
+    # nothing). Such a layer holds a higher share of BF16 tokens, which raises bits_at_context.
+    # Needed whenever a window is below context_len, even one every layer shares (Mistral 7B
+    # v0.1 past 4096): without it the report reads as a full cache's. Empty: every layer holds
+    # the whole context (and in reports from before the field)
     window_by_layer: dict[str, int] = {}
     variants: list[VariantResult]
     created_at: str
@@ -207,13 +209,14 @@ class Validation(Strict):
             raise ValueError("windows must be positive token counts")
         return layer_keys(by_layer)
 
-    # written only where a layer has a window: every other manifest keeps the bytes it had
-    # before the field, and the canonical bytes are the bundle's digest (a re-published bundle
-    # is matched to its version by it). A model serializer, as a field serializer can change a
-    # value but not drop its key, and Field(exclude_if=...) needs a newer pydantic than the 2.6
-    # this project allows. No return annotation on purpose: pydantic (2.6 to 2.14 at least)
-    # takes an annotated one as the serialization JSON schema, and dict[str, Any] would hide
-    # every field from model_json_schema(mode="serialization")
+    # written only where it is not empty: every other manifest keeps the bytes it had before
+    # the field, so clients from before it (extra="forbid") still read it, and the canonical
+    # bytes are the bundle's digest (a re-published bundle is matched to its version by it).
+    # A model serializer, as a field serializer can change a value but not drop its key, and
+    # Field(exclude_if=...) needs a newer pydantic than the 2.6 this project allows. No return
+    # annotation on purpose: pydantic (2.6 to 2.14 at least) takes an annotated one as the
+    # serialization JSON schema, and dict[str, Any] would hide every field from
+    # model_json_schema(mode="serialization")
     @model_serializer(mode="wrap")
     def _without_empty_windows(self, handler):
         out = handler(self)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -273,112 +272,7 @@ def test_bits_per_element_are_the_bytes_the_cache_holds(group, scale_dtype):
     assert report.bits_int2_tier == 2 + 2 * (32 if scale_dtype == "float32" else 16) / group
 
 
-# --- bits per element with sliding-window layers ----------------------------------------------
-
-def _bits_by_hand(bq: float, bf16_tokens: int, context_len: int, windows, widths) -> float:
-    """Every row each layer holds, counted one by one in float64: a layer keeps the last
-    min(W, L) of the L positions (all L for None), the first bf16_tokens of them in BF16
-    (sink and recent slots), the rest at bq bits; K and V alike, `width` elements a row."""
-    bits = elements = np.float64(0)
-    for window, width in zip(windows, widths):
-        kept = np.arange(context_len)[-(window or context_len):]
-        per_row = np.where(np.arange(len(kept)) < bf16_tokens, 16.0, bq)      # [rows]
-        bits += 2 * width * per_row.sum()
-        elements += 2 * width * len(kept)
-    return float(bits / elements)
-
-
-def _single_span(bq: float, bf16_tokens: int, context_len: int) -> float:
-    """The report's formula before sliding windows: every layer holds the whole context."""
-    w = min(bf16_tokens, context_len)
-    return bq * (1 - w / context_len) + 16 * w / context_len
-
-
-@pytest.mark.parametrize("bq, context_len, windows, widths, above", [
-    (2.5, 96, [None, 128, None, 128], [192] * 4, False),      # L below W: as if all full
-    (2.5, 512, [None, 128, None, 128], [192] * 4, True),      # L above W
-    (3.0, 96, [16, None, 16], [192] * 3, True),               # W below sink + recent (24)
-    (2.25, 1000, [64, 64, 64, 64, 64, None], [512] * 5 + [1024], True),   # Gemma 4: wider full layers
-])
-def test_cache_bits_count_every_layers_rows(bq, context_len, windows, widths, above):
-    """bits_at_context assumed every layer holds the whole context: a sliding-window layer past
-    its window holds W tokens beside as many BF16 ones, a higher share of 16-bit rows."""
-    from oscar_zoo.calibrate.cache_bits import cache_bits
-
-    got = cache_bits(bq, 24, context_len, windows, widths)
-    assert got == pytest.approx(_bits_by_hand(bq, 24, context_len, windows, widths), rel=1e-12)
-    if above:
-        assert got > _single_span(bq, 24, context_len) + 0.1
-    else:
-        assert got == pytest.approx(_single_span(bq, 24, context_len), rel=1e-12)
-
-
-def test_cache_bits_of_one_full_and_one_windowed_layer_by_hand():
-    from oscar_zoo.calibrate.cache_bits import cache_bits
-
-    # full: 24 x 16 + 488 x 2.5 bits over 512 rows; windowed: 24 x 16 + 104 x 2.5 over 128
-    assert cache_bits(2.5, 24, 512, [None, 128], [1, 1]) == pytest.approx((1604 + 644) / 640)
-
-
-@pytest.mark.parametrize("bq, bf16_tokens, context_len", [
-    (4.0, 24, 96), (2.5, 320, 2048), (2.0 + 2 * 16 / 96, 320, 4097), (2.25, 7, 3),
-    (3.0, 5000, 2048)])                                        # sink + recent beyond the context
-@pytest.mark.parametrize("windows", [[None] * 30, [None, 1 << 20, None]])   # windows past L: full
-def test_a_cache_without_windows_keeps_the_single_span_number_to_the_bit(bq, bf16_tokens,
-                                                                       context_len, windows):
-    """Models without sliding windows (every catalog model but Gemma 4) keep the number their
-    published reports carry, to the last bit."""
-    from oscar_zoo.calibrate.cache_bits import cache_bits
-
-    widths = [3 * 64] * len(windows)
-    assert cache_bits(bq, bf16_tokens, context_len, windows, widths) == _single_span(bq, bf16_tokens,
-                                                                                   context_len)
-
-
-def _config(name, **kw):
-    import transformers
-
-    return getattr(transformers, name)(**kw)
-
-
-@pytest.mark.parametrize("make, windows", [
-    (lambda: _config("Gemma3TextConfig", num_hidden_layers=8, sliding_window=512),
-     [512] * 5 + [None] + [512] * 2),                           # 5 sliding : 1 full
-    (lambda: _config("Gemma3Config", text_config={"num_hidden_layers": 8, "sliding_window": 512}),
-     [512] * 5 + [None] + [512] * 2),                           # multimodal: its text tower
-    (lambda: _config("Gemma2Config", num_hidden_layers=4, sliding_window=4096), [4096, None] * 2),
-    (lambda: _config("GptOssConfig", num_hidden_layers=4, sliding_window=128), [128, None] * 2),
-    (lambda: _config("Qwen2Config", num_hidden_layers=4, use_sliding_window=True, sliding_window=64,
-                     max_window_layers=2), [None, None, 64, 64]),
-    (lambda: _config("Qwen2Config", num_hidden_layers=4, sliding_window=64, max_window_layers=2),
-     [None] * 4),                                               # use_sliding_window off
-    (lambda: _config("MistralConfig", num_hidden_layers=3, sliding_window=4096), [4096] * 3),
-    (lambda: _config("MistralConfig", num_hidden_layers=3, sliding_window=None), [None] * 3),
-    # not Qwen2's rule, read right from the live configs: Qwen2-MoE's layer_types, and
-    # Qwen3-MoE's want of max_window_layers (its model slides every layer)
-    (lambda: _config("Qwen2MoeConfig", num_hidden_layers=4, use_sliding_window=True,
-                     sliding_window=64, max_window_layers=3), [64, None, 64, None]),
-    (lambda: _config("Qwen3MoeConfig", num_hidden_layers=3, use_sliding_window=True,
-                     sliding_window=64), [64] * 3),
-    (lambda: _config("LlamaConfig", num_hidden_layers=3), [None] * 3),
-    (lambda: _config("Llama4TextConfig", num_hidden_layers=4, attention_chunk_size=8192),
-     [8192] * 3 + [None]),                                      # chunked: a chunk at most
-    # config.json dicts from before layer_types: Qwen2.5 writes a window it does not use
-    (lambda: {"num_hidden_layers": 4, "sliding_window": 131072, "use_sliding_window": False,
-              "max_window_layers": 2}, [None] * 4),
-    (lambda: {"num_hidden_layers": 4, "sliding_window": 4096, "use_sliding_window": True,
-              "max_window_layers": 2}, [None, None, 4096, 4096]),
-    (lambda: {"num_hidden_layers": 2, "sliding_window": 4096}, [4096, 4096]),    # Mistral 7B v0.1
-    (lambda: {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
-              "sliding_window": None}, [None, None]),           # hybrid: no window anywhere
-], ids=["gemma3-text", "gemma3-multimodal", "gemma2", "gpt-oss", "qwen2-sliding", "qwen2-off",
-        "mistral", "mistral-no-window", "qwen2-moe", "qwen3-moe", "llama", "llama4-chunked", "qwen2.5-json-off",
-        "qwen2-json-on", "mistral-json", "hybrid-json"])
-def test_layer_windows_are_read_from_the_config(make, windows):
-    from oscar_zoo.calibrate.cache_bits import layer_windows
-
-    assert layer_windows(make()) == windows
-
+# --- bits per element with sliding-window and KV-shared layers (cache_bits: test_cache_bits.py)
 
 def test_a_model_with_sliding_window_layers_reports_the_bits_its_cache_holds():
     """validate() on a random 2-layer Qwen2 whose layer 1 keeps 16 tokens, at context 64 with
@@ -396,8 +290,9 @@ def test_a_model_with_sliding_window_layers_reports_the_bits_its_cache_holds():
     report = _tiny_run(sink=4, recent=8, model=Qwen2ForCausalLM(config).to(torch.bfloat16).eval())
     assert report.window_by_layer == {"1": 16}
     assert report.bits_int2_tier == 3.0                         # fp32 scale and zero per 64
-    # layer 0: 12 BF16 + 52 INT2 rows; layer 1: 12 BF16 + 4 INT2 rows; both 3 x 64 wide
-    assert report.bits_at_context == pytest.approx((12 * 16 + 52 * 3.0 + 12 * 16 + 4 * 3.0) / 80)
+    # layer 0: 12 BF16 + 52 INT2 rows; layer 1 (positions 48..63, its sink slid out): 8 recent
+    # BF16 + 8 INT2 rows; both 3 x 64 wide
+    assert report.bits_at_context == pytest.approx((12 * 16 + 52 * 3.0 + 8 * 16 + 8 * 3.0) / 80)
     assert Validation.model_validate_json(report.model_dump_json()) == report
     assert window_note(report.model_dump(mode="json")) == "1 sliding-window layer holds 16 tokens"
 
@@ -463,16 +358,84 @@ def test_a_hybrids_layers_without_a_kv_cache_are_left_out_of_the_bits():
 
     geometry = ModelGeometry(num_layers=4, num_q_heads=9, num_kv_heads=3, head_dim=64,
                              attention_layers=(1, 3), head_dim_by_layer={3: 128})
-    spans = layer_windows({"num_hidden_layers": 4, "sliding_window": 16, "layer_types": [
-        "linear_attention", "sliding_attention", "linear_attention", "full_attention"]})
-    q = SimpleNamespace(scale_dtype="float32", group_size=64, sink_tokens=4, recent_tokens=8)
-    bits, windows = _bits_at_context(q, 64, geometry, spans)
+    config = {"num_hidden_layers": 4, "sliding_window": 16, "layer_types": [
+        "linear_attention", "sliding_attention", "linear_attention", "full_attention"]}
+    bits, windows = _bits_at_context(_FP32_SCALES, 64, geometry, config)
     assert windows == {"1": 16}
-    # layer 1: 12 BF16 + 4 INT2 rows, 3 x 64 wide; layer 3: 12 BF16 + 52 INT2 rows, 3 x 128
-    assert bits == pytest.approx((192 * (12 * 16 + 4 * 3.0) + 384 * (12 * 16 + 52 * 3.0))
+    # layer 1: 8 recent BF16 + 8 INT2 rows, 3 x 64 wide; layer 3: 12 BF16 + 52 INT2 rows, 3 x 128
+    assert bits == pytest.approx((192 * (8 * 16 + 8 * 3.0) + 384 * (12 * 16 + 52 * 3.0))
                                  / (192 * 16 + 384 * 64), rel=1e-12)
     # the linear layers counted as full ones would lower it
-    assert bits > cache_bits(3.0, 12, 64, spans, [192, 192, 192, 384]) + 0.1
+    assert bits > cache_bits(3.0, 4, 8, 64, layer_windows(config), [192, 192, 192, 384]) + 0.1
+
+
+# sink 4 + recent 8, an INT2 tier of 3 bits (fp32 scale and zero per 64)
+_FP32_SCALES = SimpleNamespace(scale_dtype="float32", group_size=64, sink_tokens=4, recent_tokens=8)
+_MISTRAL = {"num_hidden_layers": 2, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "head_dim": 64, "hidden_size": 576, "sliding_window": 4096}      # Mistral 7B v0.1 style
+
+
+def test_windows_as_long_as_the_context_are_left_out_of_the_report():
+    """A window of context_len or more holds what a full layer holds: the report leaves it out,
+    so that it reads as any full cache's, also to clients from before window_by_layer (they
+    refuse a manifest carrying it). Its bits are the single-span number."""
+    from oscar_zoo.calibrate.validate import _bits_at_context
+    from oscar_zoo.zoo.geometry import geometry_from_config
+
+    geometry = geometry_from_config(_MISTRAL)
+    for context_len in (2048, 4096):
+        bits, windows = _bits_at_context(_FP32_SCALES, context_len, geometry, _MISTRAL)
+        assert windows == {} and bits == 3.0 * (1 - 12 / context_len) + 16 * 12 / context_len
+
+
+def test_a_window_every_layer_shares_is_reported_where_it_binds():
+    """One window on every layer, below the context: the field is still written. Without it
+    the report reads as a full 8192-token cache's, though each layer holds 4096 tokens and its
+    bits_at_context is that length's."""
+    from oscar_zoo.calibrate.validate import _bits_at_context
+    from oscar_zoo.zoo.cli.output import window_note
+    from oscar_zoo.zoo.geometry import geometry_from_config
+
+    bits, windows = _bits_at_context(_FP32_SCALES, 8192, geometry_from_config(_MISTRAL), _MISTRAL)
+    assert windows == {"0": 4096, "1": 4096}
+    assert bits == pytest.approx(3.0 * (1 - 8 / 4096) + 16 * 8 / 4096, rel=1e-12)   # recent only
+    assert window_note({"context_len": 8192, "window_by_layer": windows}) == (
+        "2 sliding-window layers hold 4096 tokens")
+
+
+def test_kv_shared_layers_add_no_bits_and_no_windows():
+    """Gemma 3n / Gemma 4 layers past num_kv_shared_layers read an earlier layer's cache: they
+    were counted as if they held their own, at their own width and window."""
+    from oscar_zoo.calibrate.validate import _bits_at_context
+    from oscar_zoo.zoo.geometry import geometry_from_config
+
+    config = {**_MISTRAL, "num_hidden_layers": 4, "sliding_window": 16, "global_head_dim": 128,
+              "layer_types": ["sliding_attention", "full_attention"] * 2}
+    geometry = geometry_from_config(config)
+    # layers 0 and 2 slide (positions 48..63: 8 recent BF16 + 8 INT2 rows, 3 x 64 wide), 1 and
+    # 3 are full (12 BF16 + 52 INT2 rows, 3 x 128 wide)
+    sliding, full = (192 * (8 * 16 + 8 * 3.0), 192 * 16), (384 * (12 * 16 + 52 * 3.0), 384 * 64)
+    for shared, stored, windows in [(0, (sliding, full, sliding, full), {"0": 16, "2": 16}),
+                                    (1, (sliding, full, sliding), {"0": 16, "2": 16}),
+                                    (2, (sliding, full), {"0": 16})]:
+        got = _bits_at_context(_FP32_SCALES, 64, geometry, {**config, "num_kv_shared_layers": shared})
+        assert got == (pytest.approx(sum(b for b, _ in stored) / sum(e for _, e in stored),
+                                     rel=1e-12), windows)
+    with pytest.raises(InvalidInput, match="keeps no KV cache"):
+        _bits_at_context(_FP32_SCALES, 64, geometry, {**config, "num_kv_shared_layers": 4})
+
+
+def test_validate_reads_the_model_geometry_once(monkeypatch):
+    """It read it for the geometry check, and again for the bits."""
+    from oscar_zoo.calibrate import validate as validate_module
+
+    reads = []
+    read = validate_module.model_geometry
+    monkeypatch.setattr(validate_module, "model_geometry", lambda model: reads.append(1) or read(model))
+    with pytest.raises(InvalidInput, match="validation data"):       # past the bits: too little text
+        validate(_bundle(), _stand_in_model(), lambda text, **kw: {"input_ids": [1, 2, 3]},
+                 ValidationConfig(context_len=512), quantizer=None)
+    assert reads == [1]
 
 
 # --- on the test model -------------------------------------------------------------------------

@@ -42,7 +42,7 @@ WRITER = 2
 @dataclass
 class ExportResult:
     format: str
-    dir: Path
+    dir: Path                       # absolute, as are the files
     files: dict[str, Path]          # role (k, v, bundle.json, ...) -> path
     recipe: Recipe | None
     layers: list[int] | None
@@ -98,9 +98,17 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
             files = _copy_out(files, Path(out))
             _mark_out(Path(out), digest, fmt, layers, files)
         edir = Path(out)
-    # absolute: the recipe is saved and run from elsewhere (a launch script, a systemd unit)
-    paths = {role: os.path.abspath(p) for role, p in files.items()}
-    return ExportResult(fmt, edir, files, recipe_for(fmt, manifest, paths, layers), layers)
+    # absolute: the recipe and --json are saved and used from elsewhere (a launch script, a
+    # systemd unit, another tool's working directory)
+    files = {role: _absolute(p) for role, p in files.items()}
+    recipe = recipe_for(fmt, manifest, {role: str(p) for role, p in files.items()}, layers)
+    return ExportResult(fmt, Path(edir).resolve(), files, recipe, layers)
+
+
+def _absolute(path: Path) -> Path:
+    # the directory resolved, not the file: were the file a link, its target's name would
+    # stand in for OSCAR's file name, which engines and scripts look for
+    return Path(path).parent.resolve() / Path(path).name
 
 
 def check_format(fmt: str, granularity: str | None) -> None:

@@ -307,3 +307,52 @@ def test_inspect_tells_the_int2_windows_and_the_layers_a_part_holds(tmp_path):
     assert r.exit_code == 0, r.output
     assert "this --layers output holds 4: 0-3" in r.stdout
     assert "BF16 sink 128 + recent 1024" in r.stdout
+
+
+def test_inspect_tells_how_much_text_the_validation_used(tmp_path):
+    """inspect said "validated passed" and no more: a pass on two short windows read the same
+    as one on many long ones."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.api.ui.seeding import make_validated_bundle
+    from tests.utils.bundles import make_bundle
+
+    run = CliRunner().invoke
+    bundle = make_validated_bundle(tmp_path / "b")
+    report = bundle.manifest.validation
+    assert (report.eval_windows, report.context_len) == (8, 4096)
+    r = run(cli, ["inspect", str(bundle.path)])
+    assert r.exit_code == 0, r.output
+    assert "validated   passed on 8 held-out windows of 4,096 tokens (wikitext-2 test)" in r.stdout
+    d = _json.loads(run(cli, ["inspect", str(bundle.path), "--json"]).stdout)
+    assert d["validated"] is True
+    assert d["validation"] == {"dataset": "wikitext-2 test", "eval_windows": 8,
+                               "context_len": 4096, "eval_tokens": 32768}
+    plain = make_bundle(tmp_path / "plain")
+    assert _json.loads(run(cli, ["inspect", str(plain.path), "--json"]).stdout)["validation"] is None
+    assert "validated   -" in run(cli, ["inspect", str(plain.path)]).stdout
+
+
+def test_inspect_tells_the_windows_sliding_window_layers_were_validated_with(tmp_path):
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.bundle import Bundle, write
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.api.ui.seeding import validation
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    report = validation(30, 0, passed=False).model_copy(update={
+        "eval_windows": 1, "window_by_layer": {"0": 512, "1": 512}})
+    m = make_manifest().model_copy(update={"validation": report})
+    write(Bundle(m, *make_tensors(m)), tmp_path / "b")
+    r = CliRunner().invoke(cli, ["inspect", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert ("validated   FAILED on 1 held-out window of 4,096 tokens (wikitext-2 test); "
+            "2 sliding-window layers hold 512 tokens") in r.stdout
+    d = _json.loads(CliRunner().invoke(cli, ["inspect", str(tmp_path / "b"), "--json"]).stdout)
+    assert d["validation"]["window_by_layer"] == {"0": 512, "1": 512}

@@ -462,3 +462,52 @@ def test_export_warns_on_stderr_of_what_the_engine_will_refuse(registry_with_smo
     r = CliRunner().invoke(cli, ["export", "smollm2-135m@1", "--format", "vllm", "--out",
                                  str(tmp_path / "x"), "--json"])
     assert r.exit_code == 0 and any(REFUSAL in n for n in json.loads(r.stdout)["recipe"]["notes"])
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "safetensors"])
+def test_export_prints_absolute_resolved_paths(tmp_path, monkeypatch, fmt):
+    """`export b --out x --json` printed dir and files as given (relative, `..` and all), which
+    mean nothing to the script or tool that reads them from another working directory."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from tests.utils.bundles import make_bundle
+
+    make_bundle(tmp_path / "b")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    out = (tmp_path / "rotations").resolve()
+    args = ["export", "../b", "--format", fmt, "--out", "../work/../rotations"]
+    r = CliRunner().invoke(cli, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["dir"] == str(out)
+    assert data["files"] and all(p == str(out / Path(p).name) for p in data["files"].values())
+    if fmt == "sglang":
+        env = data["recipe"]["env"]
+        assert (env["SGLANG_OSCAR_K_ROTATION_PATH"], env["SGLANG_OSCAR_V_ROTATION_PATH"]) == \
+            (data["files"]["k"], data["files"]["v"])
+    else:       # the human output of a bundle export is its directory
+        assert CliRunner().invoke(cli, args).stdout.strip() == str(out)
+
+
+def test_an_export_left_in_a_relative_cache_is_named_by_absolute_paths(tmp_path, monkeypatch):
+    """Without --out (pull), the files stay in the cache, which OSCAR_ZOO_CACHE may name
+    relative to the working directory."""
+    from pathlib import Path
+
+    from oscar_zoo.zoo.cache import Cache
+    from oscar_zoo.zoo.export import export
+    from oscar_zoo.zoo.files import sha256_file
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b")
+    monkeypatch.chdir(tmp_path)
+    result = export(Cache("cache"), sha256_file(bundle.path / "bundle.json"), Path("b"), "sglang")
+    assert result.dir.is_absolute() and result.dir.is_relative_to((tmp_path / "cache").resolve())
+    d = result.to_dict()
+    assert all(Path(p).is_absolute() and Path(p).parent == result.dir for p in d["files"].values())
+    assert result.recipe.env["SGLANG_OSCAR_K_ROTATION_PATH"] == d["files"]["k"]

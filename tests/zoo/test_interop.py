@@ -378,3 +378,67 @@ def test_convert_to_sglang_into_a_file_says_which_out(tmp_path):
     r = CliRunner().invoke(cli, ["convert", "--to", "sglang", str(tmp_path / "b"), "--out",
                                  str(tmp_path / "taken")])
     assert r.exit_code == 1 and "taken: cannot write there" in r.stderr, r.output
+
+
+def test_convert_to_sglang_warns_that_searched_per_head_clips_are_lost(tmp_path):
+    """The .pt files carry no clip ratios and SGLang takes one pair per server: converting a
+    bundle of clips searched per KV head dropped them without a word, and without saying which
+    pair to launch with."""
+    from oscar_zoo.zoo.recipes import sglang_recipe
+    from tests.api.ui.seeding import make_validated_bundle
+
+    bundle = make_validated_bundle(tmp_path / "b")
+    clip = bundle.manifest.clip
+    env = sglang_recipe(bundle.manifest, "k.pt", "v.pt").env
+    pair = (f"SGLANG_OSCAR_K_CLIP_RATIO={env['SGLANG_OSCAR_K_CLIP_RATIO']} and "
+            f"SGLANG_OSCAR_V_CLIP_RATIO={env['SGLANG_OSCAR_V_CLIP_RATIO']}")
+    assert env["SGLANG_OSCAR_K_CLIP_RATIO"] == f"{clip.k_global:g}"
+    args = ["convert", "--to", "sglang", str(bundle.path), "--out", str(tmp_path / "s")]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and pair in warned[0], r.stderr
+    assert "searched per KV head" in warned[0] and "per-KV-head values are lost" in warned[0]
+    assert "with that pair, " in warned[0]            # what validation measured it costs
+    assert r.stdout.splitlines() == [str(tmp_path / "s" / n) for n in oscar_names(bundle.manifest)]
+    r = CliRunner().invoke(cli, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["notes"]) == 1 and pair in data["notes"][0] and warned[0].endswith(data["notes"][0])
+    assert "warning" not in r.stderr                  # --json carries it, as pull --json does
+
+
+def test_convert_to_sglang_says_nothing_of_global_unsearched_clips(tmp_path):
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b")
+    args = ["convert", "--to", "sglang", str(bundle.path), "--out", str(tmp_path / "s")]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    assert json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)["notes"] == []
+
+
+def _bundle_with(clip_update: dict, head_clip: float | None = None) -> B.Bundle:
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    m = make_manifest()
+    m = m.model_copy(update={"clip": m.clip.model_copy(update=clip_update)})
+    k, v = make_tensors(m)
+    if head_clip is not None:
+        k[3].clip[1] = head_clip
+    return B.Bundle(m, k, v)
+
+
+@pytest.mark.parametrize("clip_update, head_clip, says", [
+    ({"granularity": "layer", "searched": True}, None, "searched per layer (K 0.96, V 0.92); "),
+    ({"searched": True}, None, "SGLang serves whatever pair it is launched with"),
+    ({}, 0.9, "set per KV head (K 0.9-0.96, V 0.92); "),   # a global manifest, uneven tensors
+])
+def test_the_clip_note_tells_what_the_sglang_files_lose(clip_update, head_clip, says):
+    from oscar_zoo.zoo.interop.convert import clip_note
+
+    note = clip_note(_bundle_with(clip_update, head_clip))
+    assert says in note, note
+    assert "SGLANG_OSCAR_K_CLIP_RATIO=0.96 and SGLANG_OSCAR_V_CLIP_RATIO=0.92" in note
+    assert ("values are lost" in note) == (clip_update.get("granularity") == "layer" or bool(head_clip))
+    assert clip_note(_bundle_with({})) is None

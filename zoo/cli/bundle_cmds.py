@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import BundleFormatError
-from .output import emit, info, json_option
+from .output import emit, info, json_option, plural, warn, window_note
 
 
 @click.command("inspect")
@@ -33,7 +33,27 @@ def _summary(manifest) -> dict:
 
     q = manifest.quantization
     return {**summary(manifest), "scale_dtype": q.scale_dtype, "sink_tokens": q.sink_tokens,
-            "recent_tokens": q.recent_tokens, "lloyd_max": q.lloyd_max}
+            "recent_tokens": q.recent_tokens, "lloyd_max": q.lloyd_max,
+            "validation": _validation(manifest.validation)}
+
+
+def _validation(report) -> dict | None:
+    """What the verdict was measured on: a pass on 2 short windows is not one on 64 long ones."""
+    if report is None:
+        return None
+    data = report.model_dump(mode="json")
+    return {key: data[key] for key in ("dataset", "eval_windows", "context_len", "eval_tokens",
+                                       "window_by_layer") if key in data}
+
+
+def _validated_line(d: dict) -> str:
+    if d["validated"] is None:
+        return "-"
+    v = d["validation"]
+    windowed = window_note(v)
+    return (f"{'passed' if d['validated'] else 'FAILED'} on "
+            f"{plural(v['eval_windows'], 'held-out window')} of {v['context_len']:,} tokens "
+            f"({v['dataset']})" + (f"; {windowed}" if windowed else ""))
 
 
 def _human_summary(d: dict) -> str:
@@ -51,7 +71,7 @@ def _human_summary(d: dict) -> str:
         f"INT2        group {d['group_size']}, {d['scale_dtype']} scales, BF16 sink "
         f"{d['sink_tokens']} + recent {d['recent_tokens']}{', Lloyd-Max' if d['lloyd_max'] else ''}",
         f"source      {d['source']}, {d['tokens'] or '?'} calibration tokens",
-        f"validated   {'-' if d['validated'] is None else ('passed' if d['validated'] else 'FAILED')}",
+        f"validated   {_validated_line(d)}",
         "files       " + ", ".join(f"{n} ({s:,} B)" for n, s in d["files"].items()),
         f"verified    {'yes: hashes, shapes, finiteness, orthogonality' if d['verified'] else 'skipped'}",
     ]
@@ -82,24 +102,17 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
     """
     if bool(from_fmt) == bool(to_fmt):
         raise click.UsageError("pass exactly one of --from sglang or --to sglang")
-    from ..files import out_dir_out_of_space
-
     if to_fmt:
-        from .. import bundle as bundle_mod
-        from ..interop.convert import export_files
-
         if len(inputs) != 1:
             raise click.UsageError("--to sglang takes one bundle directory")
-        bundle = bundle_mod.read(inputs[0])
-        with out_dir_out_of_space(out, "writing the sglang files"):
-            k_path, v_path = export_files(bundle, out)
-        emit({"k": str(k_path), "v": str(v_path)}, as_json, lambda d: f"{d['k']}\n{d['v']}")
+        _to_sglang(inputs[0], out, as_json)
         return
     if not model:
         raise click.UsageError("--from sglang needs --model (the files do not record their model)")
     _check_bundle_out(out, overwrite)
     from .. import bundle as bundle_mod
     from ..catalog import resolve
+    from ..files import out_dir_out_of_space
     from ..interop.convert import ServingDefaults, import_files
 
     k_path, v_path = _oscar_pair(inputs)
@@ -115,6 +128,22 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
         written = bundle_mod.write(bundle, out, overwrite=overwrite)
     info(f"imported {k_path.name} + {v_path.name} -> {out}")
     emit(_summary(written.manifest), as_json, _human_summary_unverified)
+
+
+def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
+    from .. import bundle as bundle_mod
+    from ..files import out_dir_out_of_space
+    from ..interop.convert import clip_note, export_files
+
+    bundle = bundle_mod.read(bundle_dir)
+    with out_dir_out_of_space(out, "writing the sglang files"):
+        k_path, v_path = export_files(bundle, out)
+    notes = [n for n in (clip_note(bundle),) if n]
+    if not as_json:     # --json carries them in notes, as pull --json does
+        for note in notes:
+            warn(note)
+    emit({"k": str(k_path), "v": str(v_path), "notes": notes}, as_json,
+         lambda d: f"{d['k']}\n{d['v']}")
 
 
 def _check_bundle_out(out: Path, overwrite: bool) -> None:

@@ -234,6 +234,56 @@ def _objective(name: str, composition: str) -> str:
     return name if composition == "none" else f"{name}_{composition}"
 
 
+_PER = {"layer": "layer", "kv_head": "KV head"}
+
+
+def clip_note(bundle: Bundle) -> str | None:
+    """What the SGLang files lose of this bundle's clip ratios and the pair to launch SGLang
+    with; None for global, unsearched clips (the pair the files were always served with).
+
+    OSCAR's files hold rotations only: SGLang reads one K and one V ratio per server from its
+    environment, so per-layer or per-head ratios have nowhere to go."""
+    clip = bundle.manifest.clip
+    spread = {side: _clip_values(bundle, side) for side in ("k", "v")}
+    uneven = any(not np.allclose(values, pair, rtol=0, atol=1e-6) for values, pair in
+                 ((spread["k"], clip.k_global), (spread["v"], clip.v_global)))
+    per = _PER.get(clip.granularity) or ("KV head" if uneven else None)
+    if per is None and not clip.searched:
+        return None
+    how = f"{'searched' if clip.searched else 'set'}{f' per {per}' if per else ''}"
+    ranges = ", ".join(f"{side.upper()} {_span(v)}" for side, v in spread.items())
+    kept = f"per-{per.replace(' ', '-')} values" if per else ""
+    lost = (f"so the {kept} are lost in this format" if per
+            else "so SGLang serves whatever pair it is launched with")
+    return (f"this bundle's clip ratios were {how} ({ranges}); OSCAR's SGLang files carry no clip "
+            f"ratios and SGLang takes one K and one V ratio per server, {lost}. Launch SGLang "
+            f"with SGLANG_OSCAR_K_CLIP_RATIO={clip.k_global:g} and "
+            f"SGLANG_OSCAR_V_CLIP_RATIO={clip.v_global:g}, the bundle's global pair, as in the "
+            "launch recipe `oscar-zoo export --format sglang` prints."
+            + (_served_cost(bundle.manifest, kept) if per else ""))
+
+
+def _clip_values(bundle: Bundle, side: str) -> np.ndarray:
+    tensors = bundle.side(side).values()
+    return np.concatenate([t.clip.ravel() for t in tensors]) if tensors else np.zeros(0)
+
+
+def _span(values: np.ndarray) -> str:
+    if not values.size:
+        return "-"
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
+
+
+def _served_cost(m: Manifest, kept: str) -> str:
+    """The price of the one pair, where validation measured the bundle both ways."""
+    by = {r.name: r.delta_nll for r in (m.validation.variants if m.validation else [])}
+    if "bundle" not in by or "bundle-served" not in by:
+        return ""
+    return (f" Validation measured {by['bundle-served']:+.4f} nats/token of extra loss with that "
+            f"pair, {by['bundle']:+.4f} with the {kept}.")
+
+
 def export_files(bundle: Bundle, out_dir: str | Path) -> tuple[Path, Path]:
     """Write the K and V checkpoints into out_dir together: a failure or Ctrl-C leaves both as
     they were, never a new K beside an old V (both [d, d]: SGLang would load the pair silently)."""

@@ -100,12 +100,12 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
         edir = Path(out)
     # absolute: the recipe and --json are saved and used from elsewhere (a launch script, a
     # systemd unit, another tool's working directory)
-    files = {role: _absolute(p) for role, p in files.items()}
+    files = {role: absolute(p) for role, p in files.items()}
     recipe = recipe_for(fmt, manifest, {role: str(p) for role, p in files.items()}, layers)
     return ExportResult(fmt, Path(edir).resolve(), files, recipe, layers)
 
 
-def _absolute(path: Path) -> Path:
+def absolute(path: Path) -> Path:
     # the directory resolved, not the file: were the file a link, its target's name would
     # stand in for OSCAR's file name, which engines and scripts look for
     return Path(path).parent.resolve() / Path(path).name

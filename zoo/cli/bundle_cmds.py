@@ -132,6 +132,7 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
 
 def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
     from .. import bundle as bundle_mod
+    from ..export import absolute
     from ..files import out_dir_out_of_space
     from ..interop.convert import clip_note, export_files
 
@@ -142,7 +143,7 @@ def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
     if not as_json:     # --json carries them in notes, as pull --json does
         for note in notes:
             warn(note)
-    emit({"k": str(k_path), "v": str(v_path), "notes": notes}, as_json,
+    emit({"k": str(absolute(k_path)), "v": str(absolute(v_path)), "notes": notes}, as_json,
          lambda d: f"{d['k']}\n{d['v']}")
 
 

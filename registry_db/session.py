@@ -8,6 +8,7 @@ for the same reason). PostgreSQL needs neither; it relies on row locks and uniqu
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,7 +112,8 @@ def _note_connect_failure(ctx) -> None:
 
 def connect_failure(e: BaseException) -> DatabaseUnavailable | None:
     """e as one actionable line when it (or an error it was raised from) is a failure to
-    connect to the registry database: no such database, nothing listening, a refused login.
+    connect to the registry database: no such database, nothing listening, a refused login, or
+    a PRAGMA SQLite refused on the new connection (_pragma), named with why and what to do.
     None for any other error, a failed statement included. The CLI tells it this way
     (zoo/cli/main.py); the API leaves it to its 500 handler, which names no server address."""
     seen = set()
@@ -119,13 +121,41 @@ def connect_failure(e: BaseException) -> DatabaseUnavailable | None:
         seen.add(id(e))
         url = getattr(e, "connecting_to", None)
         if url is not None:
-            reason = " ".join(_first_line(getattr(e, "orig", None) or e).split())
+            # SQLAlchemy's URL prints its password as ***; the driver's reason may hold it too
+            orig = getattr(e, "orig", None) or e
+            reason = " ".join(_first_line(orig).split())
             if url.password:
                 reason = reason.replace(str(url.password), "***")
-            # SQLAlchemy's URL prints its password as ***
+            pragma = getattr(orig, "failed_pragma", None)
+            if pragma is not None:      # connected: the URL is right, the file is not usable
+                return DatabaseUnavailable(f"PRAGMA {pragma} failed on the database at {url} "
+                                           f"while connecting: {reason}{_pragma_fix(orig)}")
             return DatabaseUnavailable(f"cannot connect to the database at {url}: {reason}; {URL_FIX}")
         e = e.__cause__ or e.__context__
     return None
+
+
+_USER = "writable by the user running oscar-zoo"
+
+# What to do about a PRAGMA SQLite refused, by its extended result code, else its primary one
+_PRAGMA_FIXES = {
+    sqlite3.SQLITE_READONLY_DIRECTORY: f"make the database's directory {_USER}: SQLite makes "
+                                       "its -wal and -shm files there",
+    sqlite3.SQLITE_READONLY: f"make the database file and its directory {_USER}: the registry "
+                             "writes to the file, and SQLite makes its -wal and -shm files "
+                             "beside it",
+    sqlite3.SQLITE_BUSY: "another process holds a lock on the database (a long write, a backup, "
+                         "an open sqlite3 shell): let it finish or stop it, then retry",
+    sqlite3.SQLITE_NOTADB: "point OSCAR_ZOO_DATABASE_URL at the registry's SQLite database, or "
+                           "move that file aside for a new one to be made there",
+}
+
+
+def _pragma_fix(e: BaseException) -> str:
+    """"; to fix: ..." for a PRAGMA SQLite refused, where its result code says what to do."""
+    code = getattr(e, "sqlite_errorcode", None)
+    fix = None if code is None else _PRAGMA_FIXES.get(code) or _PRAGMA_FIXES.get(code & 0xFF)
+    return f"; to fix: {fix}" if fix else ""
 
 
 SQLITE_FULL = 13
@@ -180,10 +210,10 @@ def _sqlite_engine(url: str) -> Engine:
         # Let SQLAlchemy, not the sqlite3 module, decide when a transaction begins.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
-        cur.execute("PRAGMA synchronous=NORMAL")  # durable with WAL except on power loss
+        _pragma(cur, "journal_mode=WAL")
+        _pragma(cur, "foreign_keys=ON")
+        _pragma(cur, f"busy_timeout={SQLITE_BUSY_MS}")
+        _pragma(cur, "synchronous=NORMAL")  # durable with WAL except on power loss
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -192,6 +222,18 @@ def _sqlite_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _pragma(cur, setting: str) -> None:
+    """PRAGMA <setting>. One SQLite refuses (a read-only file or directory, a lock held, a file
+    that is no database) keeps which it was: SQLAlchemy raises it as a failure to connect, and
+    connect_failure says the connection was made but this PRAGMA failed, and why."""
+    try:
+        cur.execute(f"PRAGMA {setting}")
+    except sqlite3.Error as e:
+        e.failed_pragma = setting
+        e.add_note(f"while running PRAGMA {setting} on a new connection")   # for the server's log
+        raise
 
 
 def _server_engine(url: str) -> Engine:

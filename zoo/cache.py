@@ -20,8 +20,9 @@
                                             cache rm renamed here to delete it
       rescued/calibrate-<time>-<random>/<name>/   a bundle `oscar-zoo calibrate` could not write
                                             to its full --out; kept until its user moves it or
-                                            removes it (`cache rm --rescued`; prune and a cache rm
-                                            of models leave it alone); `cache ls` lists it
+                                            removes it (`cache rm --rescued`, which removes
+                                            rescued/ too once empty; prune and a cache rm of
+                                            models leave it alone); `cache ls` lists it
       .locks/<key>.lock                     flock locks (soft locks with owner records where
                                             the filesystem has no flock)
       .locks/gc.lock                        shared by pulls, exports, verify's hashing and a
@@ -622,8 +623,7 @@ def _drop_refs_of_gone(cache: Cache, going: set[Path]) -> None:
     parts, exports) is removed: its snapshot goes and so does each of its parts, or it has no
     part. A bundle that keeps a part keeps its refs (the part still serves its layers).
 
-    Call with gc.lock held exclusively (verify's repair), as cache rm unlinks refs: pulls, which
-    write refs holding it shared, wait; each unlink is atomic, and the refs dir is fsynced."""
+    Call with gc.lock held exclusively (verify's repair), as drop_refs says."""
     models = cache.root / "models"
     bundles: set[tuple[Path, str]] = set()
     for path in going:
@@ -636,12 +636,24 @@ def _drop_refs_of_gone(cache: Cache, going: set[Path]) -> None:
                 if p.is_dir()]
         if not is_sha256(digest) or not set(held) <= going:
             continue
-        refs = mdir / "refs"
-        dropped = [p for p in _entries(refs) if p.is_file() and _read_digest(p) == digest]
-        for p in dropped:
-            p.unlink(missing_ok=True)
-        if dropped:
-            fsync_dir(refs)
+        drop_refs(cache, mdir.name, [p.name for p in _entries(mdir / "refs")
+                                     if p.is_file() and _read_digest(p) == digest])
+
+
+def drop_refs(cache: Cache, model: str, refs: Iterable[str]) -> None:
+    """Unlink these refs of one model (file names in models/<model>/refs/, as listed there or
+    made by _ref_file), then fsync the refs dir once if any was named: durable before the caller
+    deletes the bundles they named, so a crash leaves a bundle no ref names (prune removes it),
+    never a ref to one that is gone. A ref already gone is no error.
+
+    Call with gc.lock held exclusively (cache rm, verify's repair): pulls, which write refs
+    holding it shared, wait; each unlink is atomic."""
+    folder = cache.root / "models" / model / "refs"
+    names = list(refs)
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+    if names:
+        fsync_dir(folder)
 
 
 def prune(cache: Cache, dry_run: bool = False,

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Iterable
 
 from .cache import (_LEFTOVER_AGE, Cache, Rescued, _blobs_of, _delete, _entries, _freed, _links,
-                    _read_digest, _ref_file, _rmdir_if_empty, drop_emptied_model_dirs, model_dirs,
-                    model_key)
+                    _read_digest, _ref_file, _rmdir_if_empty, drop_emptied_model_dirs, drop_refs,
+                    model_dirs, model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
-from .files import fsync_dir, is_sha256
+from .files import is_sha256
 
 
 @dataclass(frozen=True)
@@ -206,10 +206,8 @@ def remove(cache: Cache, targets: list[Target], dry_run: bool = False,
             plan.paths = [(p, n) for p, n in plan.paths if only & {p, *p.parents}]
             plan.refs = [r for r in plan.refs if _ref_goes(cache, r, {p for p, _ in plan.paths})]
         if not dry_run:
-            for model, ref, _ in plan.refs:
-                (cache.root / "models" / model / "refs" / _ref_file(ref)).unlink(missing_ok=True)
             for model in sorted({m for m, _, _ in plan.refs}):
-                fsync_dir(cache.root / "models" / model / "refs")
+                drop_refs(cache, model, [_ref_file(r) for m, r, _ in plan.refs if m == model])
             plan.failed = [p for p, _ in plan.paths if not _removed(cache, p)]
             # a model can lose its last bundle to a plan that did not name its directory (the
             # plan confirmed before another removal took the rest)
@@ -345,7 +343,9 @@ def remove_rescued(cache: Cache, rescued: list[Rescued], dry_run: bool = False) 
 
     Holds gc.lock exclusively: a calibrate holds it shared from making its rescued dir to its
     bundle's last file (calibrate_cmds._rescue), so none is written meanwhile, and this waits
-    for one in progress. rescued/ itself stays, even empty."""
+    for one in progress. rescued/ itself goes too once nothing is left in it, under the same
+    lock; a calibrate's next rescue makes it again (one starting this very moment, having made
+    it before taking the lock, finds it gone and saves to the temp dir instead)."""
     if not cache.root.exists():
         return Removal([], [], [], [])
     with cache.gc_guard(exclusive=True):
@@ -354,6 +354,9 @@ def remove_rescued(cache: Cache, rescued: list[Rescued], dry_run: bool = False) 
         plan = Removal([], [], _freed([r.path for r in going]), [], going)
         if not dry_run:
             plan.failed = [r.path for r in going if not _rescued_removed(cache, r)]
+            # rmdir takes it only empty and never a link: a dir kept (another user's, a fresh
+            # mkdtemp, one that would not go) keeps it
+            _rmdir_if_empty(cache.rescued)
     return plan
 
 

@@ -416,6 +416,54 @@ def test_killed_mid_removal_leaves_a_whole_snapshot_or_none(bundles, filled, mon
     assert blob_of(bundles, "A", "rotations.safetensors").exists()
 
 
+def _removal_steps(monkeypatch) -> list[tuple[str, Path]]:
+    """("fsync", dir) for each refs dir drop_refs fsyncs and ("delete", path) for each entry
+    removed (cache._delete), in order, from now on; each done all the same."""
+    from oscar_zoo.zoo import cache_remove
+
+    steps: list[tuple[str, Path]] = []
+    real_fsync, real_delete = cache_mod.fsync_dir, cache_mod._delete
+
+    def fsync_dir(path):
+        steps.append(("fsync", Path(path)))
+        real_fsync(path)
+
+    def delete(cache, path):
+        steps.append(("delete", path))
+        return real_delete(cache, path)
+
+    monkeypatch.setattr(cache_mod, "fsync_dir", fsync_dir)
+    for module in (cache_mod, cache_remove):
+        monkeypatch.setattr(module, "_delete", delete)
+    return steps
+
+
+def test_drop_refs_unlinks_the_refs_named_and_fsyncs_their_dir_once(filled, monkeypatch):
+    """The one way refs go (cache rm, verify's repair): the refs named, not the others, then one
+    fsync of the refs dir for all of them; a ref gone already is no error; none named, no fsync."""
+    cache = Cache()
+    steps = _removal_steps(monkeypatch)
+    cache_mod.drop_refs(cache, SMOL, ["v1", "recommended", "gone-already"])
+    assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
+    assert steps == [("fsync", cache.model_dir(SMOL) / "refs")]
+    cache_mod.drop_refs(cache, SMOL, [])
+    assert len(steps) == 1 and cache.refs(FORK) == {"latest": filled["C"], "v1": filled["C"]}
+
+
+def test_cache_rm_drops_each_models_refs_with_one_fsync_before_anything_goes(filled, monkeypatch):
+    """Two refs of one bundle and a whole model's: one fsync of each refs dir, both before the
+    first rename aside, so a crash between leaves bundles no ref names (prune's to remove),
+    never a ref to a bundle that is gone."""
+    cache = Cache()
+    steps = _removal_steps(monkeypatch)
+    plan = remove(cache, resolve_removal(cache, [f"{SMOL}@1", FORK]))
+    assert plan.failed == [] and cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
+    assert steps[:2] == [("fsync", cache.root / "models" / FORK_DIR / "refs"),
+                         ("fsync", cache.root / "models" / SMOL / "refs")]
+    assert [what for what, _ in steps[2:]] == ["delete"] * len(plan.paths)
+    assert not cache.model_dir(FORK).exists() and cache.snapshot(SMOL, filled["A"]) is None
+
+
 def test_an_export_from_the_cache_holds_off_cache_rm_while_it_builds(filled, monkeypatch, tmp_path):
     """`oscar-zoo export NAME` reads a cached snapshot as `pull --format` does, and waits as it
     does: a `cache rm` meanwhile used to delete the snapshot under it (the export failed with
@@ -633,12 +681,55 @@ def test_rescued_bundles_go_only_with_cache_rm_rescued(bundles, filled, monkeypa
     result = rm_rescued(input="y\n")
     assert result.exit_code == 0 and "remove 1 rescued bundle," in result.stderr, result.output
     assert f"{second.parent.name} other-bundle, saved " in result.stderr     # the plan shown
-    assert not second.parent.exists() and list(cache.rescued.iterdir()) == []
+    assert not second.parent.exists() and not cache.rescued.exists()     # with its last rescue
     assert json.loads(cache_ls("--json").stdout)["rescued"] == []
     assert "RESCUED" not in cache_ls().stdout
     assert tree(cache.root / "models") == models
     again = rm_rescued("--yes")
     assert again.exit_code == 0 and again.stdout.strip() == "nothing to remove"
+
+
+def test_rescued_goes_with_its_last_rescue_under_the_lock(bundles, filled, monkeypatch):
+    """rescued/ was left behind empty for good: now it goes with the last dir in it, in the same
+    hold of gc.lock as that removal. A dry run, or a dir that stays in it, keeps it; the next
+    rescue makes it again."""
+    from oscar_zoo.zoo import cache_remove
+
+    first, second = rescue(bundles, "A"), rescue(bundles, "C", "other-bundle")
+    fresh = killed("calibrate-20990101-000000Z-writing0")     # --rescued with no name keeps it
+    cache = Cache()
+    assert rm_rescued(first.parent.name, "--yes").exit_code == 0 and cache.rescued.is_dir()
+    assert rm_rescued("--dry-run").exit_code == 0 and second.is_dir()
+    result = rm_rescued("--yes")
+    assert result.exit_code == 0 and "keeping 1 rescued dir" in result.stderr, result.output
+    assert not second.parent.exists() and fresh.is_dir() and cache.rescued.is_dir()
+    monkeypatch.setenv("OSCAR_ZOO_LOCK_TIMEOUT", "0.1")
+    real_rmdir, locked = cache_remove._rmdir_if_empty, []
+
+    def rmdir_if_empty(path):
+        if path == cache.rescued:
+            with pytest.raises(LockTimeout), cache.gc_guard():     # as a calibrate would wait
+                pass
+            locked.append(path)
+        real_rmdir(path)
+
+    monkeypatch.setattr(cache_remove, "_rmdir_if_empty", rmdir_if_empty)
+    result = rm_rescued(fresh.name, "--yes")
+    assert result.exit_code == 0, result.output
+    assert locked == [cache.rescued] and not cache.rescued.exists()
+    assert json.loads(cache_ls("--json").stdout)["rescued"] == []
+    assert rescue(bundles).parent.parent == cache.rescued
+
+
+def test_a_rescued_dir_that_is_a_link_is_not_removed_for_being_empty(filled, tmp_path):
+    from oscar_zoo.zoo.cache_remove import remove_rescued
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    cache = Cache()
+    cache.rescued.symlink_to(outside, target_is_directory=True)
+    assert remove_rescued(cache, []).failed == []
+    assert cache.rescued.is_symlink() and outside.is_dir()
 
 
 def test_a_rescue_being_written_holds_off_cache_rm_rescued(bundles, filled, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -285,6 +286,29 @@ def test_verify_drops_the_refs_of_a_snapshot_it_deletes(hf_only, monkeypatch):
     assert again.digest == r.digest and again.path.exists()
     assert verify_cache(cache, GLM)[1] == []
     assert cache.refs(GLM) == {"latest": r.digest, "rotationzoo": r.digest}
+
+
+def test_verify_drops_the_refs_with_one_fsync_before_the_snapshot_goes(hf_only, monkeypatch):
+    """As cache rm drops them (cache.drop_refs): both refs of the bundle, then one fsync of their
+    dir, then the snapshot renamed aside; a crash between leaves a snapshot no ref names."""
+    r = pull(f"{GLM}@latest")
+    cache = Cache()
+    flip_a_byte(cache.blob(cache.read_meta(GLM, r.digest)["files"]["rotations.safetensors"]))
+    steps = []
+    real_fsync, real_delete = cache_mod.fsync_dir, cache_mod._delete
+
+    def fsync_dir(path):
+        steps.append(("fsync", Path(path), sorted(cache.refs(GLM))))
+        real_fsync(path)
+
+    def delete(cache_, path):
+        steps.append(("delete", path, sorted(cache.refs(GLM))))
+        return real_delete(cache_, path)
+
+    monkeypatch.setattr(cache_mod, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(cache_mod, "_delete", delete)
+    assert verify_cache(cache, GLM)[1]
+    assert steps == [("fsync", cache.model_dir(GLM) / "refs", []), ("delete", r.path, [])]
 
 
 def test_verify_keeps_the_refs_of_bundles_it_leaves(registry, glm_bundles, monkeypatch):

@@ -235,10 +235,12 @@ def _rescue(bundle, out: Path) -> tuple[Path | None, list[str]]:
     failures = []
     for root, prefix, guard in _rescue_roots():
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            # the cache itself first: gc_guard holds no lock on a cache that does not exist
+            root.parent.mkdir(parents=True, exist_ok=True)
             # held from before its dir is made to the bundle's last file: `cache rm --rescued`
-            # never meets it half-written
+            # never meets it half-written, nor removes rescued/ between its mkdir and ours
             with guard():
+                root.mkdir(exist_ok=True)
                 return _rescue_into(bundle, root, prefix, out.name or "bundle"), failures
         except OSError as e:
             failures.append(f"{root}: {e.strerror or e}")

@@ -199,7 +199,9 @@ def _first_line(e: BaseException) -> str:
 
 def _sqlite_engine(url: str) -> Engine:
     path = make_url(url).database
-    if path and path != ":memory:":
+    # a URI filename (file:...?uri=true, e.g. mode=ro) is the user's to have made: its "parent"
+    # would be a stray file: directory in the working directory
+    if path and path != ":memory:" and not path.startswith("file:"):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False,
                                               "timeout": SQLITE_BUSY_MS / 1000},

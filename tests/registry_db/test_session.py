@@ -143,3 +143,22 @@ def _works(url: str) -> bool:
             return s.execute(text("select 1")).scalar() == 1
     finally:
         db.dispose()
+
+
+def test_a_sqlite_uri_filename_makes_no_stray_directory(tmp_path, monkeypatch):
+    """file:...?uri=true names the database as SQLite's URI; its text is not a path whose parent
+    to create (that made a `file:` directory in the working directory)."""
+    import sqlite3
+
+    from sqlalchemy import text
+
+    from oscar_zoo.registry_db.session import _sqlite_engine
+
+    db = tmp_path / "made.sqlite"
+    sqlite3.connect(db).close()
+    monkeypatch.chdir(tmp_path)
+    engine = _sqlite_engine(f"sqlite:///file:{db}?uri=true")
+    with engine.connect() as conn:
+        assert conn.execute(text("select 1")).scalar() == 1
+    engine.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("made.sqlite")) == []

@@ -1,8 +1,9 @@
 """Attention geometry of a model: which layers keep a KV cache, and of what shape.
 
-One dataclass, built from the catalog or from a model's `config.json`; nothing else sniffs
-configs. Hybrid models (Qwen3.5: linear attention on 3 of every 4 layers) list only their
-full-attention layers, by *global* layer id, because that is how OSCAR files key them.
+One dataclass, built from the catalog or from a model's `config.json` (or its live transformers
+config); nothing else sniffs configs. Hybrid models (Qwen3.5: linear attention on 3 of every 4
+layers) list only their full-attention layers, by *global* layer id, because that is how OSCAR
+files key them.
 """
 
 from __future__ import annotations
@@ -74,9 +75,19 @@ class ModelGeometry:
 
 _LINEAR_KINDS = {"linear_attention", "mamba", "gated_deltanet"}
 
+# What transformers' Gemma 4 text configs assume where config.json leaves out the keys that
+# size their full-attention layers (their __post_init__: global_head_dim 512, and
+# num_global_key_value_heads applies only with attention_k_eq_v, a field that defaults off).
+_FULL_LAYER_DEFAULTS = {
+    "gemma4_text": {"global_head_dim": 512, "attention_k_eq_v": False},
+    "gemma4_unified_text": {"global_head_dim": 512, "attention_k_eq_v": False},
+}
 
-def geometry_from_config(config: dict) -> ModelGeometry:
-    """Geometry from a Hugging Face `config.json` dict (multimodal configs: the text tower)."""
+
+def geometry_from_config(config) -> ModelGeometry:
+    """Geometry from a Hugging Face `config.json` dict or a live transformers config
+    (multimodal configs: the text tower)."""
+    config = _as_dict(config)
     cfg = config.get("text_config") or config
     if cfg.get("kv_lora_rank"):
         raise UnsupportedModelError(
@@ -96,14 +107,42 @@ def geometry_from_config(config: dict) -> ModelGeometry:
         raise UnsupportedModelError("every layer is linear attention: there is no KV cache to rotate")
     if len(attention) == layers:
         attention = ()
-    head_dims, kv_by_layer = {}, {}
-    full_dim, full_kv = cfg.get("global_head_dim"), cfg.get("num_global_key_value_heads")
-    for i, kind in enumerate(kinds):
-        if kind == "full_attention" and full_dim and int(full_dim) != head_dim:
-            head_dims[i] = int(full_dim)
-        if kind == "full_attention" and full_kv and int(full_kv) != kv_heads:
-            kv_by_layer[i] = int(full_kv)
-    return ModelGeometry(layers, q_heads, kv_heads, head_dim, attention, head_dims, kv_by_layer)
+    overrides = _layer_overrides(cfg, kinds)
+    return ModelGeometry(layers, q_heads, kv_heads, head_dim, attention,
+                         _differing(overrides, "head_dim", head_dim),
+                         _differing(overrides, "num_key_value_heads", kv_heads))
+
+
+def _as_dict(config) -> dict:
+    # A live transformers 5 config keeps Gemma 4's wider full layers in per_layer_config (and
+    # raises on reading its global head_dim); to_dict() is the config.json that save_pretrained
+    # writes, so both forms go through one reader.
+    return config if isinstance(config, dict) else config.to_dict()
+
+
+def _layer_overrides(cfg: dict, kinds: list[str]) -> dict[int, dict]:
+    """Per layer, the attributes that transformers builds that layer with instead of the
+    config's own: its per_layer_config where the config has one (what transformers 5 writes,
+    keyed by zero-padded layer ids), else what Gemma 4's config class derives from the
+    global_head_dim / num_global_key_value_heads its released config.json files carry."""
+    if "per_layer_config" in cfg:   # transformers then ignores the global_* keys
+        return {int(i): o for i, o in (cfg["per_layer_config"] or {}).items()}
+    defaults = _FULL_LAYER_DEFAULTS.get(cfg.get("model_type"), {})
+    full_dim = cfg.get("global_head_dim") or defaults.get("global_head_dim")
+    if not full_dim:
+        return {}
+    full = {"head_dim": full_dim}
+    full_kv = cfg.get("num_global_key_value_heads")
+    # configs without the attention_k_eq_v field take the kv override unconditionally
+    if full_kv and cfg.get("attention_k_eq_v", defaults.get("attention_k_eq_v", True)):
+        full["num_key_value_heads"] = full_kv
+    return {i: full for i, kind in enumerate(kinds) if kind == "full_attention"}
+
+
+def _differing(overrides: dict[int, dict], key: str, default: int) -> dict[int, int]:
+    # ModelGeometry lists only the layers that differ; per_layer_config may repeat the default
+    return {i: int(o[key]) for i, o in sorted(overrides.items())
+            if o.get(key) is not None and int(o[key]) != default}
 
 
 def geometry_from_config_file(path: str | Path) -> ModelGeometry:

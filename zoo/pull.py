@@ -6,8 +6,9 @@
 
 Sources are tried in the order of the `sources` setting (registry, hf, modelscope); a source that
 does not have the model, or cannot be reached, hands over to the next. When none could serve it
-because some could not be reached (the others only said they do not have it) and the cache holds
-what was asked for, the cached copy is used (with a warning naming the unreachable sources), like
+because some could not be reached or failed on their side (a 5xx, 408, 429: _gave_no_answer)
+and the others only said they do not have it, and the cache holds what was asked for, the cached
+copy is used (with a warning naming those sources, and the status each answered), like
 `hf_hub_download`. Offline mode (OSCAR_ZOO_OFFLINE=1 or HF_HUB_OFFLINE=1) reads only the cache.
 
 The warm path (bundle and export already cached) imports neither numpy, safetensors, pydantic
@@ -114,7 +115,6 @@ def _sources(names: list[str] | None, cache: Cache):
             from .sources.registry import RegistrySource
 
             client = RegistryClient()
-            client.offline_hints = False    # pull falls back to the cache by itself
             if client.configured:
                 out.append(RegistrySource(client))
         elif name in ("hf", "modelscope"):
@@ -144,8 +144,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
                           "configured (registry needs OSCAR_ZOO_ENDPOINT)")
     if entry is None and not any(s.name == "registry" for s in sources):
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=catalog.suggest(name))
-    failures: list[tuple[str, Exception]] = []
-    silent: list[bool] = []     # per failure: a "not found" that says nothing about the bundle
+    failures: list[_Failure] = []
     for source in sources:
         try:
             plan = source.plan(entry, name, ref)
@@ -156,20 +155,34 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
                 plan.refs.append(ref.alias)
             return _materialize(plan, cache, layers, progress, fmt)  # pull() holds the gc lock
         except _FALLBACK as e:
-            failures.append((source.name, e))
-            silent.append(_no_opinion(source, e))
-    down = _unreachable(failures, silent)
+            failures.append(_Failure(source.name, getattr(source, "where", source.name), e,
+                                     _no_opinion(source, e)))
     cache_said = ""
-    if down:
-        why = _fallback_why(failures, down)
+    if _cache_may_answer(failures):
         try:
             result = from_cache(cache, entry, name, ref, "no source could serve it", layers)
         except (OfflineError, NotFound) as e:
             cache_said = f"; and {e}"     # what the cache holds instead, and how to get it
         else:
-            result.notes.insert(0, f"{why}; using the cached copy")
+            result.notes.insert(0, f"{_fallback_why(failures)}; using the cached copy")
             return result
     raise _combine(failures, entry, name, ref, cache_said)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why one source did not serve the pull."""
+
+    source: str         # its name: registry, hf, modelscope
+    where: str          # as messages name it: the registry with its URL
+    error: Exception
+    quiet: bool         # a "not found" that says nothing about the bundle (_no_opinion)
+
+    @property
+    def reason(self) -> str:
+        # one reason among several, joined with "; ": a sentence's own full stop would show as ".;"
+        text = str(self.error)
+        return text[:-1] if text.endswith(".") and not text.endswith("...") else text
 
 
 def _no_opinion(source, e: Exception) -> bool:
@@ -181,40 +194,74 @@ def _no_opinion(source, e: Exception) -> bool:
                                             and getattr(source, "answers_from_catalog", False))
 
 
-def _unreachable(failures: list[tuple[str, Exception]], silent: list[bool]) -> list[tuple[str, Exception]]:
-    """The sources that could not be reached (or answered an error of their own), when those
-    are why nothing was pulled: every other source had no opinion (_no_opinion). Empty
-    otherwise: a corrupt download, a refused token or a version the registry says is gone is
-    for the user to see, not for a cached copy to hide."""
-    down = [(src, e) for src, e in failures if isinstance(e, (OfflineError, RemoteError))]
-    if down and all(isinstance(e, (OfflineError, RemoteError)) or quiet
-                    for (_, e), quiet in zip(failures, silent)):
-        return down
-    return []
+def _gave_no_answer(e: Exception) -> bool:
+    """The source could not answer at all: unreachable, or failing on its side.
+
+    A 5xx is the server's own failure, not a word about the bundle: a 500 (a bug, possibly on
+    every request), 502/504 (a proxy whose backend is gone), 503 (overloaded, in maintenance),
+    507 (its disk is full). So are 408 and 429 (too slow, too many requests: come back later),
+    as hf_hub_download also reads them. For the user each is an outage like a refused
+    connection, so a cached copy may stand in, with a warning naming the status: a 500 that
+    persists still shows on every pull. So may an answer that is no answer (a proxy's web page
+    where JSON should be, a damaged listing: no status). Another 4xx may not: the server did
+    answer this request (a bad request, a file gone for good), and serving a cached copy
+    instead would hide that answer from the user."""
+    if isinstance(e, OfflineError):
+        return True
+    if not isinstance(e, RemoteError):
+        return False
+    status = getattr(e, "status", None)
+    return status is None or status >= 500 or status in (408, 429)
 
 
-def _fallback_why(failures: list[tuple[str, Exception]], down: list[tuple[str, Exception]]) -> str:
-    """Why the cache answers: which sources could not be reached, and what the others said."""
-    if len(down) == len(failures):
+def _cache_may_answer(failures: list[_Failure]) -> bool:
+    """Whether a cached copy may stand in: some source gave no answer (_gave_no_answer) and
+    every other one had no opinion. A corrupt download, a refused token, a 4xx or a version the
+    registry says is gone is for the user to see, not for a cached copy to hide."""
+    return (any(_gave_no_answer(f.error) for f in failures)
+            and all(_gave_no_answer(f.error) or f.quiet for f in failures))
+
+
+def _fallback_why(failures: list[_Failure]) -> str:
+    """Why the cache answers: which sources could not be reached, which were but failed (the
+    HTTP status, and where), and what the others said."""
+    unreachable = [f for f in failures if isinstance(f.error, OfflineError)]
+    failed = [f for f in failures if _gave_no_answer(f.error) and f not in unreachable]
+    others = [f for f in failures if not _gave_no_answer(f.error)]
+    if len(unreachable) == len(failures):
         return f"no source could be reached ({_join(failures)})"
-    others = [(src, e) for src, e in failures if not isinstance(e, (OfflineError, RemoteError))]
-    names = ", ".join(dict.fromkeys(src for src, _ in others))
-    return (f"{', '.join(dict.fromkeys(src for src, _ in down))} could not be reached "
-            f"({_join(down)}), and {names} {'has' if ',' not in names else 'have'} no such "
-            f"bundle ({_join(others)})")
+    clauses = [_failed_clause(f) for f in failed]
+    if unreachable:
+        clauses.insert(0, f"{_names(unreachable)} could not be reached ({_join(unreachable)})")
+    if others:
+        names = _names(others)
+        clauses.append(f"{names} {'has' if ',' not in names else 'have'} no such bundle "
+                       f"({_join(others)})")
+    return ", and ".join(clauses)
 
 
-def _join(failures) -> str:
-    return "; ".join(str(e) for _, e in failures)
+def _failed_clause(f: _Failure) -> str:
+    """registry http://reg:8000 was reached but answered HTTP 503 (503 Service Unavailable)."""
+    status = getattr(f.error, "status", None)
+    what = f"answered HTTP {status}" if status is not None else "gave no usable answer"
+    return f"{f.where} was reached but {what} ({f.reason.removeprefix(f'{f.where}: ')})"
 
 
-def _combine(failures: list[tuple[str, Exception]], entry, name: str, ref: Ref,
+def _names(failures: list[_Failure]) -> str:
+    return ", ".join(dict.fromkeys(f.source for f in failures))
+
+
+def _join(failures: list[_Failure]) -> str:
+    return "; ".join(f.reason for f in failures)
+
+
+def _combine(failures: list[_Failure], entry, name: str, ref: Ref,
              cache_said: str = "") -> Exception:
     """One error for all sources: the most actionable class, every source's reason (and, after
     a fallback that found nothing, what the cache said)."""
     what = f"{name}@{ref.label}" if not ref.is_default else name
     message = f"could not pull {what}: {_join(failures)}{cache_said}"
-    errors = [e for _, e in failures]
+    errors = [f.error for f in failures]
     for cls in (Unauthorized, Forbidden, IntegrityError, RemoteError, OfflineError):
         if any(isinstance(e, cls) for e in errors):
             return cls(message)
@@ -223,8 +270,8 @@ def _combine(failures: list[tuple[str, Exception]], entry, name: str, ref: Ref,
     if entry is None and all(isinstance(e, ModelNotFound) for e in errors):
         suggestions = list(dict.fromkeys(
             [s for e in errors for s in getattr(e, "suggestions", [])] + catalog.suggest(name)))
-        asked = ", ".join(src for src, _ in failures)
-        return ModelNotFound(f"unknown model {name!r} (asked: {asked}).", suggestions=suggestions[:5])
+        return ModelNotFound(f"unknown model {name!r} (asked: {_names(failures)}).",
+                             suggestions=suggestions[:5])
     return BundleNotFound(message)
 
 

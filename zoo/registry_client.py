@@ -8,7 +8,8 @@ Model names may be catalog names, aliases or hub ids (`zai-org/GLM-4.7-FP8`; the
 passed as is, the API's routes take `{name:path}`). Errors come back as application/problem+json
 and are raised as our domain errors (zoo.errors), with the server's explanation. Idempotent
 reads are retried on connection errors and 5xx other than 507 (a full disk); writes are not
-retried.
+retried. A read the local cache could answer offline says so when the registry cannot be
+reached (`cache_hint`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from fnmatch import fnmatch
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import quote, urlsplit
 
 from . import settings
@@ -26,6 +29,7 @@ from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelle
                      Unauthorized, VersionNotFound)
 
 TOKEN_FILE = "token"
+OFFLINE_HINT = ", or set OSCAR_ZOO_OFFLINE=1 to use the local cache"
 
 
 def stored_token_path() -> Path:
@@ -98,13 +102,63 @@ def _name(name: str) -> str:
     return quote(name.strip(), safe="/")
 
 
+# --- what the cache could answer offline ---------------------------------------------------------
+# Each mirrors how offline mode serves that read (zoo/pull.py from_cache, the `show` and `list`
+# commands), so "set OSCAR_ZOO_OFFLINE=1" is said only where it would give an answer: with
+# another model cached, offline mode would only fail the same read again.
+
+def _hint(wanted: bool, holds: Callable, *args) -> Callable[[], bool] | None:
+    """The `cached` check of a read: holds(cache, *args), asked only on a connection error."""
+    return partial(_cache_holds, holds, *args) if wanted else None
+
+
+def _cache_holds(holds: Callable, *args) -> bool:
+    from .cache import Cache
+
+    try:
+        return holds(Cache(), *args)
+    except (OSError, ValueError):   # a cache dir that cannot be read, a bad OSCAR_ZOO_CACHE,
+        return False                # a name no cache dir can have
+
+
+def _cache_name(name: str) -> str:
+    """The model's directory name in the cache, as pull names it: the catalog's name for any
+    of its aliases and hub ids, else the name as given (a model only the registry knows)."""
+    from .catalog import find
+
+    entry = find(name)
+    return entry.name if entry is not None else name.strip()
+
+
+def _holds_model(cache, name: str) -> bool:
+    return next(cache.held(_cache_name(name)), None) is not None
+
+
+def _holds_version(cache, name: str, ref: str | int) -> bool:
+    """The ref's bundle is cached, whole or in --layers parts (what offline pull and show read:
+    refs/v3, refs/recommended)."""
+    model = _cache_name(name)
+    text = str(ref).strip()
+    digest = cache.read_ref(model, f"v{text}" if text.isdigit() else text.lower())
+    return digest is not None and any(h.digest == digest for h in cache.held(model))
+
+
+def _holds_listed(cache, q: str | None) -> bool:
+    """A model offline `list` shows as cached: a catalog model (list offline knows no other)
+    matching the glob, by name or hub id, with a bundle in the cache."""
+    from .catalog import CATALOG
+
+    pattern = (q or "*").lower()
+    return any(next(cache.held(e.name), None) is not None for e in CATALOG
+               if any(fnmatch(n, pattern) for n in (e.name, e.hub_id.lower())))
+
+
 class RegistryClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
         # what the messages call it: `worker --registry URL` passes its own
         self.endpoint_name = "OSCAR_ZOO_ENDPOINT" if not endpoint else "the registry URL"
         self.where = settings.redact_url(self.endpoint)  # for messages: never its password
-        self.offline_hints = True   # unreachable: say OSCAR_ZOO_OFFLINE=1 serves reads from the cache
         self.token = _clean(token) if token is not None else current_token()
         # where a refused token came from decides how to replace it (`oscar-zoo worker` passes
         # OSCAR_ZOO_TOKEN's value in itself)
@@ -147,11 +201,12 @@ class RegistryClient:
     # --- requests ----------------------------------------------------------------------------
 
     def request(self, method: str, path: str, *, retry: bool | None = None,
-                offline_hint: bool = False, **kwargs):
-        """offline_hint: a read the local cache can answer (a model, its versions), whose
-        connection error says that OSCAR_ZOO_OFFLINE=1 uses the cache, where it holds any bundle;
-        not whoami, jobs or writes, which only the registry answers."""
-        from .sources.download import import_httpx, offline_hint as cache_hint
+                cached: Callable[[], bool] | None = None, **kwargs):
+        """cached: for a read that offline mode answers from the local cache, whether the cache
+        holds the answer to this one; asked only when the registry cannot be reached, whose
+        error then says that OSCAR_ZOO_OFFLINE=1 serves it. None: nothing to suggest (whoami,
+        jobs and writes, which only the registry answers)."""
+        from .sources.download import import_httpx
 
         httpx = import_httpx()
 
@@ -167,7 +222,7 @@ class RegistryClient:
                 raise OfflineError(
                     f"cannot reach the registry at {self.where} ({type(e).__name__}); check "
                     f"{self.endpoint_name} and your network"
-                    f"{cache_hint() if offline_hint and self.offline_hints else ''}") from None
+                    f"{OFFLINE_HINT if cached is not None and cached() else ''}") from None
             # 507: the registry's disk is full, and stays so until its operator makes room
             if r.status_code >= 500 and r.status_code != 507 and attempt + 1 < attempts:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
@@ -177,10 +232,9 @@ class RegistryClient:
             return r
         raise AssertionError("unreachable")
 
-    def get_json(self, path: str, *, offline_hint: bool = False, **params) -> Any:
+    def get_json(self, path: str, *, cached: Callable[[], bool] | None = None, **params) -> Any:
         params = {k: v for k, v in params.items() if v is not None}
-        return self.json_of(self.request("GET", path, params=params or None,
-                                         offline_hint=offline_hint))
+        return self.json_of(self.request("GET", path, params=params or None, cached=cached))
 
     def json_of(self, r) -> Any:
         """The body as JSON; a web page (a proxy's or a login portal's, or an endpoint that is
@@ -226,42 +280,54 @@ class RegistryClient:
             return cls(f"{where}: {detail}")
         if code == 413:
             return PayloadTooLarge(f"{where}: {detail}")
-        if 400 <= code < 500:
+        # 408 and 429 say nothing of the request itself (come back later): RemoteErrors with
+        # their status, which pull may stand a cached copy in for, as for a 5xx
+        if 400 <= code < 500 and code not in (408, 429):
             return InvalidInput(f"{where}: {detail}")
         if code == 507:     # the detail says what the registry was writing and how to make room
             return RemoteStorageFull(f"{where}: {detail}")
-        err = RemoteError(f"{where}: {code} {title or r.reason_phrase}: {detail}")
-        err.status = code   # what is_transient decides by, as for the hubs' errors
+        said = f"{code} {title or r.reason_phrase}"
+        # a proxy's page carries no detail: "503 Service Unavailable" once, not twice
+        err = RemoteError(f"{where}: {said}" + (f": {detail}" if detail != said else ""))
+        err.status = code   # what is_transient and pull's cache fallback decide by
         return err
 
     # --- reads -------------------------------------------------------------------------------
 
-    def model(self, name: str) -> dict:
-        return self.get_json(f"/v1/models/{_name(name)}", offline_hint=True)
+    # cache_hint=False: a caller for whom OSCAR_ZOO_OFFLINE=1 would not help, though the cache
+    # holds the answer: pull, which falls back to the cache by itself, or a read ahead of a write
 
-    def version(self, name: str, ref: str | int) -> dict:
+    def model(self, name: str, *, cache_hint: bool = True) -> dict:
+        return self.get_json(f"/v1/models/{_name(name)}",
+                             cached=_hint(cache_hint, _holds_model, name))
+
+    def version(self, name: str, ref: str | int, *, cache_hint: bool = True) -> dict:
         """Version detail: {model, version, status, digest, manifest, files[{name, sha256, size,
         url}], aliases, ...}. `ref` is a number or an alias."""
-        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}", offline_hint=True)
+        return self.get_json(f"/v1/models/{_name(name)}/versions/{_ref(ref)}",
+                             cached=_hint(cache_hint, _holds_version, name, ref))
 
-    def versions(self, name: str, status: str | None = None) -> Iterator[dict]:
+    def versions(self, name: str, status: str | None = None, *,
+                 cache_hint: bool = True) -> Iterator[dict]:
         yield from self._pages(f"/v1/models/{_name(name)}/versions", status=status,
-                               offline_hint=True)
+                               cached=_hint(cache_hint, _holds_model, name))
 
     def whoami(self) -> dict:
         """{actor, scopes} of this client's token; Unauthorized when it has none or it is refused."""
         r = self.request("GET", "/v1/whoami")
         return self.json_of(r)
 
-    def models(self, q: str | None = None, published: bool = False) -> Iterator[dict]:
+    def models(self, q: str | None = None, published: bool = False, *,
+               cache_hint: bool = True) -> Iterator[dict]:
+        # offline, `list --validated` keeps nothing: validation comes from the registry alone
         yield from self._pages("/v1/models", q=q, published="true" if published else None,
-                               offline_hint=True)
+                               cached=_hint(cache_hint and not published, _holds_listed, q))
 
-    def _pages(self, path: str, *, offline_hint: bool = False, **params) -> Iterator[dict]:
+    def _pages(self, path: str, *, cached: Callable[[], bool] | None = None,
+               **params) -> Iterator[dict]:
         cursor = None
         while True:
-            body = self.get_json(path, cursor=cursor, limit=200, offline_hint=offline_hint,
-                                 **params)
+            body = self.get_json(path, cursor=cursor, limit=200, cached=cached, **params)
             yield from body.get("items", [])
             cursor = body.get("next_cursor")
             if not cursor:

@@ -151,14 +151,24 @@ def test_whoami_and_jobs_on_a_dead_registry_do_not_suggest_the_cache(monkeypatch
         assert "cannot reach the registry" in line and "OSCAR_ZOO_OFFLINE" not in line
 
 
-def test_a_dead_registry_suggests_offline_mode_only_when_the_cache_holds_a_bundle(monkeypatch,
-                                                                                  cache_root):
+def test_a_dead_registry_suggests_offline_mode_only_where_the_cache_holds_the_answer(
+        monkeypatch, cache_root):
+    """It was said wherever the cache held any bundle: `show qwen3-8b` with only smollm2-135m
+    cached sent the user to an offline mode that knows nothing more of qwen3-8b."""
     monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", DEAD)
     monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
     monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
     empty = _told(["pull", "qwen3-8b"])
     assert "cannot reach the registry" in empty and "OSCAR_ZOO_OFFLINE" not in empty
     _cache_something(cache_root)
-    listed = CliRunner().invoke(cli, ["list"])
-    assert listed.exit_code == 0, listed.output
-    assert "set OSCAR_ZOO_OFFLINE=1 to use the local cache" in listed.stderr
+    for args, hinted in ((["list"], True), (["list", "smollm2*"], True),
+                         (["list", "qwen3-*"], False), (["list", "--validated"], False),
+                         (["show", "smollm2-135m"], True), (["show", "qwen3-8b"], False)):
+        told = CliRunner().invoke(cli, args)
+        assert told.exit_code == 0, (args, told.output)
+        assert "cannot reach the registry" in told.stderr, (args, told.stderr)
+        assert ("set OSCAR_ZOO_OFFLINE=1 to use the local cache" in told.stderr) is hinted, \
+            (args, told.stderr)
+    # pull falls back to the cache by itself: never the hint, cached or not
+    for spec in ("qwen3-8b", "smollm2-135m@7"):
+        assert "OSCAR_ZOO_OFFLINE" not in _told(["pull", spec])

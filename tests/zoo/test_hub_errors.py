@@ -1,6 +1,6 @@
 """How the hubs' and the downloader's errors read (zoo/sources/hubs.py, zoo/sources/download.py):
-ModelScope's long urllib3 chains kept readable, and the OSCAR_ZOO_OFFLINE hint only on a read
-the cache could answer, while it holds a bundle."""
+ModelScope's long urllib3 chains kept readable, and no OSCAR_ZOO_OFFLINE hint: pull, their reader,
+falls back to the cache by itself, and offline mode serves no mirror's reads."""
 
 from __future__ import annotations
 
@@ -67,14 +67,28 @@ def test_a_long_message_is_cut_at_a_word_with_an_ellipsis():
 
 @pytest.mark.parametrize("hub, error", [(MSHub(), ms.NetworkError(MS_DNS)),
                                         (HFHub(), httpx.ConnectError("refused"))])
-def test_the_offline_hint_only_on_reads_the_cache_could_answer(hub, error, cache_root):
-    """Uploads (mirror) and an empty cache got "set OSCAR_ZOO_OFFLINE=1 to use the local cache"
-    too, where offline mode can only fail again."""
-    assert HINT not in _raised(hub, error)                       # an upload's (the default)
-    assert HINT not in _raised(hub, error, cache_serves=True)    # nothing cached
+def test_no_hub_error_suggests_offline_mode(hub, error, cache_root):
+    """A hub is read by pull, which falls back to the cache by itself, and by the mirror,
+    whose reads offline mode does not serve: "set OSCAR_ZOO_OFFLINE=1" helps neither, whatever
+    the cache holds."""
     _cache_something(cache_root)
-    assert HINT not in _raised(hub, error)
-    assert HINT in _raised(hub, error, cache_serves=True)
+    told = _raised(hub, error)
+    assert "cannot reach" in told and HINT not in told
+
+
+@pytest.mark.parametrize("hub, revision", [(HFHub(), "main"), (MSHub(), "master")])
+def test_a_hub_listing_that_cannot_connect_does_not_suggest_the_cache(hub, revision, cache_root,
+                                                                      monkeypatch):
+    """The real clients against a port nothing listens on, with something cached."""
+    _cache_something(cache_root)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    for read in (lambda: hub.listing("org/repo", ["bundle.json"], revision),
+                 lambda: hub.tags("org/repo")):
+        with pytest.raises(OfflineError) as e:
+            read()
+        assert "cannot reach http://127.0.0.1:9" in str(e.value) and HINT not in str(e.value)
 
 
 def test_a_download_that_cannot_connect_does_not_suggest_the_cache(cache_root):

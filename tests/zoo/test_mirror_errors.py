@@ -209,3 +209,29 @@ def _mirror_with_staging_mkdir_failing(registry, tmp_path, monkeypatch, error, c
     with monkeypatch.context() as m:
         m.setattr(os, "mkdir", failing)
         return mirror_version(registry.registry, "smollm2-135m", 1, targets)
+
+
+def test_a_modelscope_mirror_that_cannot_be_reached_does_not_suggest_the_cache(tmp_path,
+                                                                                cache_root,
+                                                                                monkeypatch):
+    """Its listings and tags go through the hub reads pull uses, whose connection errors said
+    "set OSCAR_ZOO_OFFLINE=1 to use the local cache" with a bundle cached; offline mode serves
+    no mirror's reads (nor its writes), so the hint could only send the user the wrong way."""
+    from oscar_zoo.zoo.errors import OfflineError
+    from oscar_zoo.zoo.mirror.modelscope import ModelScopeTarget
+
+    b = make_bundle(tmp_path / "b")
+    (cache_root / "models" / "smollm2-135m" / "snapshots" / b.digest).mkdir(parents=True)
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", "http://127.0.0.1:9")   # nothing listens there
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    target = ModelScopeTarget(REPO)
+    for read in (target.tags, lambda: target.paths("master"),
+                 lambda: target.hashes(["oscar-zoo.json"], "master"),
+                 lambda: target.listdir("smollm2-135m", "master"),
+                 lambda: target.read("oscar-zoo.json", "master")):
+        with pytest.raises(OfflineError) as e:
+            read()
+        assert "cannot reach http://127.0.0.1:9" in str(e.value), e.value
+        assert "OSCAR_ZOO_OFFLINE" not in str(e.value), e.value
+    r = mirror_bundle(b.path, 1, MS)
+    assert r.status == "failed" and "cannot reach" in r.error and "OFFLINE" not in r.error

@@ -290,4 +290,6 @@ def test_no_network_is_a_clear_error_and_a_cached_copy_still_serves(seed_zoo, mo
     assert "no source could be reached" in again.notes[0]
     with pytest.raises(OfflineError, match="cannot reach") as e:  # not cached: a clear error
         pull("qwen3-30b-a3b")
-    assert "OSCAR_ZOO_OFFLINE=1" in str(e.value)
+    # not "set OSCAR_ZOO_OFFLINE=1": pull already asked the cache, which has no qwen3-30b-a3b
+    assert "OSCAR_ZOO_OFFLINE" not in str(e.value)
+    assert "qwen3-30b-a3b is not cached at all" in str(e.value)

@@ -4,6 +4,8 @@ Hugging Face cache records refs/<revision>."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
 from oscar_zoo.zoo.cache import Cache
@@ -100,6 +102,153 @@ def test_a_registry_down_does_not_serve_a_version_the_cache_lacks(registry, monk
     # the pull already asked the cache: it says what is there, and no hint to go offline
     assert "cached refs of smollm2-135m: latest, v2" in str(e.value), e.value
     assert "OSCAR_ZOO_OFFLINE" not in str(e.value).split("; and ")[0], e.value
+
+
+# --- a registry that answers an error: 5xx is its failure (the cache stands in), 4xx its answer ---
+
+@contextmanager
+def _in_front_of(upstream: str, fail: str, status: int):
+    """A proxy on loopback in front of the registry, as a load balancer: requests whose path
+    matches `fail` get `status` and a plain-text page, the rest are passed through."""
+    import re
+
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from tests.utils.registry_server import serve_app
+
+    def forward(request):
+        if re.search(fail, request.url.path):
+            return PlainTextResponse(f"the load balancer says {status}", status_code=status)
+        r = httpx.get(upstream + request.url.path, params=request.query_params,
+                      follow_redirects=True)
+        return Response(r.content, r.status_code,
+                        media_type=r.headers.get("content-type", "application/octet-stream"))
+
+    with serve_app(Starlette(routes=[Route("/{path:path}", forward)])) as url:
+        yield url
+
+
+def _phrase(status: int) -> str:
+    from http import HTTPStatus
+
+    return f"{status} {HTTPStatus(status).phrase}"
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
+def test_a_registry_failing_on_its_side_falls_back_to_the_cache_naming_the_status(
+        registry, monkeypatch, tmp_path, status):
+    """A 5xx was told as "registry could not be reached", although it was: the warning says
+    which registry answered which status, and that the cached copy was used instead."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    first = _two_versions_pulled(registry, tmp_path)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with _in_front_of(registry.url, r"^/v1/", status) as url:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
+        r = pull(SMOL)
+        assert (r.digest, r.version, r.cached) == (first.digest, 2, True)
+        assert r.notes[0] == (
+            f"registry {url} was reached but answered HTTP {status} ({_phrase(status)}), and "
+            "hf, modelscope have no such bundle (hf:Zhongzhu/OSCAR-RotationZoo: the "
+            "RotationZoo has no rotations for smollm2-135m; modelscope:togethercomputer/"
+            "OSCAR-RotationZoo: the RotationZoo has no rotations for smollm2-135m); using the "
+            "cached copy"), r.notes
+        told = CliRunner().invoke(cli, ["pull", SMOL])
+    assert told.exit_code == 0, told.output
+    assert f"warning: registry {url} was reached but answered HTTP {status}" in told.stderr
+    assert "# WARNING" not in told.stdout     # a passing outage is no part of the recipe
+
+
+def test_a_page_where_the_registrys_json_should_be_falls_back_saying_so(registry, monkeypatch,
+                                                                        tmp_path):
+    """A login portal answering 200 with a page: reached, but no answer (no status to name)."""
+    first = _two_versions_pulled(registry, tmp_path)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with _in_front_of(registry.url, r"^/v1/", 200) as url:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
+        r = pull(SMOL)
+    assert (r.digest, r.cached) == (first.digest, True)
+    assert r.notes[0].startswith(
+        f"registry {url} was reached but gave no usable answer (/v1/models/smollm2-135m "
+        "answered 200 with text/plain, not JSON"), r.notes
+
+
+def test_files_failing_on_the_registrys_side_fall_back_too_naming_the_registry(
+        registry, monkeypatch, tmp_path):
+    """The metadata answers, the bundle's files get 503: the file error names only the
+    source ("bundle.json from registry"), the warning which registry it was."""
+    from tests.utils.bundles import make_bundle
+
+    first = _two_versions_pulled(registry, tmp_path)
+    registry.publish_dir(make_bundle(tmp_path / "b2", seed=2).path)    # v3: latest, not cached
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with _in_front_of(registry.url, r"/files/", 503) as url:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
+        r = pull(SMOL)
+    assert (r.digest, r.version, r.cached) == (first.digest, 2, True)
+    assert r.notes[0].startswith(f"registry {url} was reached but answered HTTP 503 "
+                                 "(bundle.json from registry: 503 Service Unavailable"), r.notes
+
+
+@pytest.mark.parametrize("fail, status", [(r"^/v1/", 400), (r"^/v1/", 422), (r"/files/", 410),
+                                          (r"/files/", 400)])
+def test_a_registry_refusing_the_request_does_not_fall_back_to_the_cache(
+        registry, monkeypatch, tmp_path, fail, status):
+    """A 4xx other than 408 / 429 is the registry's answer to this request (a bad request, a
+    file gone): a cached copy served instead would hide it."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+    from oscar_zoo.zoo.errors import OscarZooError
+    from tests.utils.bundles import make_bundle
+
+    _two_versions_pulled(registry, tmp_path)
+    registry.publish_dir(make_bundle(tmp_path / "b2", seed=2).path)    # v3: latest, not cached
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with _in_front_of(registry.url, fail, status) as url:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
+        with pytest.raises(OscarZooError, match=_phrase(status)):
+            pull(SMOL)
+        told = CliRunner().invoke(cli, ["pull", SMOL])
+    assert told.exit_code == 1 and _phrase(status) in told.stderr, told.output
+    assert "cached copy" not in told.stderr
+
+
+@pytest.mark.parametrize("status, falls_back", [(503, True), (429, True), (400, False)])
+def test_a_hub_answering_an_error_falls_back_only_on_its_failure(hf_only, hub, monkeypatch,
+                                                                 status, falls_back):
+    from oscar_zoo.zoo.errors import RemoteError
+
+    first = pull(GLM)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    hub.fail("HEAD", r"/resolve/", status=404)      # no quick HEAD listing: ask the API
+    hub.fail("GET", r"^/api/models/", status=status)
+    if not falls_back:
+        with pytest.raises(RemoteError, match=f"{status} from the hub"):
+            pull(GLM)
+        return
+    r = pull(GLM)
+    assert r.digest == first.digest and r.cached
+    assert r.notes[0].startswith(f"hf was reached but answered HTTP {status} "
+                                 f"(hf:Zhongzhu/OSCAR-RotationZoo@main: {status} from the hub"), r.notes
+
+
+def test_the_sources_reasons_join_without_a_stray_full_stop(monkeypatch):
+    """The RotationZoo's reasons end a sentence: joined with "; " they showed ".;"."""
+    from oscar_zoo.zoo.errors import OfflineError
+
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:1")      # nothing listens
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    with pytest.raises(OfflineError) as e:
+        pull(f"{GLM}@3")
+    told = str(e.value)
+    assert "or our mirrors; modelscope:" in told and "or our mirrors; and " in told, told
+    assert ".;" not in told, told
 
 
 class _Failing:

@@ -307,8 +307,8 @@ def test_a_digest_that_is_not_a_sha256_never_names_a_cache_path(registry, glm_bu
     real_model = RegistryClient.model
     evil = "../" * 12 + str(tmp_path / "escaped" / "evil").lstrip("/")
 
-    def model_with_a_bad_digest(self, name):
-        detail = real_model(self, name)
+    def model_with_a_bad_digest(self, name, **kwargs):
+        detail = real_model(self, name, **kwargs)
         for v in detail.get("versions", []):
             v["digest"] = evil
         return detail

@@ -1,5 +1,6 @@
 """RegistryClient (zoo/registry_client.py): how a registry out of disk space (507) is told to
-the client, and StorageFull crossing a process boundary."""
+the client, StorageFull crossing a process boundary, and which unreachable reads suggest
+OSCAR_ZOO_OFFLINE=1 (those the cache holds the answer to)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,81 @@ def test_storage_full_keeps_its_errno_and_path_through_pickle(error):
     assert type(back) is type(error) and str(back) == str(error)
     assert (back.errno, back.path) == (error.errno, error.path)
     assert getattr(back, "status", None) == getattr(error, "status", None)
+
+
+# --- "set OSCAR_ZOO_OFFLINE=1": only where the cache holds the answer to that read --------------
+
+HINT = "set OSCAR_ZOO_OFFLINE=1 to use the local cache"
+DEAD = "http://127.0.0.1:9"     # the discard port: nothing listens there
+
+
+def _hint_of(read) -> bool:
+    from oscar_zoo.zoo.errors import OfflineError
+
+    with pytest.raises(OfflineError, match="cannot reach the registry") as e:
+        read()
+    return HINT in str(e.value)
+
+
+def _cache(model: str, digest: str, *refs: str) -> None:
+    from oscar_zoo.zoo.cache import Cache
+
+    cache = Cache()
+    cache.snapshot_dir(model, digest).mkdir(parents=True)
+    for ref in refs:
+        cache.write_ref(model, ref, digest)
+
+
+def test_the_offline_hint_is_for_the_model_asked_for(monkeypatch):
+    """It was said whenever the cache held any bundle: with only another model cached, offline
+    mode would fail the same read again."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    client = RegistryClient(DEAD)
+    assert not _hint_of(lambda: client.model("smollm2-135m"))          # nothing cached
+    _cache("glm-4.7-fp8", "a" * 64, "v1", "latest")
+    assert not _hint_of(lambda: client.model("smollm2-135m"))          # another model cached
+    assert not _hint_of(lambda: list(client.versions("smollm2-135m")))
+    assert _hint_of(lambda: client.model("glm-4.7-fp8"))
+    assert _hint_of(lambda: client.model("zai-org/GLM-4.7-FP8"))      # its hub id: one model
+    assert _hint_of(lambda: list(client.versions("glm-4.7-fp8")))
+    # a caller that falls back to the cache by itself (pull) asks for none
+    assert not _hint_of(lambda: client.model("glm-4.7-fp8", cache_hint=False))
+
+
+def test_the_offline_hint_for_a_version_is_for_that_version(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    client = RegistryClient(DEAD)
+    from oscar_zoo.zoo.cache import Cache
+
+    _cache("smollm2-135m", "b" * 64, "v2", "latest")
+    Cache().write_ref("smollm2-135m", "v1", "c" * 64)   # a ref whose bundle is gone: serves nothing
+    assert _hint_of(lambda: client.version("smollm2-135m", 2))
+    assert _hint_of(lambda: client.version("smollm2-135m", "latest"))
+    assert _hint_of(lambda: client.version("smollm2", "2"))            # an alias of the model
+    assert not _hint_of(lambda: client.version("smollm2-135m", 1))
+    assert not _hint_of(lambda: client.version("smollm2-135m", 3))
+    assert not _hint_of(lambda: client.version("smollm2-135m", "recommended"))
+    assert not _hint_of(lambda: client.version("smollm2-135m", 2, cache_hint=False))
+
+
+def test_the_offline_hint_for_a_listing_is_for_what_offline_list_would_show(monkeypatch):
+    """Offline, `list` shows the catalog's models with what the cache holds of them, and
+    nothing for --validated (validation comes from the registry alone)."""
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    client = RegistryClient(DEAD)
+    assert not _hint_of(lambda: list(client.models()))
+    _cache("glm-4.7-fp8", "a" * 64, "latest")
+    assert _hint_of(lambda: list(client.models()))
+    assert _hint_of(lambda: list(client.models(q="glm-*")))
+    assert _hint_of(lambda: list(client.models(q="zai-org/*")))          # by hub id, as list
+    assert not _hint_of(lambda: list(client.models(q="qwen3-*")))
+    assert not _hint_of(lambda: list(client.models(published=True)))
+
+
+def test_reads_only_the_registry_answers_never_suggest_the_cache(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    _cache("smollm2-135m", "b" * 64, "v1", "latest")
+    client = RegistryClient(DEAD)
+    assert not _hint_of(lambda: client.aliases("smollm2-135m"))
+    assert not _hint_of(lambda: client.mirrors("smollm2-135m", 1))
+    assert not _hint_of(client.whoami)

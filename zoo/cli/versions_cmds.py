@@ -52,7 +52,7 @@ def yank_command(spec, reason, as_json):
 
     name, ref = _version_spec(spec)
     with RegistryClient() as client:
-        before = client.version(name, ref).get("aliases") or []
+        before = client.version(name, ref, cache_hint=False).get("aliases") or []
         emit(client.yank(name, ref, reason), as_json, _line)
     removed = [a for a in before if a != "latest"]
     if removed:     # a deploy pinned to one of them stops resolving: say so now
@@ -76,7 +76,7 @@ def alias_command(spec, alias, reason, as_json):
 
     name, ref = _version_spec(spec)
     with RegistryClient() as client:
-        version = ref if isinstance(ref, int) else client.version(name, ref)["version"]
+        version = ref if isinstance(ref, int) else client.version(name, ref, cache_hint=False)["version"]
         body = client.set_alias(name, alias, version, reason)
     emit(body, as_json, lambda d: f"{d['model']}@{alias} -> v{version}")
 

@@ -60,9 +60,10 @@ class RemoteFile:
 
 
 class _Retry(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None, status: int | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+        self.status = status
 
 
 _local = threading.local()
@@ -388,14 +389,21 @@ def _check_status(remote: RemoteFile, r) -> None:
     where = f"{remote.name} from {remote.source or r.request.url.host}"
     if code in RETRY_STATUS:
         raise _Retry(f"{code} {r.reason_phrase}",
-                     retry_after=retry_after_seconds(r.headers.get("Retry-After")))
+                     retry_after=retry_after_seconds(r.headers.get("Retry-After")), status=code)
     if code == 401:
         raise Unauthorized(f"{where}: 401 Unauthorized; {_auth_hint(remote.source)}")
     if code == 403:
         raise Forbidden(f"{where}: 403 Forbidden; {_auth_hint(remote.source)}")
     if code == 404:
         raise BundleNotFound(f"{where}: 404 Not Found at {_public(r.request.url)}")
-    raise RemoteError(f"{where}: {code} {r.reason_phrase}")
+    raise _with_status(RemoteError(f"{where}: {code} {r.reason_phrase}"), code)
+
+
+def _with_status(error: RemoteError, status: int | None) -> RemoteError:
+    """The HTTP status on the error, as the registry client and the hubs' errors carry it:
+    pull falls back to a cached copy on a server's failure (5xx), not on its refusal (4xx)."""
+    error.status = status
+    return error
 
 
 def _auth_hint(source: str) -> str:
@@ -441,21 +449,9 @@ def _final_error(remote: RemoteFile, e: Exception, retries: int) -> Exception:
     if isinstance(e, httpx.ConnectError):
         # no OSCAR_ZOO_OFFLINE hint: a file is downloaded because the cache lacks it
         return OfflineError(f"{where}: cannot connect ({e}); check your network")
-    return RemoteError(f"{where}: {_describe(e)} after {retries} retries; the partial download "
-                       "is kept and the next run resumes it")
-
-
-def offline_hint() -> str:
-    """", or set OSCAR_ZOO_OFFLINE=1 to use the local cache", for the connection error of a
-    read the cache can answer (a registry's or a hub's listing), where the cache holds some
-    bundle; "" where it holds none: offline mode would only fail the same read again. Callers
-    whose request no cache answers (whoami, jobs, publish, mirror uploads) add nothing."""
-    try:
-        if next(Cache().held(), None) is None:
-            return ""
-    except (OSError, ValueError):    # a cache dir that cannot be read, a bad OSCAR_ZOO_CACHE
-        return ""
-    return ", or set OSCAR_ZOO_OFFLINE=1 to use the local cache"
+    return _with_status(RemoteError(f"{where}: {_describe(e)} after {retries} retries; the "
+                                    "partial download is kept and the next run resumes it"),
+                        getattr(e, "status", None))
 
 
 def _note(message: str) -> None:

@@ -23,8 +23,7 @@ from urllib.parse import quote
 from .. import settings
 from ..errors import (BundleNotFound, Conflict, Forbidden, IntegrityError, NotFound, OfflineError,
                       RemoteError, Unauthorized, VersionNotFound)
-from .download import (RemoteFile, duration, finished_file, offline_hint, retry_after_seconds,
-                       retry_transient)
+from .download import RemoteFile, duration, finished_file, retry_after_seconds, retry_transient
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 MS_DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -79,7 +78,7 @@ class HFHub:
     def listing(self, repo: str, paths: list[str], revision: str = "main") -> Listing:
         """Commit of `revision` and metadata of the given paths at that commit (missing: absent)."""
         def call():
-            with self.errors(repo, revision, cache_serves=True):
+            with self.errors(repo, revision):
                 api = self.api()
                 info = api.repo_info(repo, revision=revision)
                 found = api.get_paths_info(repo, paths, revision=info.sha) if paths else []
@@ -122,7 +121,7 @@ class HFHub:
 
     def tags(self, repo: str) -> dict[str, str]:
         def call():
-            with self.errors(repo, None, cache_serves=True):
+            with self.errors(repo, None):
                 refs = self.api().list_repo_refs(repo)
                 return {t.name: t.target_commit for t in refs.tags}
         return _retrying(call)
@@ -140,9 +139,10 @@ class HFHub:
         return f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
     @contextmanager
-    def errors(self, repo: str, revision: str | None, cache_serves: bool = False) -> Iterator[None]:
-        """The client's errors as ours. cache_serves: a read the local cache can answer (a pull's
-        listing), whose connection error may suggest OSCAR_ZOO_OFFLINE=1 (not an upload's)."""
+    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
+        """The client's errors as ours. A connection error never suggests OSCAR_ZOO_OFFLINE=1:
+        a hub is read by pull, which falls back to the cache by itself, and by the mirror,
+        whose listings and uploads offline mode does not serve."""
         from huggingface_hub import errors as hf
 
         where = f"hf:{repo}" + (f"@{revision}" if revision else "")
@@ -167,8 +167,7 @@ class HFHub:
         except Exception as e:
             if _is_connection_error(e):
                 raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
-                                   f"check your network{offline_hint() if cache_serves else ''}"
-                                   ) from None
+                                   "check your network") from None
             raise
 
 
@@ -193,7 +192,7 @@ class MSHub:
 
     # modelscope-hub retries failed requests itself (with backoff), so no _retrying here.
     def listing(self, repo: str, paths: list[str] | None, revision: str = "master") -> Listing:
-        with self.errors(repo, revision, cache_serves=True):
+        with self.errors(repo, revision):
             entries = self.api().list_repo_files(repo, "model", revision=revision, recursive=True)
         want = None if paths is None else set(paths)
         files = {e.path: FileMeta(e.path, int(e.size or 0), e.sha256)
@@ -201,7 +200,7 @@ class MSHub:
         return Listing(repo, revision, None, None, files)
 
     def tags(self, repo: str) -> dict[str, str]:
-        with self.errors(repo, None, cache_serves=True):
+        with self.errors(repo, None):
             revs = self.api().list_repo_revisions(repo, "model")
         return {r.get("Revision"): r.get("CommitId") or r.get("Revision") for r in revs
                 if r.get("Revision") not in ("master", "main")}
@@ -228,7 +227,7 @@ class MSHub:
                 f"&FilePath={quote(path, safe='')}")
 
     @contextmanager
-    def errors(self, repo: str, revision: str | None, cache_serves: bool = False) -> Iterator[None]:
+    def errors(self, repo: str, revision: str | None) -> Iterator[None]:
         """As HFHub.errors."""
         import modelscope_hub.errors as ms
 
@@ -246,7 +245,7 @@ class MSHub:
             raise IntegrityError(f"{where}: {_first_line(e)}; the download was discarded") from None
         except ms.NetworkError as e:
             raise OfflineError(f"{where}: cannot reach {self.endpoint} ({_first_line(e)}); check "
-                               f"your network{offline_hint() if cache_serves else ''}") from None
+                               "your network") from None
         except ms.APIError as e:
             raise _http_error(where, getattr(e, "status_code", None), _first_line(e),
                               "MODELSCOPE_API_TOKEN", _retry_after(e)) from None

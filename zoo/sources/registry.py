@@ -24,6 +24,12 @@ class RegistrySource:
     def __init__(self, client: RegistryClient | None = None):
         self.client = client or RegistryClient()
 
+    @property
+    def where(self) -> str:
+        """The registry as pull's warnings name it, with its URL (as the client's own errors
+        begin): a file's download error says only "from registry"."""
+        return f"registry {self.client.where}"
+
     def plan(self, entry: CatalogEntry | None, name: str, ref: Ref) -> Plan:
         summary, model = self._resolve(entry.name if entry is not None else name, ref)
         number, digest = int(summary["version"]), summary["digest"]
@@ -50,15 +56,16 @@ class RegistrySource:
                                             headers=client.auth_headers, source="registry"))
 
     def _resolve(self, name: str, ref: Ref) -> tuple[dict, str]:
-        """(version summary, model name) for the ref, from the model detail when it lists it."""
-        detail = self.client.model(name)
+        """(version summary, model name) for the ref, from the model detail when it lists it.
+        No OSCAR_ZOO_OFFLINE hint on its errors: pull falls back to the cache by itself."""
+        detail = self.client.model(name, cache_hint=False)
         model, aliases = detail["name"], detail.get("version_aliases", {})
         where = f"registry {self.client.where}: {model}"
         if ref.version is not None:
             number = ref.version
         elif ref.alias is not None:
             if ref.alias not in aliases:    # the registry's 404 says why (removed when, by whom)
-                return self.client.version(model, ref.alias), model
+                return self.client.version(model, ref.alias, cache_hint=False), model
             number = aliases[ref.alias]
         else:
             number = next((aliases[a] for a in DEFAULT_ALIASES if a in aliases), None)
@@ -68,4 +75,5 @@ class RegistrySource:
         for summary in detail.get("versions", []):
             if summary["version"] == number:
                 return summary, model
-        return self.client.version(model, number), model  # older than the detail's newest 20
+        # older than the detail's newest 20
+        return self.client.version(model, number, cache_hint=False), model

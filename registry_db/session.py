@@ -198,11 +198,15 @@ def _first_line(e: BaseException) -> str:
 
 
 def _sqlite_engine(url: str) -> Engine:
-    path = make_url(url).database
-    # a URI filename (file:...?uri=true, e.g. mode=ro) is the user's to have made: its "parent"
-    # would be a stray file: directory in the working directory
-    if path and path != ":memory:" and not path.startswith("file:"):
+    parsed = make_url(url)
+    path, query = parsed.database, parsed.query
+    uri = str(query.get("uri", "")).lower() in ("true", "1")
+    # a URI filename (file:...?uri=true) is the user's to have made: its "parent" would be a
+    # stray file: directory in the working directory
+    if path and path != ":memory:" and not uri:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # opened read-only (a snapshot to browse): WAL and synchronous would write, and fail
+    read_only = uri and (query.get("mode") == "ro" or str(query.get("immutable")) == "1")
     engine = create_engine(url, connect_args={"check_same_thread": False,
                                               "timeout": SQLITE_BUSY_MS / 1000},
                            pool_size=16, max_overflow=48)
@@ -212,10 +216,12 @@ def _sqlite_engine(url: str) -> Engine:
         # Let SQLAlchemy, not the sqlite3 module, decide when a transaction begins.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        _pragma(cur, "journal_mode=WAL")
+        if not read_only:
+            _pragma(cur, "journal_mode=WAL")
         _pragma(cur, "foreign_keys=ON")
         _pragma(cur, f"busy_timeout={SQLITE_BUSY_MS}")
-        _pragma(cur, "synchronous=NORMAL")  # durable with WAL except on power loss
+        if not read_only:
+            _pragma(cur, "synchronous=NORMAL")  # durable with WAL except on power loss
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -344,8 +344,7 @@ def remove_rescued(cache: Cache, rescued: list[Rescued], dry_run: bool = False) 
     Holds gc.lock exclusively: a calibrate holds it shared from making its rescued dir to its
     bundle's last file (calibrate_cmds._rescue), so none is written meanwhile, and this waits
     for one in progress. rescued/ itself goes too once nothing is left in it, under the same
-    lock; a calibrate's next rescue makes it again (one starting this very moment, having made
-    it before taking the lock, finds it gone and saves to the temp dir instead)."""
+    lock; a calibrate's next rescue makes it again, under the lock too."""
     if not cache.root.exists():
         return Removal([], [], [], [])
     with cache.gc_guard(exclusive=True):

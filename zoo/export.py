@@ -102,13 +102,13 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
     # systemd unit, another tool's working directory)
     files = {role: absolute(p) for role, p in files.items()}
     recipe = recipe_for(fmt, manifest, {role: str(p) for role, p in files.items()}, layers)
-    return ExportResult(fmt, Path(edir).resolve(), files, recipe, layers)
+    return ExportResult(fmt, absolute(edir), files, recipe, layers)
 
 
 def absolute(path: Path) -> Path:
-    # the directory resolved, not the file: were the file a link, its target's name would
-    # stand in for OSCAR's file name, which engines and scripts look for
-    return Path(path).parent.resolve() / Path(path).name
+    # made absolute, not resolved: links stay as the user named them (a `current` link swapped
+    # between releases keeps working in a saved recipe), as huggingface_hub's snapshot paths do
+    return Path(os.path.abspath(path))
 
 
 def check_format(fmt: str, granularity: str | None) -> None:

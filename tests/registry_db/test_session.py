@@ -162,3 +162,24 @@ def test_a_sqlite_uri_filename_makes_no_stray_directory(tmp_path, monkeypatch):
         assert conn.execute(text("select 1")).scalar() == 1
     engine.dispose()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("made.sqlite")) == []
+
+
+def test_a_read_only_sqlite_uri_connects_and_reads(tmp_path):
+    """mode=ro: the registry browses a snapshot; the PRAGMAs that write (WAL, synchronous)
+    would refuse every connection, and their fix hint would undo the user's choice."""
+    import sqlite3
+
+    from sqlalchemy import text
+
+    from oscar_zoo.registry_db.session import _sqlite_engine
+
+    db = tmp_path / "snap.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("create table t (x)")
+    con.execute("insert into t values (7)")
+    con.commit()
+    con.close()
+    engine = _sqlite_engine(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with engine.connect() as conn:
+        assert conn.execute(text("select x from t")).scalar() == 7
+    engine.dispose()

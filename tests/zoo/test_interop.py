@@ -442,3 +442,17 @@ def test_the_clip_note_tells_what_the_sglang_files_lose(clip_update, head_clip, 
     assert "SGLANG_OSCAR_K_CLIP_RATIO=0.96 and SGLANG_OSCAR_V_CLIP_RATIO=0.92" in note
     assert ("values are lost" in note) == (clip_update.get("granularity") == "layer" or bool(head_clip))
     assert clip_note(_bundle_with({})) is None
+
+
+def test_the_clip_note_names_a_global_pair_other_than_oscars():
+    """A global, unsearched pair of its own (a job spec's k_clip, an import's --k-clip) is lost
+    in the files as much as a searched one: SGLang serves whatever it is launched with."""
+    from oscar_zoo.zoo.interop.convert import clip_note
+
+    bundle = _bundle_with({"k_global": 0.9, "k_min": 0.9, "k_median": 0.9, "k_max": 0.9})
+    for t in bundle.k.values():
+        t.clip[:] = 0.9
+    note = clip_note(bundle)
+    assert note is not None and "set (K 0.9, V 0.92)" in note, note
+    assert "SGLANG_OSCAR_K_CLIP_RATIO=0.9 and SGLANG_OSCAR_V_CLIP_RATIO=0.92" in note
+    assert "values are lost" not in note

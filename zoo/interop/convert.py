@@ -235,11 +235,12 @@ def _objective(name: str, composition: str) -> str:
 
 
 _PER = {"layer": "layer", "kv_head": "KV head"}
+OSCAR_CLIPS = (0.96, 0.92)      # K, V: what OSCAR's run scripts launch SGLang with
 
 
 def clip_note(bundle: Bundle) -> str | None:
     """What the SGLang files lose of this bundle's clip ratios and the pair to launch SGLang
-    with; None for global, unsearched clips (the pair the files were always served with).
+    with; None for OSCAR's own global pair, unsearched (0.96 / 0.92: what its runs set).
 
     OSCAR's files hold rotations only: SGLang reads one K and one V ratio per server from its
     environment, so per-layer or per-head ratios have nowhere to go."""
@@ -248,7 +249,8 @@ def clip_note(bundle: Bundle) -> str | None:
     uneven = any(not np.allclose(values, pair, rtol=0, atol=1e-6) for values, pair in
                  ((spread["k"], clip.k_global), (spread["v"], clip.v_global)))
     per = _PER.get(clip.granularity) or ("KV head" if uneven else None)
-    if per is None and not clip.searched:
+    oscars = (round(clip.k_global, 6), round(clip.v_global, 6)) == OSCAR_CLIPS
+    if per is None and not clip.searched and oscars:
         return None
     how = f"{'searched' if clip.searched else 'set'}{f' per {per}' if per else ''}"
     ranges = ", ".join(f"{side.upper()} {_span(v)}" for side, v in spread.items())

@@ -29,7 +29,7 @@ from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelle
                      Unauthorized, VersionNotFound)
 
 TOKEN_FILE = "token"
-OFFLINE_HINT = ", or set OSCAR_ZOO_OFFLINE=1 to use the local cache"
+OFFLINE_HINT = ", or set OSCAR_ZOO_OFFLINE=1 to read only the local cache, without trying the registry"
 
 
 def stored_token_path() -> Path:
@@ -290,6 +290,10 @@ class RegistryClient:
         # a proxy's page carries no detail: "503 Service Unavailable" once, not twice
         err = RemoteError(f"{where}: {said}" + (f": {detail}" if detail != said else ""))
         err.status = code   # what is_transient and pull's cache fallback decide by
+        if code in (408, 429, 503):     # how long it asks to be left alone, for the worker
+            from .sources.download import retry_after_seconds
+
+            err.retry_after = retry_after_seconds(r.headers.get("Retry-After"))
         return err
 
     # --- reads -------------------------------------------------------------------------------

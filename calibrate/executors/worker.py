@@ -49,6 +49,7 @@ CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle wo
 PROGRESS_EVERY_S = 0.5
 SHUTDOWN_GRACE_S = 5.0
 UPLOAD_TRIES = 3         # a result refused by a version-number race: tried this often in all
+UPLOAD_REFUSALS = 3      # a result upload answered 408 / 429: retried this often, then given up
 EXIT_CANCELLED = 3
 WORKDIR_PREFIX = "oscar-zoo-job-"
 WORKDIR_LOCK = ".held"   # flocked by the attempt's process while it lives (see sweep_workdirs)
@@ -303,17 +304,24 @@ class Attempt:
         full database refuses the heartbeats too, so the lease runs out soon. A result upload
         is not: each try sends the whole bundle again."""
         deadline = time.monotonic() + patience if patience is not None else None
+        refused = 0
         while True:
             try:
                 return fn()
             except (OfflineError, RemoteError) as e:
                 if isinstance(e, StorageFull) and not full_retried:
                     raise
-                if time.monotonic() > (deadline or self.expires):
+                # 408 / 429 answer this request, not the registry's health: the heartbeats may
+                # go on getting through (and the lease with them) while an upload is refused
+                # every time, so an upload tries a few times, waiting as long as asked
+                refused += getattr(e, "status", None) in (408, 429)
+                left = (deadline or self.expires) - time.monotonic()
+                if left < 0 or (not full_retried and refused > UPLOAD_REFUSALS):
                     self.lost.set()
-                    log.error("job %s: registry unreachable (%s); giving the attempt up", self.id, e)
+                    log.error("job %s: registry unreachable or refusing (%s); giving the attempt up",
+                              self.id, e)
                     return None
-                time.sleep(1.0)
+                time.sleep(min(max(1.0, getattr(e, "retry_after", None) or 0.0), left + 0.01))
 
     def _watchdog(self) -> None:
         """The lease by our own clock, apart from the beats: a beat stuck in its request (a
@@ -436,7 +444,8 @@ class Attempt:
             if version is None:
                 return "lost"
         else:
-            version = self.client.registry.version(self.job["model"], self.job["result_version"])
+            version = self.client.registry.version(self.job["model"], self.job["result_version"],
+                                                   cache_hint=False)
         timings = {**done.get("timings", {}), "publishing": round(time.monotonic() - t, 3)}
         timings["total"] = round(time.monotonic() - self.t0, 3)
         tokens = done.get("tokens_per_pass")

@@ -192,3 +192,34 @@ def _beats_go_on_after(error: Exception) -> None:
         attempt.ended.set()
         for t in threads:
             t.join(5)
+
+
+def test_an_upload_the_registry_keeps_refusing_with_429_is_given_up_waiting_as_asked(monkeypatch):
+    """A 429 (or 408) answers the upload, not the registry's health: the heartbeats kept the
+    lease alive, and the whole bundle was sent again every second for as long as they did."""
+    from oscar_zoo.zoo.errors import RemoteError
+
+    attempt = _attempt(FakeClient(lease_s=600.0), lease_s=600.0)
+    slept, tries = [], []
+    monkeypatch.setattr(W.time, "sleep", slept.append)
+
+    def refused():
+        tries.append(1)
+        err = RemoteError("registry http://r: 429 Too Many Requests")
+        err.status, err.retry_after = 429, 7.0
+        raise err
+
+    assert attempt._call(refused, full_retried=False) is None
+    assert attempt.lost.is_set()
+    assert len(tries) == W.UPLOAD_REFUSALS + 1 and slept == [7.0] * W.UPLOAD_REFUSALS
+    # a small report keeps trying through them while the lease lasts (it costs nothing to send)
+    calls = iter([RemoteError("429"), None])
+
+    def report():
+        e = next(calls)
+        if e is not None:
+            e.status = 429
+            raise e
+        return "sent"
+
+    assert _attempt(FakeClient(lease_s=600.0), lease_s=600.0)._call(report) == "sent"

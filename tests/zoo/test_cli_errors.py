@@ -167,8 +167,26 @@ def test_a_dead_registry_suggests_offline_mode_only_where_the_cache_holds_the_an
         told = CliRunner().invoke(cli, args)
         assert told.exit_code == 0, (args, told.output)
         assert "cannot reach the registry" in told.stderr, (args, told.stderr)
-        assert ("set OSCAR_ZOO_OFFLINE=1 to use the local cache" in told.stderr) is hinted, \
+        assert ("set OSCAR_ZOO_OFFLINE=1 to read only the local cache" in told.stderr) is hinted, \
             (args, told.stderr)
     # pull falls back to the cache by itself: never the hint, cached or not
     for spec in ("qwen3-8b", "smollm2-135m@7"):
         assert "OSCAR_ZOO_OFFLINE" not in _told(["pull", spec])
+
+
+def test_show_answers_from_the_cache_for_a_model_only_a_registry_knows(monkeypatch, cache_root):
+    """Pulled from a registry earlier (no catalog entry), then the registry is down: `show`
+    said "unknown model" though the cache holds it, and the hint that pointed at the cache."""
+    import json
+
+    (cache_root / "models" / "acme-model" / "snapshots" / ("b" * 64)).mkdir(parents=True)
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", DEAD)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    told = CliRunner().invoke(cli, ["show", "acme-model", "--json"])
+    assert told.exit_code == 0, told.output
+    assert [c["digest"] for c in json.loads(told.stdout)["cache"]] == ["b" * 64]
+    assert "set OSCAR_ZOO_OFFLINE=1" in told.stderr
+    monkeypatch.setenv("OSCAR_ZOO_OFFLINE", "1")
+    assert CliRunner().invoke(cli, ["show", "acme-model"]).exit_code == 0
+    unknown = CliRunner().invoke(cli, ["show", "acme-other"])
+    assert unknown.exit_code == 1 and "unknown model" in unknown.stderr

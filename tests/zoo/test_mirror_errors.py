@@ -215,7 +215,7 @@ def test_a_modelscope_mirror_that_cannot_be_reached_does_not_suggest_the_cache(t
                                                                                 cache_root,
                                                                                 monkeypatch):
     """Its listings and tags go through the hub reads pull uses, whose connection errors said
-    "set OSCAR_ZOO_OFFLINE=1 to use the local cache" with a bundle cached; offline mode serves
+    "set OSCAR_ZOO_OFFLINE=1 to read only the local cache" with a bundle cached; offline mode serves
     no mirror's reads (nor its writes), so the hint could only send the user the wrong way."""
     from oscar_zoo.zoo.errors import OfflineError
     from oscar_zoo.zoo.mirror.modelscope import ModelScopeTarget

@@ -84,7 +84,7 @@ def test_storage_full_keeps_its_errno_and_path_through_pickle(error):
 
 # --- "set OSCAR_ZOO_OFFLINE=1": only where the cache holds the answer to that read --------------
 
-HINT = "set OSCAR_ZOO_OFFLINE=1 to use the local cache"
+HINT = "set OSCAR_ZOO_OFFLINE=1 to read only the local cache"
 DEAD = "http://127.0.0.1:9"     # the discard port: nothing listens there
 
 

@@ -262,10 +262,12 @@ def show_command(spec, as_json):
             data["name"] = data["registry"]["name"]
             if not ref.is_default:
                 data["version"] = client.version(data["name"], ref.version or ref.alias)
-    if entry is None and data["registry"] is None:
-        raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
     cache = Cache()
-    for h in cache.held(data["name"]):
+    held = list(cache.held(data["name"]))
+    # a model only a registry knows, pulled earlier, is still shown from the cache offline
+    if entry is None and data["registry"] is None and not held:
+        raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
+    for h in held:
         meta = cache.read_meta(h.model, h.digest)
         refs = [r for r, d in cache.refs(h.model).items() if d == h.digest]
         data["cache"].append({"digest": h.digest, "refs": refs, "path": str(h.path),

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from oscar_zoo.zoo.geometry import layer_kinds, text_tower
+
 # layer kinds (transformers' config.layer_types) whose cache keeps a bounded span of tokens,
 # with the config field that bounds it. A chunked layer (Llama 4) attends within its chunk
 # only; caches give it a chunk's worth of slots, the most it ever holds
@@ -66,19 +68,24 @@ def layer_windows(config) -> list[int | None]:
     `sliding_window`. The Qwen2 rule is Qwen2's only: Qwen2-MoE slides alternate layers below
     max_window_layers, Qwen3-MoE every layer. Their live configs read right (Qwen2-MoE's carry
     layer_types; Qwen3-MoE's have no max_window_layers, so every layer slides), but a
-    config.json dict of theirs with use_sliding_window on would not: pass the live config."""
-    get, has = _fields(config)
+    config.json dict of theirs with use_sliding_window on would not: pass the live config.
+
+    A window is read per layer, as transformers' cache sizes each layer's
+    (cache_utils.get_layer_types_and_kwargs reads config.per_layer_config[i].sliding_window):
+    transformers 5's per_layer_config may give layers their own (NeoMME alternates two sliding
+    windows, and gives its full layers none)."""
+    get, has, at = _fields(config)
     kinds = get("layer_types")
     if kinds:   # linear-attention layers get None too: callers count attention layers only
-        return [_window(get(_BOUNDED[k])) if k in _BOUNDED else None for k in kinds]
+        return [_window(at(i, _BOUNDED[k])) if k in _BOUNDED else None for i, k in enumerate(kinds)]
     n = int(get("num_hidden_layers"))
-    window = _window(get("sliding_window"))
+    windows = [_window(at(i, "sliding_window")) for i in range(n)]
     if has("use_sliding_window"):
         # Qwen2's config.json carries a sliding_window (often 131072) that its model ignores
         # unless use_sliding_window is set: reading it as Mistral's would slide every layer
         first = int(get("max_window_layers") or 0)
-        return [window if get("use_sliding_window") and i >= first else None for i in range(n)]
-    return [window] * n
+        return [w if get("use_sliding_window") and i >= first else None for i, w in enumerate(windows)]
+    return windows
 
 
 def kv_shared_layers(config) -> set[int]:
@@ -87,7 +94,7 @@ def kv_shared_layers(config) -> set[int]:
     "reuse", and its cache gives such a layer a DummyLayer that never stores anything,
     cache_utils.get_layer_types_and_kwargs). Empty for every other model. config: as
     layer_windows'."""
-    get, _ = _fields(config)
+    get, _, _ = _fields(config)
     shared = int(get("num_kv_shared_layers") or 0)
     if not shared:
         return set()
@@ -96,13 +103,37 @@ def kv_shared_layers(config) -> set[int]:
 
 
 def _fields(config):
-    """(get, has) over the fields of config's text tower."""
+    """(get, has, at) over config's text tower: get and has its own fields, at(i, name) the
+    value layer i is built with, where transformers 5's per_layer_config sets one for it.
+
+    A config.json dict (to_dict()'s too) keeps the global value at the top and the layers that
+    differ in per_layer_config, keyed by layer id (zero-padded strings there). A live config
+    raises AmbiguousGlobalPerLayerAttributeError, a RuntimeError that getattr(..., None) and
+    hasattr let through, on reading a field that per_layer_config varies: `at` reads it from
+    the layer's config (config.per_layer_config[i]); `get`, where it has no one value, gives
+    None."""
     if isinstance(config, dict):
-        cfg = config.get("text_config") or config
-        return cfg.get, cfg.__contains__
+        cfg = text_tower(config)
+        overrides = {int(i): o for i, o in (cfg.get("per_layer_config") or {}).items()}
+
+        def get(name):
+            # the layer_types transformers builds: Gemma 4's config classes fill them in or
+            # correct them (zoo.geometry.layer_kinds)
+            return layer_kinds(cfg) if name == "layer_types" else cfg.get(name)
+
+        return get, cfg.__contains__, lambda i, name: overrides.get(i, {}).get(name, cfg.get(name))
     # attributes, not to_dict(): they follow attribute_map and the config's own defaults
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return (lambda name: getattr(cfg, name, None)), (lambda name: hasattr(cfg, name))
+    per_layer = getattr(cfg, "per_layer_attributes", None) or set()
+
+    def get(name):
+        return None if name in per_layer else getattr(cfg, name, None)
+
+    def at(i, name):
+        layer = cfg.per_layer_config[i] if getattr(cfg, "is_heterogeneous", False) else cfg
+        return getattr(layer, name, None)
+
+    return get, (lambda name: name in per_layer or hasattr(cfg, name)), at
 
 
 def _window(value) -> int | None:

@@ -75,20 +75,24 @@ class ModelGeometry:
 
 _LINEAR_KINDS = {"linear_attention", "mamba", "gated_deltanet"}
 
-# What transformers' Gemma 4 text configs assume where config.json leaves out the keys that
-# size their full-attention layers (their __post_init__: global_head_dim 512, and
-# num_global_key_value_heads applies only with attention_k_eq_v, a field that defaults off).
-_FULL_LAYER_DEFAULTS = {
-    "gemma4_text": {"global_head_dim": 512, "attention_k_eq_v": False},
-    "gemma4_unified_text": {"global_head_dim": 512, "attention_k_eq_v": False},
-}
+# What transformers' Gemma 4 text configs assume where config.json leaves out the keys that lay
+# out and size their layers (Gemma4TextConfig / Gemma4UnifiedTextConfig.__post_init__): every
+# 6th layer full where layer_types is missing, global_head_dim 512, and
+# num_global_key_value_heads applies only with attention_k_eq_v, a field that defaults off.
+_GEMMA4_TEXT = {"full_every": 6, "global_head_dim": 512, "attention_k_eq_v": False}
+_FULL_LAYER_DEFAULTS = {"gemma4_text": _GEMMA4_TEXT, "gemma4_unified_text": _GEMMA4_TEXT}
+
+# The text config class a multimodal config builds its text_config with: Gemma4Config and
+# Gemma4UnifiedConfig's sub_configs_defaults name the class itself, so transformers reads no
+# model_type from the text_config dict (SubConfigSpec.create_subconfig), and config.json
+# files may leave it out.
+_TEXT_TOWERS = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text"}
 
 
 def geometry_from_config(config) -> ModelGeometry:
     """Geometry from a Hugging Face `config.json` dict or a live transformers config
     (multimodal configs: the text tower)."""
-    config = _as_dict(config)
-    cfg = config.get("text_config") or config
+    cfg = text_tower(_as_dict(config))
     if cfg.get("kv_lora_rank"):
         raise UnsupportedModelError(
             "this model uses multi-head latent attention (MLA, kv_lora_rank set); OSCAR KV "
@@ -101,7 +105,7 @@ def geometry_from_config(config) -> ModelGeometry:
         raise BundleFormatError(f"config.json lacks {e.args[0]!r}; is this a causal LM config?") from None
     kv_heads = int(cfg.get("num_key_value_heads") or q_heads)
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // q_heads)
-    kinds = list(cfg.get("layer_types") or [])
+    kinds = layer_kinds(cfg)
     attention = tuple(i for i, k in enumerate(kinds) if k not in _LINEAR_KINDS)
     if kinds and not attention:
         raise UnsupportedModelError("every layer is linear attention: there is no KV cache to rotate")
@@ -111,6 +115,36 @@ def geometry_from_config(config) -> ModelGeometry:
     return ModelGeometry(layers, q_heads, kv_heads, head_dim, attention,
                          _differing(overrides, "head_dim", head_dim),
                          _differing(overrides, "num_key_value_heads", kv_heads))
+
+
+def text_tower(config: dict) -> dict:
+    """The text tower of a config.json dict: its text_config, under the model_type transformers
+    builds it as, where it has one; else the dict itself."""
+    text = config.get("text_config")
+    if not text:
+        return config
+    tower = _TEXT_TOWERS.get(config.get("model_type"))
+    return {**text, "model_type": tower} if tower else text
+
+
+def layer_kinds(cfg: dict) -> list[str]:
+    """A text tower's layer_types as its transformers config holds them ([] where it has none).
+
+    Gemma 4's config classes fill them in where config.json has none, and make the last layer
+    full attention whatever config.json says (Gemma4TextConfig.__post_init__: `if
+    self.layer_types is None`, then `self.layer_types[-1] = "full_attention"`)."""
+    kinds = cfg.get("layer_types")
+    defaults = _FULL_LAYER_DEFAULTS.get(cfg.get("model_type"))
+    if not defaults:
+        return list(kinds or [])
+    if kinds is None:
+        every = defaults["full_every"]
+        kinds = ["sliding_attention" if (i + 1) % every else "full_attention"
+                 for i in range(int(cfg["num_hidden_layers"]))]
+    kinds = list(kinds)
+    if kinds and kinds[-1] != "full_attention":    # an empty list stays empty there too
+        kinds[-1] = "full_attention"
+    return kinds
 
 
 def _as_dict(config) -> dict:

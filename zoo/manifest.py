@@ -193,7 +193,13 @@ class Validation(Strict):
     # nothing). Such a layer holds a higher share of BF16 tokens, which raises bits_at_context.
     # Needed whenever a window is below context_len, even one every layer shares (Mistral 7B
     # v0.1 past 4096): without it the report reads as a full cache's. Empty: every layer holds
-    # the whole context (and in reports from before the field)
+    # the whole context (and in reports from before the field).
+    # bits_at_context and these windows count the logical cache each layer's attention reads,
+    # as transformers keeps it and validation's emulation reads it: a sliding layer's last W
+    # positions, its sink positions gone from them once the window has slid past. A serving
+    # pool that does not evict per window (oscar-spec 3.6: one flat slot pool) physically
+    # holds more. Reports written before commit 08528e9 counted each sliding layer's sink
+    # slots among its BF16 rows, so their bits_at_context reads a little higher.
     window_by_layer: dict[str, int] = {}
     variants: list[VariantResult]
     created_at: str

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from oscar_zoo.calibrate.cache_bits import _bf16_rows, cache_bits, kv_shared_layers, layer_windows
+from oscar_zoo.calibrate.cache_bits import (_bf16_rows, _fields, cache_bits, kv_shared_layers,
+                                            layer_windows)
 from oscar_zoo.calibrate.int2_attention import tier_mask
 from oscar_zoo.calibrate.validate import _bits_at_context
 from oscar_zoo.zoo.geometry import geometry_from_config
@@ -206,3 +207,96 @@ def test_a_config_json_names_its_shared_layers():
     assert kv_shared_layers({"text_config": SMALL}) == {2}
     assert kv_shared_layers({"num_hidden_layers": 4, "num_kv_shared_layers": 0}) == set()
     assert kv_shared_layers({"num_hidden_layers": 4}) == set()
+
+
+def _cache_windows(config) -> list[int | None]:
+    """The tokens transformers' own cache keeps per layer: a DynamicCache built from the config
+    gives each sliding (or chunked) layer its window (cache_utils.get_layer_types_and_kwargs,
+    reading config.per_layer_config[i]), a full layer none."""
+    from transformers import DynamicCache
+
+    return [getattr(layer, "sliding_window", None) for layer in DynamicCache(config=config).layers]
+
+
+def _every_form(config, tmp_path) -> dict:
+    """The live config, its to_dict() and the config.json save_pretrained writes."""
+    import json
+
+    config.save_pretrained(tmp_path)
+    return {"live": config, "to_dict": config.to_dict(),
+            "saved config.json": json.loads((tmp_path / "config.json").read_text())}
+
+
+def test_per_layer_windows_are_those_the_model_attends_and_caches_with(tmp_path):
+    """NeoMME alternates two sliding windows (256, 1024) through per_layer_config and gives its
+    full layers none: its live config raises on reading sliding_window
+    (AmbiguousGlobalPerLayerAttributeError), its to_dict() holds 256 at the top."""
+    import transformers
+
+    if not hasattr(transformers, "NeoMMEConfig"):
+        pytest.skip("this transformers has no NeoMME")
+    config = transformers.NeoMMEConfig(num_hidden_layers=8, hidden_size=32, intermediate_size=64,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=128, embedding_rank=16)
+    model = transformers.AutoModel.from_config(config)
+    # NeoMMEAttention adds 1 to the layer's window for flash attention's exclusive bound
+    attended = [a.sliding_window - 1 if a.sliding_window else None
+                for a in (layer.self_attn for layer in model.layers)]
+    assert attended == _cache_windows(config) == [256, 1024, 256, 1024, 256, None, 1024, None]
+    for form, cfg in _every_form(config, tmp_path).items():
+        assert layer_windows(cfg) == attended, form
+        assert kv_shared_layers(cfg) == set(), form
+    get, has, _ = _fields(config)       # the global read that raises: no one value, no error
+    assert get("sliding_window") is None and has("sliding_window")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _config("Gemma3TextConfig", num_hidden_layers=4, sliding_window=64,
+                    per_layer_config={1: {"sliding_window": 16}, 3: {"sliding_window": 128}}),
+    lambda: _config("Gemma3Config", text_config={"num_hidden_layers": 4, "sliding_window": 64,
+                                                 "per_layer_config": {2: {"sliding_window": 8}}}),
+    lambda: _config("Llama4TextConfig", num_hidden_layers=4, attention_chunk_size=64,
+                    per_layer_config={0: {"attention_chunk_size": 16}}),
+    lambda: _config("MistralConfig", num_hidden_layers=3, sliding_window=4096,
+                    per_layer_config={1: {"sliding_window": 512}}),      # no layer_types
+], ids=["gemma3-text", "gemma3-multimodal", "llama4-chunked", "mistral"])
+def test_windows_set_per_layer_are_those_the_cache_keeps(make, tmp_path):
+    """per_layer_config is transformers 5's for any config: whatever layer it gives a window
+    (or chunk) of its own, the cache keeps that many of its tokens."""
+    config = make()
+    expected = _cache_windows(config.get_text_config())
+    assert len(set(expected)) > 1                            # the layers' windows differ
+    for form, cfg in _every_form(config, tmp_path).items():
+        assert layer_windows(cfg) == expected, form
+
+
+_GEMMA4 = {"model_type": "gemma4_text", "num_hidden_layers": 8, "hidden_size": 32, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+           "vocab_size": 128, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 128,
+           "sliding_window": 64}
+_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "num_key_value_heads": 2, "head_dim": 8}
+
+
+@pytest.mark.parametrize("config_json, windows", [
+    (_GEMMA4, [64] * 5 + [None, 64, None]),                     # no layer_types: 5:1, last full
+    ({**_GEMMA4, "layer_types": ["sliding_attention"] * 8}, [64] * 7 + [None]),    # last made full
+    ({"model_type": "gemma4", "vision_config": _VISION, "audio_config": None,
+      "text_config": {k: v for k, v in _GEMMA4.items() if k != "model_type"}},
+     [64] * 5 + [None, 64, None]),                              # a tower that names no model_type
+], ids=["no-layer-types", "last-sliding", "multimodal-untyped-text-config"])
+def test_a_gemma4_config_json_slides_the_layers_transformers_slides(config_json, windows):
+    """Gemma 4's config classes fill in layer_types and make the last layer full (zoo.geometry
+    .layer_kinds): the windows of its config.json dict are those of the model built from it."""
+    import copy
+
+    import transformers
+
+    # a copy: transformers writes into the layer_types list it is given
+    fields = {k: v for k, v in copy.deepcopy(config_json).items() if k != "model_type"}
+    config = (transformers.Gemma4Config(**fields) if "text_config" in fields
+              else transformers.Gemma4TextConfig(**fields)).get_text_config()
+    model = transformers.AutoModel.from_config(config)
+    attended = [layer.self_attn.sliding_window for layer in model.layers]
+    assert attended == _cache_windows(config) == windows
+    assert layer_windows(config_json) == windows == layer_windows(config)

@@ -4,6 +4,8 @@ its to_dict(), the config.json save_pretrained writes) must give the layers' rea
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from oscar_zoo.zoo.geometry import geometry_from_config, geometry_from_config_file
@@ -28,6 +30,8 @@ _FULL_LAYER = {
                          "attention_k_eq_v": False}, (2, 32)),
     "more-kv-heads": ({"global_head_dim": 8, "num_global_key_value_heads": 4, "attention_k_eq_v": True}, (4, 8)),
     "default-width": ({}, (2, 512)),        # global_head_dim left out: Gemma 4's 512
+    # attention_k_eq_v left out: it defaults off, so the KV-head override does not apply
+    "kv-override-unset": ({"global_head_dim": 32, "num_global_key_value_heads": 1}, (2, 32)),
 }
 
 # (text config class, multimodal config class, the text tower's own extra fields)
@@ -35,20 +39,33 @@ _FAMILIES = {"gemma4": ("Gemma4TextConfig", "Gemma4Config", _PLE_OFF),
              "gemma4_unified": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedConfig", {})}
 
 
-def _released(family: str, keys: dict, multimodal: bool) -> dict:
-    """A config.json as a Gemma 4 checkpoint ships it: layer_types spelled out, the builder
-    keys, no per_layer_config."""
+# config.json shapes: a text model's, a multimodal one's, and a multimodal one whose
+# text_config names no model_type (transformers builds the class its outer config names)
+_SHAPES = ["text", "multimodal", "untyped-text-config"]
+_SPELLED_OUT = object()
+
+
+def _released(family: str, keys: dict, shape: str = "text", layer_types=_SPELLED_OUT) -> dict:
+    """A config.json as a Gemma 4 checkpoint ships it: layer_types spelled out (unless given:
+    None leaves them out), the builder keys, no per_layer_config."""
     text = {"model_type": f"{family}_text", **_TEXT, **_FAMILIES[family][2], **keys}
-    text["layer_types"] = ["full_attention" if i % 6 == 5 else "sliding_attention"
-                           for i in range(text["num_hidden_layers"])]
-    if not multimodal:
+    if layer_types is _SPELLED_OUT:
+        layer_types = ["full_attention" if i % 6 == 5 else "sliding_attention"
+                       for i in range(text["num_hidden_layers"])]
+    if layer_types is not None:
+        text["layer_types"] = layer_types
+    if shape == "text":
         return text
+    if shape == "untyped-text-config":
+        del text["model_type"]
     return {"model_type": family, "text_config": text, "vision_config": _VISION, "audio_config": None}
 
 
 def _live(family: str, released: dict):
     text_class, multimodal_class, _ = _FAMILIES[family]
-    fields = {k: v for k, v in released.items() if k != "model_type"}
+    # a copy: transformers writes into the layer_types list it is given (the last layer forced
+    # full), which would mend the config.json dict under test
+    fields = {k: v for k, v in copy.deepcopy(released).items() if k != "model_type"}
     if "text_config" in released:
         return getattr(transformers, multimodal_class)(**fields)
     return getattr(transformers, text_class)(**fields)
@@ -72,16 +89,8 @@ def _widths(geometry, layers) -> dict[int, tuple[int, int]]:
     return {i: (geometry.kv_heads_of(i), geometry.head_dim_of(i)) for i in layers}
 
 
-@pytest.mark.parametrize("multimodal", [False, True], ids=["text", "multimodal"])
-@pytest.mark.parametrize("family", list(_FAMILIES))
-@pytest.mark.parametrize("variant", list(_FULL_LAYER))
-def test_every_form_of_the_config_gives_the_layers_the_model_builds(tmp_path, variant, family,
-                                                                    multimodal):
-    keys, full = _FULL_LAYER[variant]
-    released = _released(family, keys, multimodal)
-    config = _live(family, released)
-    built = _built_widths(config)
-    assert built == {**{i: (2, 16) for i in range(5)}, 5: full}    # the model is what the case says
+def _assert_every_form_reads(built, released, config, tmp_path):
+    """The geometry of each form calibration and validation meet gives the layers built."""
     config.save_pretrained(tmp_path)
     forms = {"released config.json": geometry_from_config(released), "live": geometry_from_config(config),
              "to_dict": geometry_from_config(config.to_dict()),
@@ -91,13 +100,50 @@ def test_every_form_of_the_config_gives_the_layers_the_model_builds(tmp_path, va
     assert all(g == forms["live"] for g in forms.values())
 
 
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("family", list(_FAMILIES))
+@pytest.mark.parametrize("variant", list(_FULL_LAYER))
+def test_every_form_of_the_config_gives_the_layers_the_model_builds(tmp_path, variant, family, shape):
+    keys, full = _FULL_LAYER[variant]
+    released = _released(family, keys, shape)
+    config = _live(family, released)
+    built = _built_widths(config)
+    assert built == {**{i: (2, 16) for i in range(5)}, 5: full}    # the model is what the case says
+    _assert_every_form_reads(built, released, config, tmp_path)
+
+
+# (num_hidden_layers, layer_types as config.json gives them, None: left out; the full-attention
+# layers transformers builds: Gemma4TextConfig.__post_init__ fills in every 6th layer and makes
+# the last one full)
+_LAYOUTS = {
+    "no-layer-types": (12, None, {5, 11}),
+    "no-layer-types-last-forced": (8, None, {5, 7}),
+    "last-sliding": (4, ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                     {2, 3}),
+}
+
+
+@pytest.mark.parametrize("shape", _SHAPES[:2])
+@pytest.mark.parametrize("family", list(_FAMILIES))
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_full_layers_are_where_transformers_lays_them_out(tmp_path, layout, family, shape):
+    """A config.json without layer_types, or whose last layer is a sliding one: the model's
+    full layers are where its config class puts them, not where the dict says."""
+    n, kinds, full = _LAYOUTS[layout]
+    released = _released(family, {**_FULL_LAYER["k-eq-v"][0], "num_hidden_layers": n}, shape, kinds)
+    config = _live(family, released)
+    built = _built_widths(config)
+    assert built == {i: (1, 32) if i in full else (2, 16) for i in range(n)}
+    _assert_every_form_reads(built, released, config, tmp_path)
+
+
 @pytest.mark.parametrize("family", list(_FAMILIES))
 def test_kv_shared_layers_keep_their_kinds_width(family):
     """Layers past num_kv_shared_layers build no K/V projections (cache_bits leaves them out);
     the layers that do are read right around them."""
     released = _released(family, {"global_head_dim": 32, "num_global_key_value_heads": 1,
                                   "attention_k_eq_v": True, "num_hidden_layers": 12,
-                                  "num_kv_shared_layers": 4}, multimodal=False)
+                                  "num_kv_shared_layers": 4})
     config = _live(family, released)
     built = _built_widths(config)
     assert sorted(built) == list(range(8)) and built[5] == (1, 32)
@@ -110,7 +156,7 @@ def test_calibrations_geometry_of_a_loaded_model_is_its_layers():
     loaded model's live config)."""
     from oscar_zoo.calibrate.loading import model_geometry
 
-    config = _live("gemma4", _released("gemma4", _FULL_LAYER["k-eq-v"][0], multimodal=True))
+    config = _live("gemma4", _released("gemma4", _FULL_LAYER["k-eq-v"][0], "multimodal"))
     model = transformers.AutoModel.from_config(config)
     built = _built_widths(config)
     assert _widths(model_geometry(model), built) == built

@@ -46,7 +46,20 @@ def sandbox(tmp_path_factory, monkeypatch):
         monkeypatch.setenv(var, str(path))
     # jobs may name files in the repo's .cache (the trimmed test models) and in test temp dirs
     monkeypatch.setenv("OSCAR_ZOO_JOB_PATHS", f"{REPO / '.cache'},{root.parent}")
-    return root
+    _forget_modelscope_defaults()
+    yield root
+    _forget_modelscope_defaults()
+
+
+def _forget_modelscope_defaults() -> None:
+    """modelscope-hub reads MODELSCOPE_ENDPOINT (and its cache dirs) into a process-wide default
+    config once, on first use: a test that pointed it at a dead port left every later test's
+    default HubApi() talking to that port."""
+    import sys
+
+    config = sys.modules.get("modelscope_hub.config")
+    if config is not None:
+        config.set_default_config(None)
 
 
 # --- the real test LLM -----------------------------------------------------------------------

@@ -132,7 +132,9 @@ class Rescued:
 
 class Cache:
     def __init__(self, root: str | Path | None = None):
-        self.root = Path(root) if root is not None else Path(settings.get("cache_dir"))
+        # absolute (not resolved): every path it hands out (pull --json, ls, export) is one a
+        # script can use from any directory, with links kept as the user named them
+        self.root = Path(os.path.abspath(root if root is not None else settings.get("cache_dir")))
 
     # --- layout ------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 
 Sources are tried in the order of the `sources` setting (registry, hf, modelscope); a source that
 does not have the model, or cannot be reached, hands over to the next. When none could serve it
-because some could not be reached or failed on their side (a 5xx, 408, 429: _gave_no_answer)
+because some could not be reached or failed on their side (a 5xx, 408, 425, 429: _gave_no_answer)
 and the others only said they do not have it, and the cache holds what was asked for, the cached
 copy is used (with a warning naming those sources, and the status each answered), like
 `hf_hub_download`. Offline mode (OSCAR_ZOO_OFFLINE=1 or HF_HUB_OFFLINE=1) reads only the cache.
@@ -199,10 +199,10 @@ def _gave_no_answer(e: Exception) -> bool:
 
     A 5xx is the server's own failure, not a word about the bundle: a 500 (a bug, possibly on
     every request), 502/504 (a proxy whose backend is gone), 503 (overloaded, in maintenance),
-    507 (its disk is full). So are 408 and 429 (too slow, too many requests: come back later),
-    as hf_hub_download also reads them. For the user each is an outage like a refused
-    connection, so a cached copy may stand in, with a warning naming the status: a 500 that
-    persists still shows on every pull. So may an answer that is no answer (a proxy's web page
+    507 (its disk is full). So are 408, 425 and 429 (too slow, too early, too many requests:
+    come back later; the downloader retries them too), as hf_hub_download also reads them. For
+    the user each is an outage like a refused connection, so a cached copy may stand in, with a
+    warning naming the status: a 500 that persists still shows on every pull. So may an answer that is no answer (a proxy's web page
     where JSON should be, a damaged listing: no status). Another 4xx may not: the server did
     answer this request (a bad request, a file gone for good), and serving a cached copy
     instead would hide that answer from the user."""
@@ -211,7 +211,7 @@ def _gave_no_answer(e: Exception) -> bool:
     if not isinstance(e, RemoteError):
         return False
     status = getattr(e, "status", None)
-    return status is None or status >= 500 or status in (408, 429)
+    return status is None or status >= 500 or status in (408, 425, 429)
 
 
 def _cache_may_answer(failures: list[_Failure]) -> bool:

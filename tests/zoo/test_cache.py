@@ -473,3 +473,14 @@ def test_prune_json_has_the_same_keys_with_nothing_to_prune():
     stale = _leftover(cache, "1", ".incomplete", time.time() - 7200)
     result = CliRunner().invoke(cli, ["prune", "--json", "--dry-run"])
     assert json.loads(result.stdout).keys() == {"removed", "bytes", "dry_run"} and stale.exists()
+
+
+def test_a_relative_cache_dir_hands_out_absolute_paths(tmp_path, monkeypatch):
+    """OSCAR_ZOO_CACHE=rel/cache: pull --json's path (and ls's) were relative to wherever the
+    command ran, useless to the script that reads them from elsewhere."""
+    from oscar_zoo.zoo.cache import Cache
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OSCAR_ZOO_CACHE", "rel/cache")
+    root = Cache().root
+    assert root.is_absolute() and root == tmp_path / "rel" / "cache"

@@ -8,6 +8,7 @@ here comes from their config.json (zoo.geometry).
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -129,6 +130,13 @@ def find(name: str) -> CatalogEntry | None:
         return lookup(name)
     except ModelNotFound:
         return None
+
+
+def listed(pattern: str | None) -> list[CatalogEntry]:
+    """The entries `oscar-zoo list PATTERN` shows: a glob on the name or the hub id, any case;
+    every entry without one."""
+    glob = (pattern or "*").lower()
+    return [e for e in CATALOG if any(fnmatch.fnmatch(n, glob) for n in (e.name, e.hub_id.lower()))]
 
 
 def suggest(name: str, n: int = 3) -> list[str]:

@@ -228,16 +228,21 @@ class RemoteStorageFull(StorageFull, RemoteError):
     status = 507
 
 
+# HTTP answers that say "not now" (too slow, too early, too many requests) and nothing of the
+# request itself: retried like a 5xx, and pull may stand a cached copy in for them
+TRY_LATER = frozenset({408, 425, 429})
+
+
 def is_transient(e: Exception) -> bool:
-    """Worth another try: connection errors, 408/429/5xx, and remote errors of no known status (a
-    damaged read); a 400 or 422 will only be refused again, with seconds of backoff between, and
-    so is a 507 (a full disk stays full until someone makes room)."""
+    """Worth another try: connection errors, TRY_LATER and 5xx answers, and remote errors of no
+    known status (a damaged read); a 400 or 422 will only be refused again, with seconds of
+    backoff between, and so is a 507 (a full disk stays full until someone makes room)."""
     if isinstance(e, OfflineError):
         return "offline mode" not in str(e)
     if not isinstance(e, RemoteError) or isinstance(e, StorageFull):
         return False
     status = getattr(e, "status", None)
-    return status is None or status in (408, 429) or status >= 500
+    return status is None or status in TRY_LATER or status >= 500
 
 
 NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})

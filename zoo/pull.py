@@ -29,7 +29,7 @@ from . import catalog, settings
 from .cache import Cache, link_file, model_key, seal
 from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, IntegrityError,
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
-                     Unauthorized, VersionNotFound, is_no_space)
+                     RemoteStorageFull, Unauthorized, VersionNotFound, is_no_space, is_transient)
 from .export import ExportResult, check_format, export, layer_spec
 from .files import CACHED_PART, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
 from .sources.base import Plan, Ref, parse_spec
@@ -199,19 +199,15 @@ def _gave_no_answer(e: Exception) -> bool:
 
     A 5xx is the server's own failure, not a word about the bundle: a 500 (a bug, possibly on
     every request), 502/504 (a proxy whose backend is gone), 503 (overloaded, in maintenance),
-    507 (its disk is full). So are 408, 425 and 429 (too slow, too early, too many requests:
-    come back later; the downloader retries them too), as hf_hub_download also reads them. For
-    the user each is an outage like a refused connection, so a cached copy may stand in, with a
-    warning naming the status: a 500 that persists still shows on every pull. So may an answer that is no answer (a proxy's web page
-    where JSON should be, a damaged listing: no status). Another 4xx may not: the server did
-    answer this request (a bad request, a file gone for good), and serving a cached copy
-    instead would hide that answer from the user."""
-    if isinstance(e, OfflineError):
-        return True
-    if not isinstance(e, RemoteError):
-        return False
-    status = getattr(e, "status", None)
-    return status is None or status >= 500 or status in (408, 425, 429)
+    507 (its disk is full). So are 408, 425 and 429 (errors.TRY_LATER: too slow, too early, too
+    many requests), as hf_hub_download also reads them. For the user each is an outage like a
+    refused connection, so a cached copy may stand in, with a warning naming the status: a 500
+    that persists still shows on every pull. So may an answer that is no answer (a proxy's web
+    page where JSON should be, a damaged listing: no status). Another 4xx may not: the server
+    did answer this request (a bad request, a file gone for good), and serving a cached copy
+    instead would hide that answer from the user. That is is_transient's rule, less its
+    exception for a full disk, which is an outage here too."""
+    return is_transient(e) or isinstance(e, RemoteStorageFull)
 
 
 def _cache_may_answer(failures: list[_Failure]) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from fnmatch import fnmatch
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -26,7 +25,7 @@ from urllib.parse import quote, urlsplit
 from . import settings
 from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelled, ModelNotFound,
                      NotFound, OfflineError, PayloadTooLarge, RemoteError, RemoteStorageFull,
-                     Unauthorized, VersionNotFound)
+                     TRY_LATER, Unauthorized, VersionNotFound)
 
 TOKEN_FILE = "token"
 OFFLINE_HINT = ", or set OSCAR_ZOO_OFFLINE=1 to read only the local cache, without trying the registry"
@@ -137,20 +136,19 @@ def _holds_model(cache, name: str) -> bool:
 def _holds_version(cache, name: str, ref: str | int) -> bool:
     """The ref's bundle is cached, whole or in --layers parts (what offline pull and show read:
     refs/v3, refs/recommended)."""
+    from .sources.base import parse_spec
+
     model = _cache_name(name)
-    text = str(ref).strip()
-    digest = cache.read_ref(model, f"v{text}" if text.isdigit() else text.lower())
-    return digest is not None and any(h.digest == digest for h in cache.held(model))
+    held = {h.digest for h in cache.held(model)}
+    return any(cache.read_ref(model, r) in held for r in parse_spec(f"{name}@{ref}")[1].cache_refs())
 
 
 def _holds_listed(cache, q: str | None) -> bool:
     """A model offline `list` shows as cached: a catalog model (list offline knows no other)
     matching the glob, by name or hub id, with a bundle in the cache."""
-    from .catalog import CATALOG
+    from .catalog import listed
 
-    pattern = (q or "*").lower()
-    return any(next(cache.held(e.name), None) is not None for e in CATALOG
-               if any(fnmatch(n, pattern) for n in (e.name, e.hub_id.lower())))
+    return any(next(cache.held(e.name), None) is not None for e in listed(q))
 
 
 class RegistryClient:
@@ -280,9 +278,9 @@ class RegistryClient:
             return cls(f"{where}: {detail}")
         if code == 413:
             return PayloadTooLarge(f"{where}: {detail}")
-        # 408 and 429 say nothing of the request itself (come back later): RemoteErrors with
-        # their status, which pull may stand a cached copy in for, as for a 5xx
-        if 400 <= code < 500 and code not in (408, 429):
+        # TRY_LATER says nothing of the request itself: RemoteErrors with their status, which
+        # pull may stand a cached copy in for, as for a 5xx
+        if 400 <= code < 500 and code not in TRY_LATER:
             return InvalidInput(f"{where}: {detail}")
         if code == 507:     # the detail says what the registry was writing and how to make room
             return RemoteStorageFull(f"{where}: {detail}")
@@ -290,7 +288,7 @@ class RegistryClient:
         # a proxy's page carries no detail: "503 Service Unavailable" once, not twice
         err = RemoteError(f"{where}: {said}" + (f": {detail}" if detail != said else ""))
         err.status = code   # what is_transient and pull's cache fallback decide by
-        if code in (408, 429, 503):     # how long it asks to be left alone, for the worker
+        if code in TRY_LATER or code == 503:    # how long it asks to be left alone, for the worker
             from .sources.download import retry_after_seconds
 
             err.retry_after = retry_after_seconds(r.headers.get("Retry-After"))

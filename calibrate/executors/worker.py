@@ -40,7 +40,8 @@ from typing import Callable
 
 from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost, OfflineError,
-                                  OscarZooError, RemoteError, RemoteStorageFull, StorageFull)
+                                  OscarZooError, RemoteError, RemoteStorageFull, StorageFull,
+                                  TRY_LATER)
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 log = logging.getLogger("oscar_zoo.worker")
@@ -49,7 +50,7 @@ CLAIM_WAIT_S = 5.0       # long poll: a job starts within ~0.5 s, and an idle wo
 PROGRESS_EVERY_S = 0.5
 SHUTDOWN_GRACE_S = 5.0
 UPLOAD_TRIES = 3         # a result refused by a version-number race: tried this often in all
-UPLOAD_REFUSALS = 3      # a result upload answered 408 / 429: retried this often, then given up
+UPLOAD_REFUSALS = 3      # a result upload answered TRY_LATER: retried this often, then given up
 EXIT_CANCELLED = 3
 WORKDIR_PREFIX = "oscar-zoo-job-"
 WORKDIR_LOCK = ".held"   # flocked by the attempt's process while it lives (see sweep_workdirs)
@@ -311,10 +312,10 @@ class Attempt:
             except (OfflineError, RemoteError) as e:
                 if isinstance(e, StorageFull) and not full_retried:
                     raise
-                # 408 / 429 answer this request, not the registry's health: the heartbeats may
+                # TRY_LATER answers this request, not the registry's health: the heartbeats may
                 # go on getting through (and the lease with them) while an upload is refused
                 # every time, so an upload tries a few times, waiting as long as asked
-                refused += getattr(e, "status", None) in (408, 429)
+                refused += getattr(e, "status", None) in TRY_LATER
                 left = (deadline or self.expires) - time.monotonic()
                 if left < 0 or (not full_retried and refused > UPLOAD_REFUSALS):
                     self.lost.set()

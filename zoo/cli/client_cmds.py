@@ -7,7 +7,6 @@ progress, summaries and warnings go to stderr. Nothing here imports torch.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import time
 from pathlib import Path
@@ -153,7 +152,7 @@ def list_command(pattern, validated, as_json):
     """
     from .. import settings
     from ..cache import Cache
-    from ..catalog import CATALOG
+    from ..catalog import listed
     from ..errors import OfflineError
     from ..registry_client import RegistryClient
 
@@ -166,9 +165,7 @@ def list_command(pattern, validated, as_json):
             rows = _registry_rows(client, pattern, validated)
         except OfflineError as e:  # the catalog and the cache still answer, as in `show`
             warn(str(e))
-    for e in CATALOG:
-        if pattern and not any(fnmatch.fnmatch(n, pattern.lower()) for n in (e.name, e.hub_id.lower())):
-            continue
+    for e in listed(pattern):
         row = rows.setdefault(e.name, {"name": e.name, "hub_id": e.hub_id, "latest": None,
                                        "recommended": None, "validated": None, "sources": []})
         if e.zoo is not None:

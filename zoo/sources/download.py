@@ -33,12 +33,12 @@ from typing import Callable, Iterator
 from .. import settings
 from ..cache import Cache
 from ..errors import (BundleNotFound, Forbidden, IntegrityError, OfflineError, RemoteError,
-                      Unauthorized, is_no_space, is_transient)
+                      TRY_LATER, Unauthorized, is_no_space, is_transient)
 from ..files import CHUNK, sha256_file
 
 log = logging.getLogger("oscar_zoo.download")
 
-RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+RETRY_STATUS = TRY_LATER | {500, 502, 503, 504}
 # The longest Retry-After a retry sits out. A server asking for more is throttling for minutes:
 # a pull or mirror silently hanging that long looks dead, so retry_transient fails at once and
 # the error says how long to wait (the raw download path still waits this long, then retries).
@@ -174,7 +174,7 @@ def retry_after_seconds(value) -> float | None:
 def retry_transient(call: Callable, retries: int,
                     wait: Callable[[int, float | None], float] = backoff):
     """call() again after wait(attempt, retry_after) seconds while it fails with an error that
-    may heal (errors.is_transient: connection errors, 408/429/5xx), at most `retries` times.
+    may heal (errors.is_transient: connection errors, TRY_LATER and 5xx), at most `retries` times.
     retry_after: the seconds the server asked for (the error's `.retry_after`, from a
     Retry-After header), or None. An error asking for more than RETRY_AFTER_CAP is raised at
     once: the caller's message can then say how long to wait, rather than hang that long."""

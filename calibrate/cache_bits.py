@@ -2,7 +2,7 @@
 different spans of tokens.
 
 A sliding-window layer (Gemma 2/3/4, Mistral, Qwen2 with use_sliding_window, gpt-oss, ...)
-keeps only its last W tokens, so past W it holds fewer tokens than a full-attention layer, as
+reads only its last W tokens, so past W it holds fewer tokens than a full-attention layer, as
 many recent BF16 ones and, once its window has slid past them, no sink: its bits per element
 are higher, and the whole cache's number is the total bits over the total elements held across
 layers. A KV-shared layer (Gemma 3n, Gemma 4) reads an earlier layer's cache and holds none.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from oscar_zoo.zoo.errors import UnsupportedModelError
 from oscar_zoo.zoo.geometry import layer_kinds, text_tower
 
 # layer kinds (transformers' config.layer_types) whose cache keeps a bounded span of tokens,
@@ -46,12 +47,12 @@ def _bf16_rows(held: int, sink: int, recent: int, context_len: int) -> int:
 
     The sink is the sequence's positions [0, sink), not tokens pinned apart from them
     (oscar-spec 3.5: BF16 sink [0, P), INT2 history [P, t - R), BF16 recent [t - R, t)). A
-    sliding layer's cache keeps its last W positions only (transformers' DynamicCache: W - 1
-    of them, test-model.md 4) and its mask hides older keys, so the sink leaves it as the
-    window slides on (oscar-spec names no sink kept apart for a sliding layer). Validation
-    reads the same: its emulation takes key j from BF16 where j < sink or j is recent
-    (int2_attention.tier_mask), under the model's sliding mask. A full layer holds them all:
-    min(sink + recent, L)."""
+    sliding layer's attention reads its last W positions only (the last token's included; its
+    cache keeps W - 1 of them between steps, test-model.md 4) and its mask hides older keys,
+    so the sink leaves it as the window slides on (oscar-spec names no sink kept apart for a
+    sliding layer). Validation reads the same: its emulation takes key j from BF16 where
+    j < sink or j is recent (int2_attention.tier_mask), under the model's sliding mask. A full
+    layer holds them all: min(sink + recent, L)."""
     first = context_len - held
     return min(recent, held) + max(0, min(sink, context_len - recent) - first)
 
@@ -100,6 +101,32 @@ def kv_shared_layers(config) -> set[int]:
         return set()
     n = int(get("num_hidden_layers"))
     return set(range(n - shared, n))
+
+
+def kv_sources(config) -> dict[int, int]:
+    """{KV-shared layer: the layer whose cache it reads}, empty for models without sharing.
+
+    transformers' rule (Gemma3nTextConfig / Gemma4TextConfig.kv_sharing_modes): a shared layer
+    reads the last layer of its own kind (sliding or full) before the first shared one, whose
+    K/V that layer hands it (shared_kv_states[layer_type]). A serving engine stores those K/V
+    once, so the reader sees them as that layer wrote them: with its rotation, key mean and
+    clips. config: as layer_windows'. A config.json dict needs its layer_types (Gemma 3n's
+    config class fills them in when it has none: pass the live config)."""
+    shared = kv_shared_layers(config)
+    if not shared:
+        return {}
+    get, _, _ = _fields(config)
+    first = min(shared)
+    kinds = get("layer_types") or ["full_attention"] * int(get("num_hidden_layers"))
+    last_of = {kind: i for i, kind in enumerate(kinds[:first])}     # the last of each kind wins
+    missing = sorted({kinds[i] for i in shared} - set(last_of))
+    if missing:
+        raise UnsupportedModelError(
+            f"KV-shared layers {sorted(shared)[:8]} read the cache of an earlier "
+            f"{' or '.join(missing)} layer, and this model has none before them "
+            "(num_kv_shared_layers covers them all: an assistant model, which reads its target "
+            "model's cache): validate the target model instead")
+    return {i: last_of[kinds[i]] for i in sorted(shared)}
 
 
 def _fields(config):

@@ -2,9 +2,10 @@
 
 Every layer's K and V go through the INT2 kernels in the storage format serving uses (rotate,
 center keys, clip, quantize, pack, dequantize); attention is then computed exactly per query
-over the sink / INT2 history / recent tiers. In the same run, three baselines get the same
-treatment: "oscar-shipped" (the bundle's rotations, OSCAR's global clip, no centering),
-"hadamard" (QuaRot-style, data-free) and "naive" (no rotation).
+over the sink / INT2 history / recent tiers. A KV-shared layer (Gemma 3n, Gemma 4) reads the
+INT2 cache its source layer wrote, as an engine that stores it once serves it. In the same run,
+three baselines get the same treatment: "oscar-shipped" (the bundle's rotations, OSCAR's global
+clip, no centering), "hadamard" (QuaRot-style, data-free) and "naive" (no rotation).
 
 Reported per variant: extra next-token loss (nats/token) and KL(BF16 || INT2) per token, natural
 log, against the unquantized model on the same tokens (its attention computed by the same code
@@ -28,7 +29,7 @@ from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
 
 from . import capture, fit, jobspec
-from .cache_bits import cache_bits, kv_shared_layers, layer_windows
+from .cache_bits import cache_bits, kv_shared_layers, kv_sources, layer_windows
 from .data import BUILTIN, adds_bos, load_text
 from .int2_attention import CacheSpec, Quantizer, dequantized, mixed_attention
 from .loading import model_geometry
@@ -195,6 +196,19 @@ def variant_specs(bundle: Bundle, names: tuple[str, ...]) -> dict[str, dict[int,
     return out
 
 
+def stored_once(specs: dict[str, dict[int, CacheSpec]],
+                sources: dict[int, int]) -> dict[str, dict[int, CacheSpec]]:
+    """specs with each KV-shared layer given its source layer's settings (kv_sources).
+
+    transformers hands a shared layer the very K/V tensors its source layer attended with; an
+    engine stores them once, in the source's INT2 format, and the shared layer reads that
+    cache. Quantizing them again with the shared layer's own bundle tensors emulated a cache
+    no engine holds. The same settings on the same tensors give the same INT2 rows (the
+    quantizers are deterministic), so the reader sees exactly what its source wrote."""
+    return {name: {lid: per_layer[sources.get(lid, lid)] for lid in per_layer}
+            for name, per_layer in specs.items()}
+
+
 class _LayerErrors:
     """Sums of ||o_variant - o_ref||^2 and ||o_ref||^2 per (variant, layer)."""
 
@@ -297,11 +311,12 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     # what each layer's cache holds, read from the config now: one it cannot read fails before
     # hours of evaluation, not after
     bits = _bits_at_context(m.quantization, cfg.context_len, geometry, model.config)
+    sources = kv_sources(model.config)
     src, windows = held_out or eval_windows(
         tokenizer, text or load_text(cfg.data, "heldout", cfg.text_field), cfg.context_len,
         cfg.windows)
     check_held_out(bundle, cfg.data, cfg.text_field, src)
-    specs = variant_specs(bundle, cfg.baselines)
+    specs = stored_once(variant_specs(bundle, cfg.baselines), sources)
     capture.install(model)
     errors = _LayerErrors()
     nll = {name: [0.0, 0.0] for name in ["bf16", *specs]}

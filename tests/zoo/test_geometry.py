@@ -176,3 +176,27 @@ def test_per_layer_config_wins_over_the_global_keys():
                               "head_dim": 64, "global_head_dim": 512, "per_layer_config": {},
                               "layer_types": ["sliding_attention", "full_attention"]})
     assert g.head_dim_by_layer == {}
+
+
+@pytest.mark.parametrize("family", list(_FAMILIES))
+def test_kv_shared_layers_are_listed_at_the_width_of_the_cache_they_read(family):
+    """layers() lists KV-shared layers too (a bundle carries tensors for every layer it lists),
+    and validation hands each the K/V of the layer it reads (transformers' shared_kv_states)
+    beside its own queries: its head_dim and KV heads must be that layer's, and its queries'."""
+    released = _released(family, {"global_head_dim": 32, "num_global_key_value_heads": 1,
+                                  "attention_k_eq_v": True, "num_hidden_layers": 12,
+                                  "num_kv_shared_layers": 4})
+    config = _live(family, released)
+    text = config.get_text_config()
+    modes, kinds = text.kv_sharing_modes, text.layer_types
+    store = {kinds[i]: i for i, mode in enumerate(modes) if mode == "store"}
+    sources = {i: store[kinds[i]] for i, mode in enumerate(modes) if mode == "reuse"}
+    assert sources == {8: 7, 9: 7, 10: 7, 11: 5}
+    layers = transformers.AutoModel.from_config(config).get_decoder().layers
+    for form in (released, config, config.to_dict()):
+        geometry = geometry_from_config(form)
+        assert geometry.layers() == list(range(12))
+        for shared, source in sources.items():
+            query_dim = layers[shared].self_attn.q_norm.weight.shape[0]
+            assert geometry.head_dim_of(shared) == geometry.head_dim_of(source) == query_dim
+            assert geometry.kv_heads_of(shared) == geometry.kv_heads_of(source)

@@ -130,11 +130,18 @@ class Rescued:
         return "incomplete" if self.contents else "empty"
 
 
+def absolute(path: str | Path) -> Path:
+    """`path` made absolute, not resolved: links stay as the user named them (a `current` link
+    swapped between releases keeps working in a saved recipe), as huggingface_hub's snapshot
+    paths do. For every path oscar-zoo hands out: the cache root, exports, converted files."""
+    return Path(os.path.abspath(path))
+
+
 class Cache:
     def __init__(self, root: str | Path | None = None):
-        # absolute (not resolved): every path it hands out (pull --json, ls, export) is one a
-        # script can use from any directory, with links kept as the user named them
-        self.root = Path(os.path.abspath(root if root is not None else settings.get("cache_dir")))
+        # absolute: every path it hands out (pull --json, ls, export) is one a script can use
+        # from any directory
+        self.root = absolute(root if root is not None else settings.get("cache_dir"))
 
     # --- layout ------------------------------------------------------------------------------
 
@@ -273,9 +280,11 @@ class Cache:
     def refs(self, name: str) -> dict[str, str]:
         out = {}
         for p in sorted((self.model_dir(name) / "refs").glob("*")):
-            if p.name.startswith("."):  # the temp file of a write_ref that was killed
+            # a dot file: the temp file of a write_ref that was killed; a folder (an HF-style
+            # refs/pr/1 made by hand) holds no ref oscar-zoo could have written
+            if p.name.startswith(".") or not p.is_file():
                 continue
-            value = p.read_text().strip()
+            value = p.read_text(errors="replace").strip()
             if is_sha256(value):
                 out[p.name] = value
         return out
@@ -643,15 +652,24 @@ def _drop_refs_of_gone(cache: Cache, going: set[Path]) -> None:
 
 
 def drop_refs(cache: Cache, model: str, refs: Iterable[str]) -> None:
-    """Unlink these refs of one model (file names in models/<model>/refs/, as listed there or
-    made by _ref_file), then fsync the refs dir once if any was named: durable before the caller
+    """Unlink these refs of one model (file names in models/<model>/refs/ as listed there:
+    Cache.refs' keys), then fsync the refs dir once if any was named: durable before the caller
     deletes the bundles they named, so a crash leaves a bundle no ref names (prune removes it),
     never a ref to one that is gone. A ref already gone is no error.
+
+    Names as listed, not through _ref_file: that one is for names oscar-zoo writes, and would
+    refuse a hand-made `v3:draft` or unlink `latest` for a listed `latest ` (it strips).
+    Raises UnsafePathError, unlinking nothing, for a name that is no file of that dir.
 
     Call with gc.lock held exclusively (cache rm, verify's repair): pulls, which write refs
     holding it shared, wait; each unlink is atomic."""
     folder = cache.root / "models" / model / "refs"
     names = list(refs)
+    for name in names:
+        # e.g. "../meta", or "d:x" on Windows (the current dir of drive D), never listed there
+        if name in ("", ".", "..") or (folder / name).parent != folder:
+            raise UnsafePathError(f"ref {name!r} of {model} is not a file name in {folder}; "
+                                  "nothing was removed")
     for name in names:
         (folder / name).unlink(missing_ok=True)
     if names:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .cache import (_LEFTOVER_AGE, Cache, Rescued, _blobs_of, _delete, _entries, _freed, _links,
-                    _read_digest, _ref_file, _rmdir_if_empty, drop_emptied_model_dirs, drop_refs,
+                    _read_digest, _rmdir_if_empty, drop_emptied_model_dirs, drop_refs,
                     model_dirs, model_key)
 from .errors import (AliasNotFound, BundleNotFound, InvalidInput, ModelNotFound, NotFound,
                      UnsafePathError, VersionNotFound)
@@ -95,8 +95,13 @@ def _resolve(cache: Cache, spec: str) -> Target:
         raise InvalidInput(f"{spec!r} names no bundle after '@': give {name} alone to remove the "
                            f"whole model, or {name}@VERSION, @ALIAS or @DIGEST")
     digest_prefix = ref[len("sha256:"):].lower() if ref.lower().startswith("sha256:") else None
+    parsed = None
     if digest_prefix is None:
-        name, parsed = parse_spec(spec)   # pull's syntax: NAME, NAME@3, NAME@v3, NAME@alias
+        try:
+            name, parsed = parse_spec(spec)   # pull's syntax: NAME, NAME@3, NAME@v3, NAME@alias
+        except InvalidInput:
+            if not name:
+                raise
     elif not name:
         raise InvalidInput(f"{spec!r} has no model name; use NAME@sha256:DIGEST")
     mdir = _cached_model_dir(cache, name)
@@ -105,6 +110,12 @@ def _resolve(cache: Cache, spec: str) -> Target:
     if not ref:
         return Target(spec, model, frozenset(named), True)
     refs = cache.refs(model)
+    if digest_prefix is None and parsed is None:
+        # not pull's syntax, but a ref made by hand (v3:draft) is listed by `cache ls` as it is
+        # named: that very ref, and no other
+        if ref in refs:
+            return Target(spec, model, frozenset({refs[ref]}), False)
+        raise _not_cached(AliasNotFound, spec, cache, mdir)
     if digest_prefix is None and parsed.alias and parsed.alias in refs:
         return Target(spec, model, frozenset({refs[parsed.alias]}), False)
     if digest_prefix is None and parsed.version is not None:
@@ -129,8 +140,12 @@ def _resolve(cache: Cache, spec: str) -> Target:
                                "more of it")
     error = (VersionNotFound if digest_prefix is None and parsed.version is not None
              else BundleNotFound if digest_prefix is not None else AliasNotFound)
-    raise error(f"{spec!r} is not in the cache ({cache.root}): {_cached_for(cache, mdir)}. "
-                "`oscar-zoo cache ls` lists every cached bundle")
+    raise _not_cached(error, spec, cache, mdir)
+
+
+def _not_cached(error: type[NotFound], spec: str, cache: Cache, mdir: Path) -> NotFound:
+    return error(f"{spec!r} is not in the cache ({cache.root}): {_cached_for(cache, mdir)}. "
+                 "`oscar-zoo cache ls` lists every cached bundle")
 
 
 def _cached_model_dir(cache: Cache, name: str) -> Path:
@@ -207,7 +222,7 @@ def remove(cache: Cache, targets: list[Target], dry_run: bool = False,
             plan.refs = [r for r in plan.refs if _ref_goes(cache, r, {p for p, _ in plan.paths})]
         if not dry_run:
             for model in sorted({m for m, _, _ in plan.refs}):
-                drop_refs(cache, model, [_ref_file(r) for m, r, _ in plan.refs if m == model])
+                drop_refs(cache, model, [r for m, r, _ in plan.refs if m == model])
             plan.failed = [p for p, _ in plan.paths if not _removed(cache, p)]
             # a model can lose its last bundle to a plan that did not name its directory (the
             # plan confirmed before another removal took the rest)

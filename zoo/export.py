@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import Cache
+from .cache import Cache, absolute
 from .errors import InvalidInput, is_no_space
 from .files import (PARTIAL, atomic_write_bytes, atomic_writers, out_dir_out_of_space,
                     publish_dir, sha256_file, staging_dir)
@@ -103,12 +103,6 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
     files = {role: absolute(p) for role, p in files.items()}
     recipe = recipe_for(fmt, manifest, {role: str(p) for role, p in files.items()}, layers)
     return ExportResult(fmt, absolute(edir), files, recipe, layers)
-
-
-def absolute(path: Path) -> Path:
-    # made absolute, not resolved: links stay as the user named them (a `current` link swapped
-    # between releases keeps working in a saved recipe), as huggingface_hub's snapshot paths do
-    return Path(os.path.abspath(path))
 
 
 def check_format(fmt: str, granularity: str | None) -> None:

@@ -39,6 +39,32 @@ MANIFEST = "bundle.json"
 _FALLBACK = (NotFound, RemoteError, OfflineError, Unauthorized, Forbidden, IntegrityError)
 
 
+@dataclass(frozen=True)
+class Note:
+    """Something pull tells besides its result, and how loud, said where the note is made.
+
+    info: -q hides it. warning: said even under -q (the sources failed, so the cache answered).
+    bundle: a warning about the bundle served (yanked, a draft, not the one asked for), which
+    the launch recipe's header carries too: `pull ... > serve.sh` leaves stderr behind.
+    Not guessed from the text: a reworded note, or a yank reason, model name or cache path that
+    holds a keyword, would change its weight."""
+
+    text: str
+    level: str = "info"     # info | warning | bundle
+
+    def __post_init__(self):
+        if self.level not in ("info", "warning", "bundle"):   # a typo must not pass for one
+            raise ValueError(f"unknown note level {self.level!r}")
+
+    @property
+    def warning(self) -> bool:
+        return self.level != "info"
+
+    @property
+    def in_recipe(self) -> bool:
+        return self.level == "bundle"
+
+
 @dataclass
 class PullResult:
     model: str
@@ -53,14 +79,16 @@ class PullResult:
     cached: bool                        # nothing had to be downloaded
     layers: list[int] | None = None
     export: ExportResult | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     fetched_bytes: int = 0
 
     def to_dict(self) -> dict:
         return {"model": self.model, "version": self.version, "digest": self.digest,
                 "source": self.source, "origin": self.origin, "imported": self.imported,
                 "validated": self.validated, "status": self.status, "cached": self.cached,
-                "path": str(self.path), "layers": self.layers, "notes": self.notes,
+                "path": str(self.path), "layers": self.layers,
+                "notes": [n.text for n in self.notes],
+                "warnings": [n.text for n in self.notes if n.warning],
                 "fetched_bytes": self.fetched_bytes,
                 "export": self.export.to_dict() if self.export else None}
 
@@ -99,9 +127,9 @@ def pull(spec: str, *, layers: str | None = None, fmt: str | None = None, out: P
             if layers and result.layers is None:  # a whole bundle (hub files are whole): slice
                 result.layers = _layers_of(result.path, layers)
                 if result.imported and not result.cached:
-                    result.notes.append(f"RotationZoo files hold every layer, so all of them were "
-                                        f"fetched; the export keeps layers "
-                                        f"{layer_spec(result.layers)}")
+                    result.notes.append(Note(f"RotationZoo files hold every layer, so all of "
+                                             f"them were fetched; the export keeps layers "
+                                             f"{layer_spec(result.layers)}"))
             if fmt is not None:
                 result.export = export(cache, result.digest, result.path, fmt, result.layers, out)
     return result
@@ -164,7 +192,9 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
         except (OfflineError, NotFound) as e:
             cache_said = f"; and {e}"     # what the cache holds instead, and how to get it
         else:
-            result.notes.insert(0, f"{_fallback_why(failures)}; using the cached copy")
+            # about the sources, not the bundle: the recipe does not carry it
+            result.notes.insert(0, Note(f"{_fallback_why(failures)}; using the cached copy",
+                                        "warning"))
             return result
     raise _combine(failures, entry, name, ref, cache_said)
 
@@ -313,8 +343,16 @@ def _materialize(plan: Plan, cache: Cache, layers: str | None, progress: bool,
     for ref in plan.refs:
         cache.write_ref(plan.model, ref, digest)
     return PullResult(plan.model, digest, plan.source, plan.origin, plan.version, path, imported,
-                      plan.validated, plan.status, cached=not fetched, notes=list(plan.notes),
+                      plan.validated, plan.status, cached=not fetched, notes=_plan_notes(plan),
                       fetched_bytes=fetched)
+
+
+def _plan_notes(plan: Plan) -> list[Note]:
+    """A source's notes: on a yanked or draft version, why (the registry's yank reason), which
+    is about the bundle served; else information (ModelScope's pinning by sha256). Taken from
+    the plan's status, the source's own word, never from the notes' text."""
+    level = "bundle" if plan.status in ("yanked", "draft") else "info"
+    return [Note(text, level) for text in plan.notes]
 
 
 def _materialize_bundle(plan: Plan, cache: Cache, progress: bool,
@@ -540,9 +578,9 @@ def _materialize_partial(plan: Plan, cache: Cache, spec: str, progress: bool,
             if _part_layers(pdir) != chosen:
                 fetched = _fetch_part(plan, cache, raw, chosen, pdir, progress)
     _record(plan, cache)
-    notes = list(plan.notes) + [f"fetched layers {layer_spec(chosen)} only ({len(chosen)} of "
-                                f"{len(available)}), checked structurally (the registry keeps no "
-                                "per-layer hashes)"]
+    notes = _plan_notes(plan) + [Note(f"fetched layers {layer_spec(chosen)} only ({len(chosen)} "
+                                      f"of {len(available)}), checked structurally (the registry "
+                                      "keeps no per-layer hashes)")]
     return PullResult(plan.model, plan.digest, plan.source, plan.origin, plan.version, pdir, False,
                       plan.validated, plan.status, cached=fetched == 0, layers=chosen,
                       notes=notes, fetched_bytes=fetched)
@@ -621,9 +659,9 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
         result = _cached_for(cache, model, digest, layers) if digest else None
         if result is not None:
             if passed_over:   # offline, "recommended, else latest" must not pass silently
-                result.notes.append(f"{model}{' and '.join(passed_over)}: not cached whole, "
-                                    f"so @{r} (sha256:{digest[:12]}) was served instead; "
-                                    f"pull {model} online for it")
+                result.notes.append(Note(f"{model}{' and '.join(passed_over)}: not cached "
+                                         f"whole, so @{r} (sha256:{digest[:12]}) was served "
+                                         f"instead; pull {model} online for it", "bundle"))
             return result
         if digest:
             parts = _part_specs(cache, model, digest)
@@ -693,7 +731,7 @@ def _cached_result(cache: Cache, model: str, digest: str, path: Path) -> PullRes
     return PullResult(model, digest, meta.get("source", "cache"), meta.get("origin", str(path)),
                       meta.get("version"), path, bool(meta.get("imported")),
                       meta.get("validated"), meta.get("status"), cached=True,
-                      notes=[f"served from the cache ({cache.root})"])
+                      notes=[Note(f"served from the cache ({cache.root})")])
 
 
 def _now() -> str:

@@ -393,6 +393,24 @@ def test_a_ref_write_killed_before_its_rename_is_no_ref(hf_only):
     assert set(cache.refs("glm-4.7-fp8").values()) == {result.digest}
 
 
+def test_a_folder_or_a_binary_file_in_refs_is_no_ref_and_breaks_no_listing(hf_only):
+    """A hand-made HF-style refs/pr/1 folder, or a ref file holding binary garbage, stopped
+    `cache ls` and `cache rm` with "Is a directory" / a decode error."""
+    result = pull("glm-4.7-fp8")
+    cache = Cache()
+    refs_dir = cache.model_dir("glm-4.7-fp8") / "refs"
+    (refs_dir / "pr").mkdir()
+    (refs_dir / "pr" / "1").write_text("b" * 64 + "\n")
+    (refs_dir / "junk").write_bytes(b"\xff\xfe" * 40)
+    assert cache.refs("glm-4.7-fp8") == {"rotationzoo": result.digest}
+    listed = CliRunner().invoke(cli, ["cache", "ls", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)["bundles"][0]["refs"] == ["rotationzoo"]
+    removed = CliRunner().invoke(cli, ["cache", "rm", "glm-4.7-fp8", "--yes"])
+    assert removed.exit_code == 0, removed.output
+    assert not cache.snapshot("glm-4.7-fp8", result.digest)
+
+
 def _leftover(cache: Cache, key: str, suffix: str, mtime: float | None = None, tree: bool = False):
     """blobs/<key * 64><suffix>: a file, or a tree like ModelScope's workdir; every mtime set."""
     path = cache.blobs / f"{key * 64}{suffix}"

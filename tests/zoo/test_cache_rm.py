@@ -556,6 +556,66 @@ def test_a_name_with_a_drive_letter_is_no_cache_directory(filled, name):
     assert result.exit_code == 1 and "cannot be used" in result.stderr
 
 
+# --- refs made by hand ------------------------------------------------------------------------
+
+def _hand_made_ref(name: str, digest: str) -> None:
+    (Cache().model_dir(SMOL) / "refs" / name).write_text(digest + "\n")
+
+
+def test_a_ref_made_by_hand_with_a_colon_goes_with_its_bundle(bundles, filled):
+    """`v3:draft`, a name oscar-zoo never writes (no ':' in a cache path), is listed like any
+    ref: cache rm of its bundle planned it, then refused it after the confirmation, with the
+    other model's refs already dropped (they go first)."""
+    cache = Cache()
+    _hand_made_ref("v3:draft", filled["A"])
+    result = CliRunner().invoke(cli, ["cache", "rm", FORK, f"{SMOL}@1", "--yes", "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"{SMOL}/v3:draft" in json.loads(result.stdout)["refs"]
+    assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
+    assert cache.snapshot(SMOL, filled["A"]) is None and not cache.model_dir(FORK).exists()
+    assert cache.snapshot(SMOL, filled["B"]) is not None and prune(cache) == []
+
+
+def test_a_ref_made_by_hand_names_its_bundle_as_cache_ls_shows_it(bundles, filled):
+    cache = Cache()
+    _hand_made_ref("v3:draft", filled["A"])
+    assert resolve_removal(cache, [f"{SMOL}@v3:draft"])[0].digests == {filled["A"]}
+    result = CliRunner().invoke(cli, ["cache", "rm", f"{SMOL}@v3:draft", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
+    assert cache.snapshot(SMOL, filled["A"]) is None and cache.snapshot(SMOL, filled["B"])
+
+
+def test_a_ref_pull_cannot_parse_and_the_cache_lacks_removes_nothing(filled):
+    cache = Cache()
+    _hand_made_ref("v3:draft", filled["A"])
+    before = tree(cache.root)
+    with pytest.raises(AliasNotFound, match="v3:draft"):     # what is cached, refs and all
+        resolve_removal(cache, [f"{SMOL}@v4:draft"])
+    result = CliRunner().invoke(cli, ["cache", "rm", f"{SMOL}@v4:draft", "--yes"])
+    assert result.exit_code == 1 and result.exception.__class__ is SystemExit
+    assert "'smollm2-135m@v4:draft' is not in the cache" in result.stderr
+    assert "oscar-zoo cache ls" in result.stderr and tree(cache.root) == before
+
+
+def test_a_listed_ref_goes_by_its_own_name_not_a_stripped_one(filled):
+    """`latest ` (a trailing space, made by hand) names A, `latest` names B: removing A took
+    B's `latest` and left `latest ` naming a bundle that is gone."""
+    cache = Cache()
+    _hand_made_ref("latest ", filled["A"])
+    remove(cache, resolve_removal(cache, [f"{SMOL}@1"]))
+    assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
+
+
+@pytest.mark.parametrize("name", ["../meta", "..", "", "a/b"])
+def test_drop_refs_unlinks_nothing_for_a_name_that_is_no_ref_file(filled, name):
+    cache = Cache()
+    before = tree(cache.root)
+    with pytest.raises(UnsafePathError, match="nothing was removed"):
+        cache_mod.drop_refs(cache, SMOL, ["v1", name])
+    assert tree(cache.root) == before
+
+
 # --- bundles calibrate rescued -----------------------------------------------------------------
 
 def rescue(bundles, key: str = "A", out: str = "qwen3-8b-bundle") -> Path:

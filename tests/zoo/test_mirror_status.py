@@ -67,7 +67,7 @@ def test_a_yank_reaches_the_mirror_and_pull_skips_it_for_latest(registry, hub, t
         assert (latest.source, latest.version, latest.digest) == (kind, 1, bundles[0].digest)
         yanked = pull("smollm2-135m@2")
         assert yanked.digest == bundles[1].digest
-        assert any("yanked: broken" in n for n in yanked.notes), yanked.notes
+        assert any("yanked: broken" in n.text for n in yanked.notes), yanked.notes
 
 
 def test_a_yank_that_failed_to_reach_a_hub_is_recorded_and_retried(registry, hub, tmp_path):

@@ -127,7 +127,7 @@ def test_layers_fetches_whole_hub_files_and_exports_the_share(seed_zoo):
     seed_zoo(("hf",))
     r = pull("glm-4.7-fp8", layers="0-45", fmt="sglang")
     assert r.layers == list(range(46))
-    assert any("all of them were fetched" in n for n in r.notes)
+    assert any("all of them were fetched" in n.text for n in r.notes)
     k = torch.load(r.export.files["k"], weights_only=True)
     assert sorted(k["layers"]) == list(range(46))
     assert "layers 0-45 only" in " ".join(r.export.recipe.notes)
@@ -287,7 +287,7 @@ def test_no_network_is_a_clear_error_and_a_cached_copy_still_serves(seed_zoo, mo
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", dead)
     again = pull("glm-4.7-fp8")  # cached: served from the cache, with a warning
     assert again.digest == first.digest and again.cached
-    assert "no source could be reached" in again.notes[0]
+    assert "no source could be reached" in again.notes[0].text
     with pytest.raises(OfflineError, match="cannot reach") as e:  # not cached: a clear error
         pull("qwen3-30b-a3b")
     # not "set OSCAR_ZOO_OFFLINE=1": pull already asked the cache, which has no qwen3-30b-a3b

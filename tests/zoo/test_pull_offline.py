@@ -30,7 +30,7 @@ def test_an_alias_the_rotationzoo_answered_is_served_offline(seed_zoo, hub, monk
     monkeypatch.delenv("OSCAR_ZOO_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")   # nothing listens: unreachable
     down = pull(f"{GLM}@{alias}")
-    assert down.digest == first.digest and "no source could be reached" in down.notes[0]
+    assert down.digest == first.digest and "no source could be reached" in down.notes[0].text
 
 
 # --- a source down, the others without the model: the cache answers ------------------------------
@@ -67,9 +67,9 @@ def test_a_registry_that_refuses_connections_falls_back_to_the_cache(registry, m
     assert "using the cached copy" in result.stderr
     r = pull(SMOL)
     assert (r.digest, r.version, r.cached) == (first.digest, 2, True)
-    assert r.notes[0].startswith("registry could not be reached"), r.notes
-    assert "hf, modelscope have no such bundle" in r.notes[0]
-    assert "the RotationZoo has no rotations for smollm2-135m" in r.notes[0]
+    assert r.notes[0].text.startswith("registry could not be reached"), r.notes
+    assert "hf, modelscope have no such bundle" in r.notes[0].text
+    assert "the RotationZoo has no rotations for smollm2-135m" in r.notes[0].text
     assert pull(f"{SMOL}@2").digest == first.digest
     only = CliRunner().invoke(cli, ["pull", SMOL, "--source", "registry"])   # as before
     assert only.exit_code == 0 and "no source could be reached" in only.stderr, only.output
@@ -152,7 +152,7 @@ def test_a_registry_failing_on_its_side_falls_back_to_the_cache_naming_the_statu
         monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
         r = pull(SMOL)
         assert (r.digest, r.version, r.cached) == (first.digest, 2, True)
-        assert r.notes[0] == (
+        assert r.notes[0].text == (
             f"registry {url} was reached but answered HTTP {status} ({_phrase(status)}), and "
             "hf, modelscope have no such bundle (hf:Zhongzhu/OSCAR-RotationZoo: the "
             "RotationZoo has no rotations for smollm2-135m; modelscope:togethercomputer/"
@@ -173,7 +173,7 @@ def test_a_page_where_the_registrys_json_should_be_falls_back_saying_so(registry
         monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
         r = pull(SMOL)
     assert (r.digest, r.cached) == (first.digest, True)
-    assert r.notes[0].startswith(
+    assert r.notes[0].text.startswith(
         f"registry {url} was reached but gave no usable answer (/v1/models/smollm2-135m "
         "answered 200 with text/plain, not JSON"), r.notes
 
@@ -191,7 +191,7 @@ def test_files_failing_on_the_registrys_side_fall_back_too_naming_the_registry(
         monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", url)
         r = pull(SMOL)
     assert (r.digest, r.version, r.cached) == (first.digest, 2, True)
-    assert r.notes[0].startswith(f"registry {url} was reached but answered HTTP 503 "
+    assert r.notes[0].text.startswith(f"registry {url} was reached but answered HTTP 503 "
                                  "(bundle.json from registry: 503 Service Unavailable"), r.notes
 
 
@@ -234,7 +234,7 @@ def test_a_hub_answering_an_error_falls_back_only_on_its_failure(hf_only, hub, m
         return
     r = pull(GLM)
     assert r.digest == first.digest and r.cached
-    assert r.notes[0].startswith(f"hf was reached but answered HTTP {status} "
+    assert r.notes[0].text.startswith(f"hf was reached but answered HTTP {status} "
                                  f"(hf:Zhongzhu/OSCAR-RotationZoo@main: {status} from the hub"), r.notes
 
 
@@ -297,7 +297,7 @@ def test_a_source_down_beside_one_that_failed_otherwise_is_not_hidden_by_the_cac
         _Failing("registry", down), _Failing("hf", errors.ModelNotFound("hf: no such model")),
         _CatalogFailing("modelscope", errors.BundleNotFound("modelscope: none"))])
     r = pull(GLM)
-    assert r.cached and r.notes[0] == (
+    assert r.cached and r.notes[0].text == (
         "registry could not be reached (cannot reach the registry at http://127.0.0.1:1 "
         "(ConnectError)), and hf, modelscope have no such bundle (hf: no such model; "
         "modelscope: none); using the cached copy")

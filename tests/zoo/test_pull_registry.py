@@ -420,15 +420,15 @@ def test_offline_default_pull_says_when_recommended_is_cached_only_in_part(regis
     r = pull("glm-4.7-fp8")
     assert r.digest == glm_bundles[1].digest
     rec, latest = glm_bundles[0].digest[:12], glm_bundles[1].digest[:12]
-    assert any(f"@recommended (sha256:{rec}, only layers 0-3 cached)" in n
-               and f"@latest (sha256:{latest}) was served instead" in n for n in r.notes), r.notes
+    assert any(f"@recommended (sha256:{rec}, only layers 0-3 cached)" in n.text
+               and f"@latest (sha256:{latest}) was served instead" in n.text for n in r.notes), r.notes
     result = CliRunner().invoke(cli, ["pull", "glm-4.7-fp8", "-q"])
     assert result.exit_code == 0, result.output
     assert "warning:" in result.stderr and "served instead" in result.stderr
     assert "# WARNING:" in result.stdout and "served instead" in result.stdout
     # the layers the part holds are still served from it, with no such note
     part = pull("glm-4.7-fp8", layers="1-2")
-    assert part.digest == glm_bundles[0].digest and not any("instead" in n for n in part.notes)
+    assert part.digest == glm_bundles[0].digest and not any("instead" in n.text for n in part.notes)
 
 
 def test_a_missing_version_is_echoed_as_typed_in_one_plain_sentence(registry, glm_bundles):

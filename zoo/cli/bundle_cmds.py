@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import BundleFormatError
-from .output import emit, info, json_option, plural, warn, window_note
+from .output import emit, info, json_option, plural, warn_unless_json, window_note
 
 
 @click.command("inspect")
@@ -132,7 +132,7 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
 
 def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
     from .. import bundle as bundle_mod
-    from ..export import absolute
+    from ..cache import absolute
     from ..files import out_dir_out_of_space
     from ..interop.convert import clip_note, export_files
 
@@ -140,9 +140,7 @@ def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
     with out_dir_out_of_space(out, "writing the sglang files"):
         k_path, v_path = export_files(bundle, out)
     notes = [n for n in (clip_note(bundle),) if n]
-    if not as_json:     # --json carries them in notes, as pull --json does
-        for note in notes:
-            warn(note)
+    warn_unless_json(notes, as_json)
     emit({"k": str(absolute(k_path)), "v": str(absolute(v_path)), "notes": notes}, as_json,
          lambda d: f"{d['k']}\n{d['v']}")
 

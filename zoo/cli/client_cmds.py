@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .output import emit, info, json_option, plural, warn
+from .output import emit, info, json_option, plural, warn, warn_unless_json
 
 FORMAT_CHOICE = click.Choice(["safetensors", "sglang", "vllm"])
 
@@ -72,25 +72,20 @@ def pull_command(spec, fmt, out, layers, sources, quiet, as_json):
 
     result = pull(spec, layers=layers, fmt=fmt, out=out, progress=not quiet,
                   sources=list(sources) or None)
-    if as_json:
+    if as_json:     # it carries the notes, which of them are warnings, and the recipe's notes
         emit(result.to_dict(), True)
         return
     for note in result.notes:       # warnings even under -q: they are what -q must not hide
-        if _is_warning(note):
-            warn(note)
+        if note.warning:
+            warn(note.text)
         elif not quiet:
-            info(f"note: {note}")
-    _warn_recipe_notes(result.export)
+            info(f"note: {note.text}")
+    for note in _recipe_notes(result.export):
+        warn(note)
     if not quiet:
         for line in _summary(result):
             info(line)
     click.echo(_stdout(result))
-
-
-def _is_warning(note: str) -> bool:
-    """A yanked or draft version, a source that could not be reached, another version served
-    from the cache than the one asked for: the recipe says so too."""
-    return any(w in note for w in ("yanked", "reached", "is a draft", "served instead"))
 
 
 def _summary(r) -> list[str]:
@@ -118,17 +113,15 @@ def _stdout(r) -> str:
     head = [f"# {title} launch recipe for {r.model}"
             + (f" v{r.version}" if r.version is not None else "") + f" (sha256:{r.digest[:12]})"]
     # `pull ... > serve.sh` must carry it: stderr is gone by the time someone runs the script
-    head += [f"# WARNING: {n}" for n in r.notes if _is_warning(n) and "reached" not in n]
+    head += [f"# WARNING: {n.text}" for n in r.notes if n.in_recipe]
     return "\n".join(head + [_recipe_text(exp)])
 
 
-def _warn_recipe_notes(exp) -> None:
-    """The recipe's notes (what the engine will refuse, ignore or need extra) as warnings on
+def _recipe_notes(exp) -> list[str]:
+    """The recipe's notes (what the engine will refuse, ignore or need extra), to warn of on
     stderr too: `pull ... > serve.sh` puts the recipe, and its `# note:` lines, where the user
     does not look until the engine refuses to start."""
-    if exp is not None and exp.recipe is not None:
-        for note in exp.recipe.notes:
-            warn(note)
+    return exp.recipe.notes if exp is not None and exp.recipe is not None else []
 
 
 def _recipe_text(exp) -> str:
@@ -771,8 +764,7 @@ def export_command(target, fmt, out, layers, as_json):
             bdir, digest = result.path, result.digest
         chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
         result = export(cache, digest, bdir, fmt, chosen, out)
-    if not as_json:     # --json carries them in recipe.notes
-        _warn_recipe_notes(result)
+    warn_unless_json(_recipe_notes(result), as_json)
     emit(result.to_dict(), as_json, lambda d: _recipe_text(result))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -36,6 +36,14 @@ def emit(data: Any, as_json: bool, human: Callable[[Any], str] | None = None) ->
 
 def warn(message: str) -> None:
     click.echo(click.style("warning: ", fg="yellow") + message, err=True)
+
+
+def warn_unless_json(messages: Iterable[str], as_json: bool) -> None:
+    """Each message as a warning on stderr, unless --json: the JSON on stdout carries them (a
+    recipe's notes, convert's notes), and a tool reading it gets them there, once."""
+    if not as_json:
+        for message in messages:
+            warn(message)
 
 
 def info(message: str) -> None:

@@ -110,8 +110,8 @@ def kv_sources(config) -> dict[int, int]:
     reads the last layer of its own kind (sliding or full) before the first shared one, whose
     K/V that layer hands it (shared_kv_states[layer_type]). A serving engine stores those K/V
     once, so the reader sees them as that layer wrote them: with its rotation, key mean and
-    clips. config: as layer_windows'. A config.json dict needs its layer_types (Gemma 3n's
-    config class fills them in when it has none: pass the live config)."""
+    clips. config: as layer_windows' (a config.json dict without layer_types gets the ones
+    its config class fills in: zoo.geometry.layer_kinds)."""
     shared = kv_shared_layers(config)
     if not shared:
         return {}

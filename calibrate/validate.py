@@ -310,8 +310,8 @@ def validate(bundle: Bundle, model, tokenizer, cfg: ValidationConfig, quantizer:
     check_geometry_of(bundle, geometry)
     # what each layer's cache holds, read from the config now: one it cannot read fails before
     # hours of evaluation, not after
+    sources = kv_sources(model.config)      # first: it names what an all-shared model is
     bits = _bits_at_context(m.quantization, cfg.context_len, geometry, model.config)
-    sources = kv_sources(model.config)
     src, windows = held_out or eval_windows(
         tokenizer, text or load_text(cfg.data, "heldout", cfg.text_field), cfg.context_len,
         cfg.windows)

@@ -272,9 +272,9 @@ class Cache:
 
     def read_ref(self, name: str, ref: str) -> str | None:
         try:
-            value = (self.model_dir(name) / "refs" / _ref_file(ref)).read_text().strip()
-        except FileNotFoundError:
-            return None
+            value = (self.model_dir(name) / "refs" / _ref_file(ref)).read_text(errors="replace").strip()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None     # a folder made by hand there is no ref, as Cache.refs lists
         return value if is_sha256(value) else None
 
     def refs(self, name: str) -> dict[str, str]:

@@ -110,11 +110,11 @@ def _resolve(cache: Cache, spec: str) -> Target:
     if not ref:
         return Target(spec, model, frozenset(named), True)
     refs = cache.refs(model)
+    if digest_prefix is None and ref in refs:
+        # the ref as `cache ls` lists it, ours or made by hand (v3:draft, Draft): that very
+        # ref, before pull's syntax folds its case (Draft would name a `draft` beside it)
+        return Target(spec, model, frozenset({refs[ref]}), False)
     if digest_prefix is None and parsed is None:
-        # not pull's syntax, but a ref made by hand (v3:draft) is listed by `cache ls` as it is
-        # named: that very ref, and no other
-        if ref in refs:
-            return Target(spec, model, frozenset({refs[ref]}), False)
         raise _not_cached(AliasNotFound, spec, cache, mdir)
     if digest_prefix is None and parsed.alias and parsed.alias in refs:
         return Target(spec, model, frozenset({refs[parsed.alias]}), False)

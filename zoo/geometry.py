@@ -86,7 +86,11 @@ _FULL_LAYER_DEFAULTS = {"gemma4_text": _GEMMA4_TEXT, "gemma4_unified_text": _GEM
 # Gemma4UnifiedConfig's sub_configs_defaults name the class itself, so transformers reads no
 # model_type from the text_config dict (SubConfigSpec.create_subconfig), and config.json
 # files may leave it out.
-_TEXT_TOWERS = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text"}
+_TEXT_TOWERS = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text", "gemma3n": "gemma3n_text"}
+
+# Gemma 3n's config class fills layer_types in too where config.json has none (every 5th layer
+# full, Gemma3nTextConfig.__init__), and leaves its last layer as given
+_FILLED_KINDS = {"gemma3n_text": 5}
 
 
 def geometry_from_config(config) -> ModelGeometry:
@@ -132,17 +136,16 @@ def layer_kinds(cfg: dict) -> list[str]:
 
     Gemma 4's config classes fill them in where config.json has none, and make the last layer
     full attention whatever config.json says (Gemma4TextConfig.__post_init__: `if
-    self.layer_types is None`, then `self.layer_types[-1] = "full_attention"`)."""
+    self.layer_types is None`, then `self.layer_types[-1] = "full_attention"`); Gemma 3n's fill
+    them in only."""
     kinds = cfg.get("layer_types")
     defaults = _FULL_LAYER_DEFAULTS.get(cfg.get("model_type"))
-    if not defaults:
-        return list(kinds or [])
-    if kinds is None:
-        every = defaults["full_every"]
+    every = defaults["full_every"] if defaults else _FILLED_KINDS.get(cfg.get("model_type"))
+    if kinds is None and every:
         kinds = ["sliding_attention" if (i + 1) % every else "full_attention"
                  for i in range(int(cfg["num_hidden_layers"]))]
-    kinds = list(kinds)
-    if kinds and kinds[-1] != "full_attention":    # an empty list stays empty there too
+    kinds = list(kinds or [])
+    if defaults and kinds and kinds[-1] != "full_attention":    # an empty list stays empty
         kinds[-1] = "full_attention"
     return kinds
 

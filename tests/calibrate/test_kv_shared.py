@@ -261,3 +261,39 @@ def test_a_model_whose_every_layer_reads_another_models_cache_is_named():
     config = transformers.Gemma4TextConfig(num_hidden_layers=6, num_kv_shared_layers=6)
     with pytest.raises(UnsupportedModelError, match="validate the target model"):
         kv_sources(config)
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_every_variant_gives_a_shared_layer_its_source_layers_cache(family):
+    """stored_once over every variant, per-layer clips included: bundle-served (one K / V pair,
+    the bundle's rotations and key means) and oscar-shipped differ per layer too, unlike the
+    data-free baselines, so each must be the source's own settings object."""
+    from oscar_zoo.calibrate.validate import BASELINES, SERVED, stored_once, variant_specs
+    from oscar_zoo.zoo.manifest import Clip
+
+    model = _model(family)
+    bundle = _bundle(model)
+    per_layer = Clip(granularity="layer", k_global=0.9, v_global=0.88, k_min=0.8, k_median=0.9,
+                     k_max=1.0, v_min=0.8, v_median=0.88, v_max=1.0)
+    bundle = Bundle(bundle.manifest.model_copy(update={"clip": per_layer}), bundle.k, bundle.v)
+    specs = stored_once(variant_specs(bundle, tuple(BASELINES)), _sources(model))
+    assert set(specs) == {"bundle", SERVED, *BASELINES}
+    for name, layers in specs.items():
+        for shared, source in _sources(model).items():
+            assert layers[shared] is layers[source], (name, shared)
+        assert layers[0] is not layers[1] or name in ("hadamard", "naive")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: transformers.Gemma3nTextConfig(num_hidden_layers=10, num_kv_shared_layers=4),
+    lambda: transformers.Gemma4TextConfig(num_hidden_layers=12, num_kv_shared_layers=4),
+], ids=["gemma3n", "gemma4"])
+def test_a_config_json_without_layer_types_reads_the_ones_its_class_fills_in(make):
+    """Gemma 3n's config class fills in layer_types where config.json has none (every 5th layer
+    full): read as all full, its shared layers all named the last unshared layer."""
+    from oscar_zoo.calibrate.cache_bits import kv_sources
+
+    config = make()
+    released = config.to_dict()
+    del released["layer_types"]
+    assert kv_sources(released) == _modes_sources(config)

@@ -607,6 +607,30 @@ def test_a_listed_ref_goes_by_its_own_name_not_a_stripped_one(filled):
     assert cache.refs(SMOL) == {"latest": filled["B"], "v2": filled["B"]}
 
 
+def test_a_ref_named_with_capitals_is_that_ref_not_its_lowercase_twin(filled):
+    """pull's syntax folds an alias's case: `@Draft` named the hand-made `draft` beside it (the
+    other bundle), or, with no `draft`, was "not in the cache (refs Draft, ...)"."""
+    cache = Cache()
+    _hand_made_ref("Draft", filled["A"])
+    assert resolve_removal(cache, [f"{SMOL}@Draft"])[0].digests == {filled["A"]}
+    _hand_made_ref("draft", filled["B"])
+    assert resolve_removal(cache, [f"{SMOL}@Draft"])[0].digests == {filled["A"]}
+    assert resolve_removal(cache, [f"{SMOL}@draft"])[0].digests == {filled["B"]}
+
+
+def test_a_folder_or_binary_file_where_a_ref_goes_is_no_ref(filled):
+    """read_ref (every pull's write_ref, offline pulls) read refs/latest strictly: a folder
+    there raised IsADirectoryError, binary bytes UnicodeDecodeError."""
+    cache = Cache()
+    refs = cache.model_dir(SMOL) / "refs"
+    (refs / "latest").unlink()
+    (refs / "latest").mkdir()
+    (refs / "v2").write_bytes(b"\xff\xfe" * 40)
+    assert cache.read_ref(SMOL, "latest") is None and cache.read_ref(SMOL, "v2") is None
+    cache.write_ref(SMOL, "v1", filled["A"])
+    assert cache.read_ref(SMOL, "v1") == filled["A"]
+
+
 @pytest.mark.parametrize("name", ["../meta", "..", "", "a/b"])
 def test_drop_refs_unlinks_nothing_for_a_name_that_is_no_ref_file(filled, name):
     cache = Cache()

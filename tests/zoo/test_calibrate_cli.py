@@ -536,3 +536,178 @@ def test_too_little_text_says_the_clip_search_takes_windows_too(monkeypatch, tmp
         return
     assert r.exit_code == 1 and says in r.stderr, r.output
     assert "room for 1 windows of 512" in r.stderr and "add data" in r.stderr
+
+
+# --- bundles in the cache ------------------------------------------------------------------------
+
+def _cached_snapshot(tmp_path):
+    """A bundle where `pull` leaves one: <cache>/models/<name>/snapshots/<digest> (the sandbox's
+    cache). Its files' (inode, bytes), to tell that nothing rewrote them."""
+    from oscar_zoo.zoo.cache import Cache
+    from oscar_zoo.zoo.files import sha256_file
+
+    made = make_bundle(tmp_path / "made", model="smollm2-135m").path
+    snap = Cache().snapshot_dir("smollm2-135m", sha256_file(made / "bundle.json"))
+    snap.parent.mkdir(parents=True)
+    made.rename(snap)
+    return snap, _files_of(snap)
+
+
+def _files_of(d) -> dict:
+    return {p.name: (p.stat().st_ino, p.read_bytes()) for p in sorted(d.iterdir())}
+
+
+def _validates_to(monkeypatch, passed=True) -> list:
+    """Validation replaced by a real report (the manifest takes it), its calls recorded."""
+    from oscar_zoo.zoo.manifest import Validation, VariantResult
+
+    calls = []
+    report = Validation(
+        passed=passed, criterion="extra loss <= Hadamard's + 0.05 nats", tolerance=0.05,
+        dataset="builtin:pydoc", context_len=384, eval_windows=1, eval_tokens=384, sink_tokens=64,
+        recent_tokens=256, group_size=64, scale_dtype="float32", bf16_nll=2.0, bits_int2_tier=3.0,
+        bits_at_context=7.0, created_at="2025-01-01T00:00:00Z", code_version="test",
+        variants=[VariantResult(name="bundle", delta_nll=0.1, kl=0.01, attn_rel_error=0.2,
+                                delta_nll_by_set=[0.1])])
+    monkeypatch.setattr(loading, "load_model", lambda src: ("M", "T"))
+    monkeypatch.setattr(calibrate_cmds, "_quantizer", lambda bundle, model: None)
+    monkeypatch.setattr(validate_mod, "validate",
+                        lambda *a, **k: calls.append(a[0].path) or report)
+    return calls
+
+
+@pytest.mark.parametrize("reached", ["as pull prints it", "by a link to it",
+                                     "through a linked parent dir"])
+def test_validate_refuses_to_write_into_the_cache_before_loading(monkeypatch, tmp_path, reached):
+    """`validate <the snapshot path pull printed>` stored its report there: the snapshot's
+    bundle.json no longer hashed to its digest, and the next `oscar-zoo verify` deleted the
+    whole version, report and all. Refused now before any work (validation takes minutes),
+    however the path reaches the cache."""
+    _never_load(monkeypatch)
+    snap, before = _cached_snapshot(tmp_path)
+    given = {"as pull prints it": snap, "by a link to it": tmp_path / "link",
+             "through a linked parent dir": tmp_path / "snaps" / snap.name}[reached]
+    if reached == "by a link to it":
+        given.symlink_to(snap)
+    elif reached != "as pull prints it":
+        given.parent.symlink_to(snap.parent)
+    r = CliRunner().invoke(cli, ["validate", str(given), "--windows", "1", "--context-len", "384"])
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    said = " ".join(r.stderr.split())
+    assert said.startswith(f"Error: {given} is a bundle in the oscar-zoo cache"), said
+    assert "oscar-zoo verify" in said and "--no-write" in said
+    assert f"`oscar-zoo export {given} --format safetensors --out DIR`" in said
+    assert _files_of(snap) == before
+
+
+def test_validate_no_write_of_a_cached_bundle_prints_the_report_and_leaves_the_cache(monkeypatch,
+                                                                                     tmp_path):
+    snap, before = _cached_snapshot(tmp_path)
+    calls = _validates_to(monkeypatch)
+    r = CliRunner().invoke(cli, ["validate", str(snap), "--no-write", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["passed"] is True and calls == [snap]
+    assert "report stored" not in r.stderr
+    assert _files_of(snap) == before
+
+
+def test_the_copy_the_refusal_names_validates_and_keeps_its_report(monkeypatch, tmp_path):
+    """The way out the error names, run as it is written: export, then validate the copy."""
+    import shlex
+
+    _never_load(monkeypatch)
+    snap, before = _cached_snapshot(tmp_path)
+    r = CliRunner().invoke(cli, ["validate", str(snap)])
+    command = re.search(r"`oscar-zoo (export [^`]+)`", " ".join(r.stderr.split())).group(1)
+    copy = tmp_path / "my copy"
+    argv = [str(copy) if a == "DIR" else a for a in shlex.split(command)]
+    r = CliRunner().invoke(cli, argv)
+    assert r.exit_code == 0, r.output
+    _validates_to(monkeypatch)
+    r = CliRunner().invoke(cli, ["validate", str(copy)])
+    assert r.exit_code == 0, r.output
+    assert bundle_mod.read(copy).manifest.validation.passed
+    assert _files_of(snap) == before
+
+
+def test_validate_takes_a_bundle_calibrate_rescued_into_the_cache(monkeypatch, tmp_path, sandbox):
+    """rescued/ is the user's own bundle, not a snapshot: the rescue's error says to run
+    `oscar-zoo validate` on it, and that must go on working."""
+    from oscar_zoo.zoo.cache import Cache
+
+    saved = Cache().rescued / "calibrate-20250101-000000Z-abc" / "b"
+    saved.parent.mkdir(parents=True)
+    make_bundle(saved, model="smollm2-135m")
+    _validates_to(monkeypatch)
+    r = CliRunner().invoke(cli, ["validate", str(saved)])
+    assert r.exit_code == 0, r.output
+    assert bundle_mod.read(saved).manifest.validation.passed
+
+
+@pytest.mark.parametrize("where", ["snapshot", "new dir"])
+def test_calibrate_refuses_an_out_in_the_cache_before_calibrating(monkeypatch, tmp_path, where):
+    """--out <a snapshot> --overwrite swapped the pulled version out for the new calibration
+    (which verify then deleted); a new dir in the cache is one its commands do not own."""
+    from oscar_zoo.zoo.cache import Cache
+
+    seen = _capture_config(monkeypatch)
+    snap, before = _cached_snapshot(tmp_path)
+    out = snap if where == "snapshot" else Cache().root / "mine"
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", "--out", str(out), "--overwrite"])
+    assert r.exit_code == 1 and not seen, r.output
+    assert f"--out {out} is in the oscar-zoo cache" in " ".join(r.stderr.split())
+    assert _files_of(snap) == before and not (Cache().root / "mine").exists()
+
+
+# --- what the tables say -------------------------------------------------------------------------
+
+def test_one_evaluation_set_prints_a_dash_not_nan():
+    """--windows 1 measures one set: set B printed +nan in every row."""
+    one = {"name": "bundle", "delta_nll": 0.1, "kl": 0.01, "attn_rel_error": 0.2,
+           "delta_nll_by_set": [0.1]}
+    two = {**one, "name": "hadamard", "delta_nll_by_set": [0.1, 0.12]}
+    text = calibrate_cmds._human_report(_report(variants=[one, two]))
+    assert "nan" not in text.lower()
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[5:7]}
+    assert rows["bundle"][2:4] == ["+0.1000", "-"] and rows["hadamard"][2:4] == ["+0.1000", "+0.1200"]
+
+
+def _summary(searched: bool) -> dict:
+    return {"path": "b", "model": "m", "hub_id": "o/m", "layers": 2, "kv_heads": 1, "head_dim": 64,
+            "method": "x", "key_centering": True, "timings_s": {"total": 1.0},
+            "clip": {"k": 0.96, "v": 0.92, "granularity": "layer", "searched": searched}}
+
+
+def test_the_summary_calls_unsearched_clips_the_fixed_default_not_a_best_pair():
+    """After --no-clip-search it said "best single pair (fixed)": nothing had been searched."""
+    line = next(s for s in calibrate_cmds._human(_summary(False)).splitlines() if s.startswith("clip"))
+    assert "best" not in line and "searched" not in line.replace("no clip search", "")
+    assert "K 0.96 / V 0.92" in line and "fixed default" in line and "--no-clip-search" in line
+    line = next(s for s in calibrate_cmds._human(_summary(True)).splitlines() if s.startswith("clip"))
+    assert "best single pair (searched per layer)" in line
+
+
+# --- a budget that is not whole windows ----------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--tokens", "10", "--seq-len", "400"],
+     "a budget of 10 tokens (--tokens) is rounded up to 1 whole window of 400 tokens (--seq-len): "
+     "calibrating on 400 tokens, 390 more. For fewer, pass a shorter --seq-len"),
+    (["--tokens", "1000", "--seq-len", "400"],
+     "a budget of 1,000 tokens (--tokens) is rounded up to 3 whole windows of 400 tokens "
+     "(--seq-len): calibrating on 1,200 tokens, 200 more. For a whole number of windows, pass "
+     "--tokens 800 or 1200, or another --seq-len"),
+    (["--tokens", "800", "--seq-len", "400"], None),    # whole windows
+    ([], None)])                                        # OSCAR's recipe as shipped: no news
+def test_a_budget_rounded_up_to_whole_windows_is_said_before_calibrating(monkeypatch, tmp_path,
+                                                                         args, says):
+    """--tokens 10 --seq-len 400 calibrated on 400 tokens without a word, and the manifest's
+    calibration.tokens (400) disagreed with the budget asked (10)."""
+    seen = _capture_config(monkeypatch)
+    r = CliRunner().invoke(cli, ["calibrate", "smollm2-135m", *args, "--out", str(tmp_path / "b")])
+    assert isinstance(r.exception, Stop) and seen, r.output
+    said = " ".join(r.stderr.split())
+    if says is None:
+        assert "rounded up" not in said, said
+    else:
+        assert f"warning: {says}" in said, said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -102,6 +103,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
                       clip_per_head, group_size, scale_dtype, lloyd_max, run_validation, overwrite,
                       as_json):
     """Calibrate MODEL (catalog name, hub id, local dir or .gguf) into a rotation bundle."""
+    _refuse_an_out_in_the_cache(out)
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
     if out.exists() and not (out / "bundle.json").is_file():
@@ -133,6 +135,7 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
         check_int2_geometry(cfg.group_size, src.entry.geometry, lloyd_max=cfg.lloyd_max)
     if run_validation:
         ValidationConfig().check(cfg.sink_tokens, cfg.recent_tokens)
+    _note_whole_windows(cfg.tokens, cfg.seq_len)
     text = load_text(cfg.data, "calibration", cfg.text_field)   # bad --data must not cost a load
     _check_writable(out)
     bars = PhaseBars()
@@ -159,6 +162,74 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
     emit(data_out, as_json, _human)
     if run_validation:
         _exit_unless_passed(written.manifest.validation, out)
+
+
+def _note_whole_windows(tokens: int, seq_len: int) -> None:
+    """Warn when the budget is not whole windows: calibrate/data.token_windows takes
+    ceil(tokens / seq_len) of them, so --tokens 10 --seq-len 400 calibrated on 400 tokens
+    without a word, and the manifest's calibration.tokens disagreed with the budget asked.
+    Quiet for the shipped defaults (30000 in windows of 2048: 720 more), OSCAR's own recipe,
+    which every run would otherwise warn about."""
+    windows = -(-tokens // seq_len)
+    total = windows * seq_len
+    shipped = tuple(int(settings.setting(n).default) for n in ("calib_tokens", "calib_seq_len"))
+    if total == tokens or (tokens, seq_len) == shipped:
+        return
+    lower = tokens // seq_len * seq_len
+    choose = (f"For a whole number of windows, pass --tokens {lower} or {total}, or another "
+              "--seq-len" if lower else "For fewer, pass a shorter --seq-len")
+    warn(f"a budget of {tokens:,} tokens (--tokens) is rounded up to {windows} whole "
+         f"window{'s' if windows != 1 else ''} of {seq_len:,} tokens (--seq-len): calibrating on "
+         f"{total:,} tokens, {total - tokens:,} more. {choose}")
+
+
+def _cache_holding(path: Path, but_rescued: bool = False):
+    """The oscar-zoo Cache whose directory holds `path`, else None. Links are followed: a link
+    to a snapshot, or a linked directory above one, reaches the very files `pull` keeps. With
+    `but_rescued`, the cache's rescued/ dir counts as outside: what calibrate saved there is the
+    user's own bundle, not one the cache holds by its digest (and calibrate's rescue message
+    says to `oscar-zoo validate` it there)."""
+    from ..cache import Cache
+    from ..errors import ConfigError
+
+    try:
+        cache = Cache()
+    except ConfigError:     # a bad OSCAR_ZOO_CACHE: there is no cache to keep safe
+        return None
+    real = path.resolve()
+    if but_rescued and real.is_relative_to(cache.rescued.resolve()):
+        return None
+    return cache if real.is_relative_to(cache.root.resolve()) else None
+
+
+def _refuse_an_out_in_the_cache(out: Path) -> None:
+    """Before the calibration: `--out <a snapshot> --overwrite` swapped a pulled version out for
+    the new bundle, which no longer matched its digest (the next `oscar-zoo verify` deleted it),
+    and any other dir there is one the cache's commands own, not the user's."""
+    from ..errors import InvalidInput
+
+    cache = _cache_holding(out)
+    if cache is not None:
+        raise InvalidInput(f"--out {out} is in the oscar-zoo cache ({cache.root}), whose "
+                           "directories pull, verify and prune own: a bundle written over a "
+                           "snapshot no longer matches its digest, and the next `oscar-zoo "
+                           "verify` deletes it. Choose an --out outside the cache")
+
+
+def _refuse_to_write_into_the_cache(bundle_dir: Path) -> None:
+    """Before any work (validation takes minutes): storing the report in a snapshot `pull` made
+    rewrote it, its bundle.json no longer hashed to its digest, and the next `oscar-zoo verify`
+    deleted the whole version, the report with it. A copy, or --no-write, leaves it intact."""
+    from ..errors import InvalidInput
+
+    cache = _cache_holding(bundle_dir, but_rescued=True)
+    if cache is not None:
+        raise InvalidInput(
+            f"{bundle_dir} is a bundle in the oscar-zoo cache ({cache.root}): storing the report "
+            "there would rewrite the cache's copy, which then no longer matches its digest, and "
+            "the next `oscar-zoo verify` deletes it, report and all. Validate a copy instead: "
+            f"`oscar-zoo export {shlex.quote(str(bundle_dir))} --format safetensors --out DIR`, "
+            "then `oscar-zoo validate DIR`; or pass --no-write to only print the report")
 
 
 def _resolve(model: str, revision: str | None = None):
@@ -363,12 +434,20 @@ def _human(d: dict) -> str:
     lines = [f"bundle      {d['path']}",
              f"model       {d['model']} ({d['hub_id']}): {d['layers']} layers x {d['kv_heads']} KV heads, d={d['head_dim']}",
              f"method      {d['method']}; key centering {'on' if d['key_centering'] else 'off'}",
-             f"clip        K {clip['k']:g} / V {clip['v']:g} best single pair "
-             f"({'searched per ' + clip['granularity'] if clip['searched'] else 'fixed'})",
+             _clip_line(clip),
              "timings     " + ", ".join(f"{k} {v:.1f}s" for k, v in d["timings_s"].items())]
     if d.get("validated") is not None:
         lines.append(f"validated   {'passed' if d['validated'] else 'FAILED'}")
     return "\n".join(lines)
+
+
+def _clip_line(clip: dict) -> str:
+    """Searched: the best single pair the search found. Not: the fixed default pair, which no
+    search chose (it said "best single pair (fixed)" after --no-clip-search)."""
+    pair = f"K {clip['k']:g} / V {clip['v']:g}"
+    if clip["searched"]:
+        return f"clip        {pair} best single pair (searched per {clip['granularity']})"
+    return f"clip        {pair}: the fixed default pair (--no-clip-search)"
 
 
 @click.command("validate")
@@ -386,19 +465,24 @@ def _human(d: dict) -> str:
 @click.option("--tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Nats/token the bundle may lose to the Hadamard baseline and still pass.")
 @click.option("--write/--no-write", "write_back", default=True, show_default=True,
-              help="Store the report in the bundle's manifest (rewritten atomically).")
+              help="Store the report in the bundle's manifest (rewritten atomically). A "
+                   "bundle in the oscar-zoo cache is never rewritten: pass --no-write for it.")
 @json_option
 def validate_command(bundle_dir, model, data, text_field, context_len, windows, tolerance,
                      write_back, as_json):
     """Measure a bundle's INT2 quality on held-out text beside Hadamard and naive INT2.
 
-    Exits 1 when the bundle does not pass (the report is still printed and stored)."""
+    Exits 1 when the bundle does not pass (the report is still printed and stored).
+    A bundle in the oscar-zoo cache is validated with --no-write only: validate a copy
+    (`oscar-zoo export DIR --format safetensors --out COPY`) to store its report."""
     from oscar_zoo.calibrate.loading import load_model
     from oscar_zoo.calibrate.validate import (ValidationConfig, check_geometry_of, held_out_text,
                                               validate)
 
     from .. import bundle as bundle_mod
 
+    if write_back:
+        _refuse_to_write_into_the_cache(bundle_dir)
     bundle = bundle_mod.read(bundle_dir)
     cfg = ValidationConfig(data=list(data) or ValidationConfig().data, text_field=text_field,
                            context_len=context_len, windows=windows, tolerance=tolerance)
@@ -466,8 +550,9 @@ def _human_report(r: dict) -> str:
              f"BF16 loss {r['bf16_nll']:.4f} nats/token", "",
              f"{'variant':15} {'extra loss':>11} {'set A':>9} {'set B':>9} {'KL':>8} {'attn err':>9}"]
     for v in r["variants"]:
-        sets = v["delta_nll_by_set"] + [float("nan")] * 2
-        lines.append(f"{v['name']:15} {v['delta_nll']:+11.4f} {sets[0]:+9.4f} {sets[1]:+9.4f} "
+        # "-" for a set not measured (--windows 1 makes one): it printed +nan
+        sets = ([f"{x:+9.4f}" for x in v["delta_nll_by_set"]] + [f"{'-':>9}"] * 2)[:2]
+        lines.append(f"{v['name']:15} {v['delta_nll']:+11.4f} {sets[0]} {sets[1]} "
                      f"{v['kl']:8.4f} {v['attn_rel_error']:9.3f}")
     lines += ["", f"{'PASSED' if r['passed'] else 'FAILED'}: {r['criterion']}"]
     return "\n".join(lines)

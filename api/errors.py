@@ -53,13 +53,49 @@ async def domain_error(request: Request, exc: OscarZooError) -> ProblemResponse:
                    suggestions=suggestions)
 
 
+JSON_BODY = "send Content-Type: application/json with a JSON object"
+
+
 async def validation_error(request: Request, exc: RequestValidationError) -> ProblemResponse:
     errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")}
               for e in exc.errors()[:20]]
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(first["loc"]) or "request"
-    return problem(422, "Invalid request", f"{where}: {first['msg']}", request.url.path,
-                   errors=errors)
+    detail = _not_a_json_object(request, exc.errors()) or f"{where}: {first['msg']}"
+    return problem(422, "Invalid request", detail, request.url.path, errors=errors)
+
+
+def _not_a_json_object(request: Request, errors) -> str | None:
+    """The body as a whole was no JSON object, or None. FastAPI says "Input should be a valid
+    dictionary or object to extract fields from" for a body it did not read as JSON (curl's -d
+    sends application/x-www-form-urlencoded) and for a JSON array or string alike, which tells
+    no one to set the Content-Type."""
+    for e in errors:
+        loc, kind = tuple(e.get("loc", ())), e.get("type")
+        if kind == "json_invalid" and loc[:1] == ("body",):
+            why = (e.get("ctx") or {}).get("error")
+            return f"body: not valid JSON{f' ({why})' if why else ''}: {JSON_BODY}"
+        if loc != ("body",):
+            continue
+        if kind == "missing":
+            return f"body: empty: {JSON_BODY}"
+        if kind in ("model_attributes_type", "dict_type"):
+            if isinstance(e.get("input"), bytes):   # left unparsed: not sent as JSON
+                sent = request.headers.get("content-type") or "no Content-Type"
+                return (f"body: not read as JSON, as it came with {sent}: {JSON_BODY} "
+                        "(curl: -H 'Content-Type: application/json' -d '{...}')")
+            return f"body: a JSON {_json_kind(e.get('input'))}, not an object: {JSON_BODY}"
+    return None
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, (int, float)) else "null"
 
 
 def quality(accept: str, media: str) -> float:

@@ -26,7 +26,7 @@ from oscar_zoo.zoo import __version__
 from oscar_zoo.zoo.bundle import Bundle
 from oscar_zoo.zoo.catalog import find
 from oscar_zoo.zoo.errors import InvalidInput
-from oscar_zoo.zoo.manifest import Validation, VariantResult, utc_now
+from oscar_zoo.zoo.manifest import SERVED, Validation, VariantResult, utc_now, verdict
 
 from . import capture, fit, jobspec
 from .cache_bits import cache_bits, kv_shared_layers, kv_sources, layer_windows
@@ -37,7 +37,6 @@ from .pipeline import hardware
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 BASELINES = ("oscar-shipped", "hadamard", "naive")
-SERVED = "bundle-served"     # the bundle with the one clip pair an engine takes
 
 
 @dataclass
@@ -389,7 +388,8 @@ def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, rec
             name=name, delta_nll=total(nll[name]) - total(nll["bf16"]), kl=total(kl[name]),
             attn_rel_error=sum(layers) / len(layers), per_layer_attn_rel_error=layers,
             delta_nll_by_set=[a - b for a, b in zip(per_set(nll[name]), bf16_sets)]))
-    ok, criterion = _verdict({r.name: r for r in results}, cfg)
+    # one rule, which the registry applies to an uploaded report too (zoo.manifest.verdict)
+    ok, criterion = verdict({r.name: r for r in results}, cfg.tolerance, cfg.naive_fraction)
     bits_at_context, window_by_layer = bits
     return Validation(
         passed=ok, criterion=criterion,
@@ -401,31 +401,3 @@ def _report(bundle, cfg, src, windows, specs, errors, nll, kl, tokens, sink, rec
         variants=results, created_at=utc_now(), code_version=__version__, hardware=hardware(),
         int2_backend=getattr(quantizer, "backend", None),
         quantizer=getattr(quantizer, "kind", "uniform"))
-
-
-def _verdict(by: dict, cfg: ValidationConfig) -> tuple[bool, str]:
-    """(passed, the criterion as judged). A comparison whose baseline was not run fails the
-    bundle and is named: the stored verdict gates publishing, so it must never rest on a
-    comparison that was not made. Per-layer clips are judged twice: as oscar-zoo's kernels run
-    them (bundle) and as engines serve them (bundle-served, one K / V pair), since a user of
-    SGLang or vLLM gets the second; both must pass."""
-    criterion = (f"extra loss <= Hadamard's + {cfg.tolerance:g} nats and <= "
-                 f"{cfg.naive_fraction:g} x naive INT2's")
-    judged = ["bundle"] + ([SERVED] if SERVED in by else [])
-    if len(judged) > 1:
-        criterion += f", for the bundle and as engines serve it ({SERVED})"
-    missing = [b for b in ("hadamard", "naive") if b not in by]
-    if missing:
-        return False, f"{criterion}; not judged: the {' and '.join(missing)} baseline was not run"
-    naive = by["naive"].delta_nll
-    if naive <= 0:
-        # no bound left: on a working model naive INT2 always costs loss (a cut or broken model,
-        # or too little held-out text, is what makes it look free)
-        return False, (f"{criterion}; not judged: naive INT2's extra loss is {naive:+.4f} nats, "
-                       "no worse than BF16, so the held-out text cannot tell good INT2 from bad; "
-                       "validate on a whole model with more --windows")
-    bound = min(by["hadamard"].delta_nll + cfg.tolerance, cfg.naive_fraction * naive)
-    failed = [name for name in judged if by[name].delta_nll > bound]
-    if failed and len(judged) > 1:
-        criterion += f"; failed by {', '.join(failed)}"
-    return not failed, criterion

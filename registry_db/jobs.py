@@ -438,11 +438,12 @@ def report_progress(session: Session, job_id: str, token: str, phase: str,
     return job
 
 
-def record_result(session: Session, job_id: str, token: str, prepared: Prepared, status: str,
-                  actor: str | None) -> tuple[BundleVersion, bool]:
+def record_result(session: Session, job_id: str, token: str, prepared: Prepared,
+                  status: str | None, actor: str | None) -> tuple[BundleVersion, bool]:
     """Record the job's bundle as a version (blobs already stored) and move the spec's aliases.
 
     One version per job: a retry gets the version recorded before, with created=False.
+    `status` None: as the bundle's validation says (publish.default_status).
     """
     job = _reporting(session, job_id, token)
     existing = (session.get(BundleVersion, job.result_version_id) if job.result_version_id

@@ -197,17 +197,27 @@ def mirror_yank(registry, model: str, version: str | int,
     """Record a yanked version as yanked in the index of every repo that holds it (its mirror
     records, or `targets`), so a pull from the mirror neither offers it as latest nor serves it
     without a warning. A failure is kept in the version's record (its error) until a run
-    succeeds; `oscar-zoo mirror NAME@N` on a yanked version runs this again."""
+    succeeds; `oscar-zoo mirror NAME@N` on a yanked version runs this again. A target the
+    version was never mirrored to (no record of it there, as `mirror --status` shows) is
+    skipped without asking its hub: there is no yank to record, and a yanked version is not
+    mirrored anywhere new."""
     with registry.db.read() as session:
         m = queries.resolve_model(session, model)
         v = queries.resolve_version(session, m, version)
         if v.status != "yanked":
             raise Conflict(f"{m.name} v{v.number} is {v.status}, not yanked")
-        held = [f"{r.target}:{r.repo}" for r in queries.mirrors(session, v) if r.status == "done"]
+        records = queries.mirrors(session, v)
+        held = [f"{r.target}:{r.repo}" for r in records if r.status == "done"]
+        # any record, not only done ones: a mirror that failed late (at its tag) may have
+        # committed the version to the hub's index already
+        tried = {_repo_key(f"{r.target}:{r.repo}", strict=False) for r in records}
         model, number, version_id, reason = m.name, v.number, v.id, v.yank_reason or "yanked"
     results = []
     for target in list(targets) if targets else held:
         kind, repo = parse_target(target)
+        if _repo_key(target) not in tried:
+            results.append(_never_mirrored(kind, repo, model, number))
+            continue
         with _repo_lock(registry, kind, repo):
             result = mark_yanked(target, model, number, reason)
         if target in held:
@@ -218,6 +228,13 @@ def mirror_yank(registry, model: str, version: str | int,
                 record_mirror(session, version_id, kind, repo, "done", error=error)
         results.append(result)
     return results
+
+
+def _never_mirrored(kind: str, repo: str, model: str, number: int) -> MirrorResult:
+    return MirrorResult(kind, repo, "skipped", note=(
+        f"{model} v{number} was never mirrored to {kind}:{repo} (no record of it there: "
+        f"`oscar-zoo mirror {model}@{number} --status`), so there is no yank to record; "
+        "being yanked, it is not mirrored anywhere new"))
 
 
 def mirror_yank_in_background(registry, model: str, number: int) -> threading.Thread:

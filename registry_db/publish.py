@@ -27,7 +27,7 @@ from ..zoo.catalog import is_hub_id
 from ..zoo.errors import BundleFormatError, Conflict, InvalidInput, ModelNotFound, YankedVersion
 from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
-from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest
+from ..zoo.manifest import MANIFEST, TENSORS, FileEntry, Manifest, verdict_disagreement
 from . import audit
 from .aliases import LATEST, lock_model, move_alias, refresh_latest
 from .blobs import BlobStore
@@ -72,10 +72,33 @@ def prepare_bundle(bundle_dir: str | Path) -> Prepared:
     path = Path(bundle_dir)
     require_whole(path)
     manifest = verify_bundle(path)
+    check_verdict(manifest)
     raw = manifest.to_json().encode()
     digest = sha256_bytes(raw)
     files = [FileEntry(name=MANIFEST, sha256=digest, size=len(raw)), *manifest.files]
     return Prepared(path, manifest, raw, digest, files, _index(manifest, path / TENSORS))
+
+
+def check_verdict(manifest: Manifest) -> None:
+    """BundleFormatError when the validation report's `passed` contradicts its own numbers
+    (zoo.manifest.verdict_disagreement): the stored verdict decides draft or published, and
+    what `show` and the pages tell users, so it is re-derived, not taken on trust."""
+    report = manifest.validation
+    why = verdict_disagreement(report) if report is not None else None
+    if why:
+        raise BundleFormatError(
+            f"{MANIFEST}'s validation report contradicts itself: {why}. Its verdict must "
+            "follow from its numbers: run `oscar-zoo validate` on the bundle again (it rewrites "
+            "the report) rather than editing `passed`")
+
+
+def default_status(manifest: Manifest) -> str:
+    """A publish that names no status: a bundle whose validation failed is kept as a draft,
+    as a calibration job keeps it (docs/jobs.md), so it never becomes `latest` unasked; ask
+    for status=published to publish it anyway. Without a report (RotationZoo imports, jobs
+    run without validation) nothing says it failed: published, as before."""
+    report = manifest.validation
+    return "draft" if report is not None and not report.passed else "published"
 
 
 def _index(manifest: Manifest, tensors_path: Path) -> list[dict]:
@@ -206,11 +229,13 @@ def store_blobs(blobs: BlobStore, prepared: Prepared) -> None:
 
 
 def record_version(session: Session, model: Model, prepared: Prepared, created_by: str | None,
-                   source_job: str | None = None, status: str = "published") -> Publication:
-    """Insert the version, its files and index rows in the caller's transaction.
+                   source_job: str | None = None, status: str | None = None) -> Publication:
+    """Insert the version, its files and index rows in the caller's transaction. `status`
+    None: by the bundle's validation (default_status).
 
     Raises YankedVersion when this content was published before and yanked.
     """
+    status = status or default_status(prepared.manifest)
     if status not in ("draft", "published"):
         raise InvalidInput(f"status must be draft or published, not {status!r}")
     lock_model(session, model)
@@ -268,8 +293,9 @@ def _insert(session: Session, model: Model, p: Prepared, number: int, created_by
 
 def publish_bundle(session: Session, blobs: BlobStore, bundle_dir: str | Path,
                    created_by: str | None = None, source_job: str | None = None,
-                   status: str = "published", model_name: str | None = None) -> Publication:
-    """Verify, store and record a bundle directory in the caller's transaction.
+                   status: str | None = None, model_name: str | None = None) -> Publication:
+    """Verify, store and record a bundle directory in the caller's transaction (`status`
+    None: published, or a draft when its validation failed; see default_status).
 
     Use inside `Database.write()` (it commits); the job runner calls this after calibrating.
     Raises BundleFormatError, IntegrityError, InvalidInput, YankedVersion.

@@ -37,7 +37,7 @@ class Registry:
     data_dir: Path
 
     def publish(self, bundle_dir: str | Path, created_by: str | None = None,
-                source_job: str | None = None, status: str = "published",
+                source_job: str | None = None, status: str | None = None,
                 model_name: str | None = None, token_id: int | None = None) -> Publication:
         """Verify and publish a bundle directory, holding the write lock only for the insert.
 
@@ -45,7 +45,8 @@ class Registry:
         -> one write transaction. Raises BundleFormatError, IntegrityError, InvalidInput,
         YankedVersion, Conflict (a source_job naming one of this registry's jobs), Unauthorized
         (`token_id`, the uploading request's token, revoked during the upload); a rejected bundle
-        leaves no row (blobs already stored wait for collect_garbage).
+        leaves no row (blobs already stored wait for collect_garbage). `status` None: published,
+        or a draft when the bundle's validation failed (publish.default_status).
         """
         prepared = prepare_bundle(bundle_dir)
         with self.db.read() as session:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -229,6 +230,131 @@ class Validation(Strict):
         if not out.get("window_by_layer"):
             out.pop("window_by_layer", None)
         return out
+
+
+# --- the pass rule ---------------------------------------------------------------------------
+# One rule for the verdict a report stores (calibrate/validate.py) and for the registry's check
+# of an uploaded report (registry_db/publish.py): with two copies, a report could pass in one and
+# fail in the other.
+
+SERVED = "bundle-served"     # the bundle with the one clip pair an engine takes
+BASELINES_JUDGED = ("hadamard", "naive")
+# The criterion states naive_fraction with :g (6 significant digits), and Validation has no
+# field for it: a check that reads it back allows that much rounding before it disagrees.
+ROUNDING = 1e-6
+_STATED_FRACTION = re.compile(r"<= (\S+) x naive INT2's")
+
+
+def criterion_text(tolerance: float, naive_fraction: float, served: bool) -> str:
+    text = (f"extra loss <= Hadamard's + {tolerance:g} nats and <= "
+            f"{naive_fraction:g} x naive INT2's")
+    if served:
+        text += f", for the bundle and as engines serve it ({SERVED})"
+    return text
+
+
+def judged_variants(by: dict[str, VariantResult]) -> list[str]:
+    """The variants a verdict judges: the bundle, and where the report has it, the bundle as
+    engines serve it (per-layer clips collapsed to one K / V pair): a user of SGLang or vLLM
+    gets the second, so both must pass."""
+    return ["bundle"] + ([SERVED] if SERVED in by else [])
+
+
+def not_judged(by: dict[str, VariantResult]) -> str | None:
+    """Why the variants cannot be judged, or None. A comparison that was not made fails the
+    bundle: the stored verdict gates publishing, so it must never rest on one."""
+    if "bundle" not in by:
+        return "the report has no 'bundle' variant"
+    missing = [b for b in BASELINES_JUDGED if b not in by]
+    if missing:
+        return f"the {' and '.join(missing)} baseline was not run"
+    naive = by["naive"].delta_nll
+    if naive <= 0:
+        # no bound left: on a working model naive INT2 always costs loss (a cut or broken model,
+        # or too little held-out text, is what makes it look free)
+        return (f"naive INT2's extra loss is {naive:+.4f} nats, no worse than BF16, so the "
+                "held-out text cannot tell good INT2 from bad; validate on a whole model with "
+                "more --windows")
+    return None
+
+
+def loss_bound(by: dict[str, VariantResult], tolerance: float,
+               naive_fraction: float | None) -> float:
+    """The most extra loss a judged variant may have: Hadamard's + tolerance, and at most
+    naive_fraction x naive INT2's (None: that half is not known, so not applied)."""
+    bound = by["hadamard"].delta_nll + tolerance
+    if naive_fraction is not None:
+        bound = min(bound, naive_fraction * by["naive"].delta_nll)
+    return bound
+
+
+def verdict(by: dict[str, VariantResult], tolerance: float,
+            naive_fraction: float) -> tuple[bool, str]:
+    """(passed, the criterion as judged) for variants by name: every judged variant's extra
+    loss <= min(Hadamard's + tolerance, naive_fraction x naive INT2's); a case that cannot be
+    judged fails, and the criterion says why."""
+    judged = judged_variants(by)
+    criterion = criterion_text(tolerance, naive_fraction, len(judged) > 1)
+    why = not_judged(by)
+    if why:
+        return False, f"{criterion}; not judged: {why}"
+    bound = loss_bound(by, tolerance, naive_fraction)
+    failed = [name for name in judged if by[name].delta_nll > bound]
+    if failed and len(judged) > 1:
+        criterion += f"; failed by {', '.join(failed)}"
+    return not failed, criterion
+
+
+def stated_naive_fraction(criterion: str) -> float | None:
+    """The naive fraction a report was judged with, read back from its criterion (verdict
+    writes it there; Validation stores the tolerance but not this), or None when the criterion
+    does not state one in verdict's words."""
+    match = _STATED_FRACTION.search(criterion)
+    try:
+        value = float(match.group(1)) if match else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def verdict_disagreement(report: Validation) -> str | None:
+    """Why the report's `passed` contradicts its own numbers under `verdict`, or None.
+
+    Judged with the report's stored tolerance, and its naive fraction as its criterion states
+    it. Where the criterion states none, only what the stored numbers decide is checked: a
+    `passed: true` must still be within Hadamard's + tolerance (a bound every fraction keeps),
+    while a `passed: false` cannot be contradicted (the unknown fraction may have failed it).
+    Values within rounding of the bound are left as the report says."""
+    by = {r.name: r for r in report.variants}
+    why = not_judged(by)
+    if why:
+        return f"it says passed: true, but it cannot be judged: {why}" if report.passed else None
+    fraction = stated_naive_fraction(report.criterion)
+    bound = loss_bound(by, report.tolerance, fraction)
+    slack = ROUNDING * max(1.0, abs(by["naive"].delta_nll))
+    judged = judged_variants(by)
+    if report.passed:
+        over = [n for n in judged if by[n].delta_nll > bound + slack]
+        if over:
+            return (f"it says passed: true, but {_losses(by, over)} above the bound "
+                    f"{_bound_text(by, report.tolerance, fraction, bound)}")
+    elif fraction is not None and all(by[n].delta_nll < bound - slack for n in judged):
+        return (f"it says passed: false, but {_losses(by, judged)} within the bound "
+                f"{_bound_text(by, report.tolerance, fraction, bound)}")
+    return None
+
+
+def _losses(by: dict[str, VariantResult], names: list[str]) -> str:
+    listed = " and ".join(f"{n}'s extra loss {by[n].delta_nll:+.4f}" for n in names)
+    return listed + (" is" if len(names) == 1 else " are")
+
+
+def _bound_text(by: dict[str, VariantResult], tolerance: float, fraction: float | None,
+                bound: float) -> str:
+    parts = f"hadamard {by['hadamard'].delta_nll:+.4f} + tolerance {tolerance:g}"
+    if fraction is not None:
+        parts += f"; {fraction:g} x naive {by['naive'].delta_nll:+.4f}"
+    return f"{bound:+.4f} nats/token ({parts})"
 
 
 class FileEntry(Strict):

@@ -7,6 +7,9 @@
 Each file part is named after the bundle file (or sent as field `files` with that file name).
 The upload is staged in the data dir and verified like `oscar-zoo inspect` before anything is
 stored; 201 for a new version, 200 with the existing one when the same content was published.
+Without a `status` field, a bundle whose validation report failed is stored as a draft (as a
+calibration job keeps it), anything else published; `status=published` publishes it anyway. A
+report whose `passed` contradicts its own numbers is refused (422).
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ UPLOAD_SCHEMA = {
             "bundle.json": {"type": "string", "format": "binary"},
             "rotations.safetensors": {"type": "string", "format": "binary"},
             "README.md": {"type": "string", "format": "binary"},
-            "status": {"type": "string", "enum": ["draft", "published"], "default": "published"},
+            "status": {"type": "string", "enum": ["draft", "published"],
+                       "description": "default: published, or draft for a bundle whose "
+                                      "validation report failed"},
             "source_job": {"type": "string", "maxLength": 200},
         }}}}},
 }
@@ -62,7 +67,7 @@ async def publish(name: str, request: Request, who: Caller = Depends(caller("bun
     async with staged_upload(request, "upload-", "the bundle upload") as (staging, fields):
         pub = await run_in_threadpool(
             registry.publish, staging, who.actor, fields.get("source_job") or None,
-            fields.get("status") or "published", name, who.token_id)
+            fields.get("status") or None, name, who.token_id)
     if pub.created:  # to the configured hub mirrors, in the background (never blocks publish)
         mirror_after_publish(registry, pub)
     with registry.db.read() as session:

@@ -205,11 +205,12 @@ async def result(job_id: str, request: Request,
     async with staged_upload(request, "job-", f"job {job_id}'s result") as (staging, fields):
         body, created = await run_in_threadpool(
             _record, request.app.state.registry, job_id, x_lease_token, staging,
-            fields.get("status") or "published", who)
+            fields.get("status") or None, who)
     return JSONResponse(body, status_code=201 if created else 200)
 
 
-def _record(registry, job_id: str, token: str, staging: Path, status: str, who: Caller):
+def _record(registry, job_id: str, token: str, staging: Path, status: str | None,
+            who: Caller):
     """Verify (no side effects), fence, store blobs, then one transaction (as Registry.publish).
     The upload may take long: a token revoked or expired meanwhile writes nothing."""
     prepared = prepare_bundle(staging)

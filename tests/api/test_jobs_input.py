@@ -95,3 +95,45 @@ def test_a_mirror_target_with_a_trailing_newline_is_refused_at_submit(jobs_http)
     r = sub.post("/v1/jobs", json={"model": "smollm2-135m", "mirror": ["hf:org/repo\n"]})
     assert r.status_code == 422, r.text
     assert "hf:ORG/REPO" in r.json()["detail"]
+
+
+JSON_HINT = "send Content-Type: application/json with a JSON object"
+
+
+@pytest.mark.parametrize("content, headers, says", [
+    # docs/jobs.md's curl example as it was: -d without a Content-Type sends form data
+    ('{"model": "qwen3-8b", "gpus": 1}', {"Content-Type": "application/x-www-form-urlencoded"},
+     "not read as JSON, as it came with application/x-www-form-urlencoded"),
+    ('{"model": oops}', {"Content-Type": "application/x-www-form-urlencoded"},
+     "not read as JSON"),
+    ('{"model": "qwen3-8b"}', {}, "not read as JSON, as it came with no Content-Type"),
+    ('{"model": oops}', {"Content-Type": "application/json"}, "body: not valid JSON (Expecting"),
+    ('["qwen3-8b"]', {"Content-Type": "application/json"}, "body: a JSON array, not an object"),
+    ('"qwen3-8b"', {"Content-Type": "application/json"}, "body: a JSON string, not an object"),
+    ("", {"Content-Type": "application/json"}, "body: empty"),
+], ids=["form", "form-malformed", "no-type", "malformed", "array", "string", "empty"])
+def test_a_body_that_is_no_json_object_says_to_send_one(jobs_http, content, headers, says):
+    """The answer was "body: Input should be a valid dictionary or object to extract fields
+    from", which does not say that the Content-Type was what is missing."""
+    sub, _ = jobs_http
+    r = sub.post("/v1/jobs", content=content, headers=headers)
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    detail = r.json()["detail"]
+    assert says in detail and JSON_HINT in detail, detail
+    assert sub.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_json_object_with_a_bad_field_still_names_the_field(jobs_http):
+    sub, _ = jobs_http
+    r = sub.post("/v1/jobs", json={"model": "smollm2-135m", "gpus": "many"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("body.gpus: ")
+    assert JSON_HINT not in r.json()["detail"]
+
+
+def test_the_jobs_guide_sends_its_example_as_json():
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[2] / "docs" / "jobs.md").read_text()
+    example = guide[guide.index("curl -X POST $REGISTRY/v1/jobs"):]
+    example = example[:example.index("}'") + 2]
+    assert "-H 'Content-Type: application/json'" in example

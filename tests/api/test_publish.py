@@ -388,3 +388,46 @@ def test_no_room_for_the_uploads_staging_dir_is_a_507_too(publisher, tmp_path, s
         "out of disk space in the registry's data dir (No space left on device) while making a "
         "staging dir for an upload;")
     assert snapshot(server) == before
+
+
+def test_an_upload_that_failed_validation_is_kept_as_a_draft_unless_status_says_published(
+        publisher, tmp_path):
+    """`oscar-zoo publish` sends no status: a failed bundle became `latest`, while a job keeps
+    the same bundle as a draft."""
+    from tests.api.ui.seeding import make_validated_bundle
+
+    server, http = publisher
+    make_validated_bundle(tmp_path / "failed", seed=1, passed=False)
+    r = upload_bundle(http, tmp_path / "failed")
+    assert r.status_code == 201, r.text
+    assert r.json()["status"] == "draft" and r.json()["aliases"] == []
+    assert http.get("/v1/models/smollm2-135m/versions/latest").status_code == 404
+    make_validated_bundle(tmp_path / "asked", seed=2, passed=False)
+    r = upload_bundle(http, tmp_path / "asked", status="published")
+    assert r.status_code == 201 and r.json()["status"] == "published"
+    make_validated_bundle(tmp_path / "passed", seed=3)
+    r = upload_bundle(http, tmp_path / "passed")
+    assert r.status_code == 201 and r.json()["status"] == "published"
+    assert http.get("/v1/models/smollm2-135m/versions/latest").json()["version"] == 3
+
+
+def test_a_report_whose_passed_contradicts_its_numbers_is_a_422_that_stores_nothing(
+        publisher, tmp_path, snapshot):
+    import json
+
+    from tests.api.ui.seeding import make_validated_bundle
+
+    server, http = publisher
+    make_validated_bundle(tmp_path / "b", passed=True)
+    manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
+    for row in manifest["validation"]["variants"]:
+        if row["name"] == "bundle":
+            row["delta_nll"] = 5.0          # far worse than hadamard and naive, still "passed"
+    (tmp_path / "b" / "bundle.json").write_text(json.dumps(manifest))
+    before = snapshot(server)
+    r = upload_bundle(http, tmp_path / "b")
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    detail = r.json()["detail"]
+    assert "validation report contradicts itself: it says passed: true, but bundle's extra " \
+           "loss +5.0000 is above the bound +0.0180 nats/token" in detail
+    assert snapshot(server) == before

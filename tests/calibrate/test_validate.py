@@ -153,12 +153,11 @@ def test_lloyd_max_buckets_apply_only_with_one_group_per_row():
 def test_the_verdict_names_a_naive_baseline_that_costs_nothing(naive, passed, says):
     """A cut model (BF16 loss 21 nats/token) had naive INT2 below BF16: "at most half of naive's
     extra loss" then failed every bundle under a criterion that did not say why."""
-    from oscar_zoo.calibrate.validate import _verdict
-    from oscar_zoo.zoo.manifest import VariantResult
+    from oscar_zoo.zoo.manifest import VariantResult, verdict
 
     by = {name: VariantResult(name=name, delta_nll=d, kl=0.0, attn_rel_error=0.0)
           for name, d in (("bundle", 0.04), ("hadamard", 0.2), ("naive", naive))}
-    ok, criterion = _verdict(by, ValidationConfig())
+    ok, criterion = verdict(by, ValidationConfig().tolerance, ValidationConfig().naive_fraction)
     assert ok is passed
     assert (says is None and "not judged" not in criterion) or (says in criterion
                                                                 and "more --windows" in criterion)
@@ -168,13 +167,12 @@ def test_the_verdict_names_a_naive_baseline_that_costs_nothing(naive, passed, sa
 def test_the_verdict_judges_per_layer_clips_also_as_engines_serve_them(served, passed):
     """The verdict looked at the per-layer number only, while SGLang and vLLM serve the one K / V
     pair (bundle-served): a bundle could pass with a served loss above the Hadamard bound."""
-    from oscar_zoo.calibrate.validate import _verdict
-    from oscar_zoo.zoo.manifest import VariantResult
+    from oscar_zoo.zoo.manifest import VariantResult, verdict
 
     by = {name: VariantResult(name=name, delta_nll=d, kl=0.0, attn_rel_error=0.0)
           for name, d in (("bundle", 0.04), ("bundle-served", served), ("hadamard", 0.2),
                           ("naive", 0.6))}
-    ok, criterion = _verdict(by, ValidationConfig())     # bound: min(0.2 + 0.05, 0.5 x 0.6)
+    ok, criterion = verdict(by, ValidationConfig().tolerance, ValidationConfig().naive_fraction)     # bound: min(0.2 + 0.05, 0.5 x 0.6)
     assert ok is passed
     assert "as engines serve it (bundle-served)" in criterion
     assert ("failed by bundle-served" in criterion) is not passed

@@ -421,3 +421,80 @@ def test_a_version_keeps_its_extra_loss_beside_its_report(registry, tmp_path):
         assert extra_loss(row(value)) is None, value
     assert extra_loss(row(2)) == 2.0 and isinstance(extra_loss(row(2)), float)
     assert extra_loss(None) is extra_loss({}) is extra_loss({"variants": "x"}) is None
+
+
+# --- the validation verdict: re-derived, and a failed one kept as a draft ---------------------
+
+def _validated(tmp_path, name: str, passed: bool = True, seed: int = 0, **edit) -> Bundle:
+    """A bundle with a validation report, `edit` applied to the report (its numbers or verdict
+    changed after the fact, as a hand-edited manifest would be)."""
+    from tests.api.ui.seeding import validation
+
+    m = make_manifest(seed=seed)
+    report = validation(30, seed, passed)
+    if "bundle_loss" in edit:
+        loss = edit.pop("bundle_loss")
+        edit["variants"] = [r.model_copy(update={"delta_nll": loss})
+                            if r.name.startswith("bundle") else r for r in report.variants]
+    m = m.model_copy(update={"validation": report.model_copy(update=edit)})
+    return write(Bundle(m, *make_tensors(m, seed)), tmp_path / name)
+
+
+def _latest(registry) -> int | None:
+    from oscar_zoo.registry_db.queries import aliases_of
+
+    with registry.db.read() as s:
+        rows = list(s.scalars(select(BundleVersion)))
+        aliases = aliases_of(s, [v.id for v in rows])
+        return next((v.number for v in rows if "latest" in aliases[v.id]), None)
+
+
+@pytest.mark.parametrize("passed, bundle_loss, says", [
+    (True, 5.0, "says passed: true, but bundle's extra loss +5.0000 and bundle-served's extra "
+                "loss +5.0000 are above the bound"),
+    (False, 0.001, "says passed: false, but bundle's extra loss +0.0010 and bundle-served's "
+                   "extra loss +0.0010 are within the bound"),
+])
+def test_a_report_whose_verdict_contradicts_its_numbers_is_refused(registry, tmp_path, passed,
+                                                                   bundle_loss, says):
+    """The registry stored `passed` as given: a failed report published, and a bundle far worse
+    than naive INT2 showed as `validation passed`."""
+    b = _validated(tmp_path, "b", passed=passed, bundle_loss=bundle_loss)
+    with pytest.raises(BundleFormatError) as e:
+        registry.publish(b.path, status="published")
+    message = str(e.value)
+    assert "validation report contradicts itself" in message and says in message
+    assert "(hadamard +0.0088 + tolerance 0.01; 0.5 x naive +0.0360)" in message
+    assert "oscar-zoo validate" in message
+    with registry.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(BundleVersion)) == 0
+
+
+def test_a_bundle_that_failed_validation_is_a_draft_unless_published_on_purpose(registry,
+                                                                               tmp_path):
+    ok = registry.publish(_validated(tmp_path, "ok", seed=1).path)
+    failed = registry.publish(_validated(tmp_path, "failed", passed=False, seed=2).path)
+    assert (ok.version.status, failed.version.status) == ("published", "draft")
+    assert failed.version.validation_passed is False and _latest(registry) == 1
+    asked = registry.publish(_validated(tmp_path, "asked", passed=False, seed=3).path,
+                             status="published")
+    assert asked.version.status == "published" and _latest(registry) == 3
+    with registry.db.write() as s:   # the job runner's path takes the same default
+        pub = publish_bundle(s, registry.blobs, _validated(tmp_path, "job", passed=False,
+                                                           seed=4).path)
+        assert pub.version.status == "draft"
+
+
+def test_bundles_without_a_report_are_published_as_before(registry, tmp_path):
+    """Nothing says they failed: RotationZoo imports, and calibrations run without validation."""
+    from oscar_zoo.zoo.manifest import Method
+
+    plain = registry.publish(make_bundle(tmp_path / "plain").path)
+    m = make_manifest(seed=5)
+    m = m.model_copy(update={
+        "method": Method(k_objective="imported", v_objective="imported", composition="none"),
+        "calibration": m.calibration.model_copy(update={
+            "source": "imported", "dataset": None, "imported_from": "hf:oscar/rotations"})})
+    imported = registry.publish(write(Bundle(m, *make_tensors(m, 5)), tmp_path / "imported").path)
+    assert (plain.version.status, imported.version.status) == ("published", "published")
+    assert imported.version.validation_passed is None and _latest(registry) == 2

@@ -356,3 +356,116 @@ def test_inspect_tells_the_windows_sliding_window_layers_were_validated_with(tmp
             "2 sliding-window layers hold 512 tokens") in r.stdout
     d = _json.loads(CliRunner().invoke(cli, ["inspect", str(tmp_path / "b"), "--json"]).stdout)
     assert d["validation"]["window_by_layer"] == {"0": 512, "1": 512}
+
+
+# --- the pass rule, one copy for validation and the registry ----------------------------------
+
+def _report(passed: bool, criterion: str | None = None, tolerance: float = 0.05, **losses):
+    """A report whose variants have the given extra losses (bundle_served= for bundle-served)."""
+    from tests.api.ui.seeding import validation
+    from oscar_zoo.zoo.manifest import VariantResult
+
+    variants = [VariantResult(name=name.replace("_", "-"), delta_nll=d, kl=0.0, attn_rel_error=0.0)
+                for name, d in losses.items()]
+    criterion = criterion or (f"extra loss <= Hadamard's + {tolerance:g} nats and <= "
+                              "0.5 x naive INT2's")
+    return validation(2, 0).model_copy(update={"passed": passed, "criterion": criterion,
+                                               "tolerance": tolerance, "variants": variants})
+
+
+VERDICT_CASES = [
+    dict(bundle=0.04, hadamard=0.2, naive=0.6),                      # passes
+    dict(bundle=0.29, hadamard=0.2, naive=0.6),                      # naive bound: 0.3
+    dict(bundle=0.31, hadamard=0.2, naive=0.6),
+    dict(bundle=0.26, hadamard=0.2, naive=2.0),                      # hadamard bound: 0.25
+    dict(bundle=0.04, bundle_served=0.26, hadamard=0.2, naive=0.6),
+    dict(bundle=0.04, bundle_served=0.10, hadamard=0.2, naive=0.6),
+    dict(bundle=0.04, hadamard=0.2, naive=0.0),                      # not judged
+    dict(bundle=0.04, naive=0.6),
+    dict(bundle=0.04),
+]
+
+
+@pytest.mark.parametrize("losses", VERDICT_CASES)
+def test_the_verdict_is_the_documented_rule(losses):
+    """zoo.manifest.verdict (validation's stored verdict, and the registry's check of an
+    uploaded one) against the rule written out here: every judged variant (bundle, and
+    bundle-served where the report has it) <= min(hadamard + 0.05, 0.5 x naive), with both
+    baselines run and naive INT2 costing loss; anything else fails."""
+    from oscar_zoo.calibrate.validate import ValidationConfig
+    from oscar_zoo.zoo.manifest import verdict
+
+    cfg = ValidationConfig()
+    assert (cfg.tolerance, cfg.naive_fraction) == (0.05, 0.5)
+    by = {r.name: r for r in _report(True, **losses).variants}
+    judgeable = {"hadamard", "naive"} <= set(losses) and losses["naive"] > 0
+    judged = [losses[n] for n in ("bundle", "bundle_served") if n in losses]
+    expected = judgeable and max(judged) <= min(losses["hadamard"] + 0.05, 0.5 * losses["naive"])
+    passed, criterion = verdict(by, cfg.tolerance, cfg.naive_fraction)
+    assert passed == expected
+    assert ("not judged" in criterion) == (not judgeable)
+
+
+@pytest.mark.parametrize("losses", VERDICT_CASES)
+def test_a_report_written_by_the_verdict_agrees_with_itself(losses):
+    from oscar_zoo.zoo.manifest import verdict, verdict_disagreement
+
+    by = {r.name: r for r in _report(True, **losses).variants}
+    passed, criterion = verdict(by, 0.05, 0.5)
+    assert verdict_disagreement(_report(passed, criterion, **losses)) is None
+    assert verdict_disagreement(_report(not passed, criterion, **losses)) is not None
+
+
+def test_a_passed_report_whose_bundle_is_far_worse_than_its_baselines_disagrees():
+    from oscar_zoo.zoo.manifest import verdict_disagreement
+
+    why = verdict_disagreement(_report(True, bundle=5.0, hadamard=0.0208, naive=0.1596))
+    assert why == ("it says passed: true, but bundle's extra loss +5.0000 is above the bound "
+                   "+0.0708 nats/token (hadamard +0.0208 + tolerance 0.05; 0.5 x naive +0.1596)")
+
+
+def test_a_failed_report_whose_numbers_pass_disagrees():
+    from oscar_zoo.zoo.manifest import verdict_disagreement
+
+    why = verdict_disagreement(_report(False, bundle=0.01, bundle_served=0.02, hadamard=0.0208,
+                                       naive=0.1596))
+    assert why.startswith("it says passed: false, but bundle's extra loss +0.0100 and "
+                          "bundle-served's extra loss +0.0200 are within the bound +0.0708")
+
+
+def test_without_a_stated_naive_fraction_only_the_hadamard_bound_is_checked():
+    """Validation stores the tolerance, not the naive fraction (only the criterion states it):
+    a passed report must still be within Hadamard's + tolerance, and a failed one may have
+    failed the unknown naive bound."""
+    from oscar_zoo.zoo.manifest import verdict_disagreement
+
+    plain = "extra loss <= Hadamard's + 0.05 nats"
+    assert verdict_disagreement(_report(True, plain, bundle=0.24, hadamard=0.2, naive=0.3)) is None
+    assert verdict_disagreement(_report(False, plain, bundle=0.01, hadamard=0.2, naive=0.6)) is None
+    why = verdict_disagreement(_report(True, plain, bundle=0.26, hadamard=0.2, naive=9.0))
+    assert "above the bound +0.2500 nats/token (hadamard +0.2000 + tolerance 0.05)" in why
+
+
+@pytest.mark.parametrize("losses, says", [
+    (dict(bundle=0.01, hadamard=0.2), "the naive baseline was not run"),
+    (dict(bundle=0.01, hadamard=0.2, naive=-0.1), "no worse than BF16"),
+    (dict(hadamard=0.2, naive=0.6), "no 'bundle' variant"),
+])
+def test_a_passed_report_that_cannot_be_judged_disagrees(losses, says):
+    from oscar_zoo.zoo.manifest import verdict_disagreement
+
+    why = verdict_disagreement(_report(True, **losses))
+    assert why.startswith("it says passed: true, but it cannot be judged") and says in why
+    assert verdict_disagreement(_report(False, **losses)) is None
+
+
+def test_a_loss_on_the_bound_within_rounding_is_left_as_the_report_says():
+    """The criterion states the naive fraction to 6 significant digits: a bound read back from
+    it may differ from the one validation used in the last digits."""
+    from oscar_zoo.zoo.manifest import verdict_disagreement
+
+    stated = "extra loss <= Hadamard's + 0.05 nats and <= 0.333333 x naive INT2's"
+    on_bound = 0.6 / 3          # 1/3 x naive, as validation judged it: a pass
+    for passed in (True, False):
+        assert verdict_disagreement(_report(passed, stated, bundle=on_bound, hadamard=0.2,
+                                            naive=0.6)) is None

@@ -111,3 +111,52 @@ def test_a_promoted_draft_is_mirrored_to_the_configured_targets(registry, hub, t
                                     .json()["items"] if r["status"] != "pending"], "the mirror")
     assert [(r["target"], r["status"]) for r in records] == [("hf", "done")]
     assert TAG in hub.repo("hf", REPO).tags
+
+
+def _yanked(registry, tmp_path, reason: str = "clip search bug") -> None:
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    with registry.client(token=registry.token("bundles:publish")) as c:
+        assert c.post("/v1/models/smollm2-135m/versions/1/yank",
+                      json={"reason": reason}).status_code == 200
+
+
+def test_a_yanked_version_never_mirrored_to_a_target_has_no_yank_to_record_there(registry, hub,
+                                                                                 tmp_path):
+    """`--status` said "not mirrored anywhere yet", and `mirror --to` then tried to record the
+    yank on that hub, and reported it FAILED."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    _yanked(registry, tmp_path)
+    run = CliRunner().invoke
+    assert run(cli, ["mirror", "smollm2-135m@1", "--status"]).stdout.strip() == \
+        "not mirrored anywhere yet"
+    hub.fail("GET", r".*", status=500)      # the hub is not asked at all
+    out = run(cli, ["mirror", "smollm2-135m@1", "--to", HF])
+    assert out.exit_code == 0, out.output
+    assert "FAILED" not in out.output
+    assert (f"hf:{REPO}  skipped: smollm2-135m v1 was never mirrored to hf:{REPO}" in out.stdout
+            and "no yank to record" in out.stdout)
+    assert hub.repo("hf", REPO) is None
+    got = json.loads(run(cli, ["mirror", "smollm2-135m@1", "--to", HF, "--json"]).stdout)
+    assert [(r["status"], r["error"]) for r in got] == [("skipped", None)]
+    out = run(cli, ["mirror", "smollm2-135m@1"])
+    assert out.exit_code == 0 and "no mirror holds this version" in out.stdout, out.output
+
+
+def test_a_yank_reaches_the_target_that_holds_the_version_and_skips_the_other(registry, hub,
+                                                                             tmp_path):
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    assert mirror_version(registry.registry, "smollm2-135m", 1, [HF])[0].status == "done"
+    from oscar_zoo.registry_db import queries
+    from oscar_zoo.registry_db.publish import yank_version
+
+    with registry.registry.db.write() as s:   # no background yank: this call does it
+        v = queries.resolve_version(s, queries.resolve_model(s, "smollm2-135m"), 1)
+        yank_version(s, v, "bad", "tester")
+    results = mirror_yank(registry.registry, "smollm2-135m", 1, [HF, MS])
+    assert [(r.target, r.status, r.committed) for r in results] == [
+        ("hf", "done", True), ("modelscope", "skipped", False)]
+    assert hub_slot(hub)["versions"]["1"]["yanked"] is True
+    assert hub.repo("ms", REPO) is None

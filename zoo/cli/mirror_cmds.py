@@ -24,8 +24,9 @@ def mirror_command(spec, targets, show_status, as_json):
     Safe to re-run: what a hub already has is neither uploaded nor committed again. Only
     published versions are mirrored; for a yanked one, this records the yank in the index of
     the mirrors that hold it and takes its files off their main branch (the model's folder gets
-    the newest version not yanked; the yanked version's tag keeps its files). Tokens come from
-    HF_TOKEN and MODELSCOPE_API_TOKEN.
+    the newest version not yanked; the yanked version's tag keeps its files); a --to target it
+    was never mirrored to is skipped, having no yank to record. Tokens come from HF_TOKEN and
+    MODELSCOPE_API_TOKEN.
 
     \b
     oscar-zoo mirror glm-4.7-fp8@3 --to hf:oscar-zoo/rotations --to modelscope:oscar-zoo/rotations
@@ -55,7 +56,7 @@ def mirror_command(spec, targets, show_status, as_json):
     finally:
         registry.close()
     emit([r.to_dict() for r in results], as_json, _results_text)
-    if any(r.status != "done" for r in results):
+    if any(r.status == "failed" for r in results):
         sys.exit(1)
 
 
@@ -86,9 +87,13 @@ def _registry_here():
 
 
 def _results_text(rows: list[dict]) -> str:
+    if not rows:    # a yanked version no mirror holds (mirror_yank)
+        return "no mirror holds this version: no yank to record"
     lines = []
     for r in rows:
-        if r["status"] == "done" and r["path"] is None:   # a yank recorded (mirror_yank)
+        if r["status"] == "skipped":
+            lines.append(f"{r['target']}:{r['repo']}  skipped: {r['note']}")
+        elif r["status"] == "done" and r["path"] is None:   # a yank recorded (mirror_yank)
             what = "yank recorded, main branch updated" if r["committed"] else "nothing to change"
             lines.append(f"{r['target']}:{r['repo']}  {what}")
         elif r["status"] == "done":

@@ -42,13 +42,14 @@ SEED_FILES = {".gitattributes"}   # what a hub puts in a new repo (hubs.md 1.5)
 class MirrorResult:
     target: str                 # hf | modelscope
     repo: str
-    status: str                 # done | failed
+    status: str                 # done | failed | skipped (nothing to do there; `note` says why)
     path: str | None = None     # folder in the repo
     revision: str | None = None  # the hub commit of this version (its tag points at it)
     tag: str | None = None
     url: str | None = None
     committed: bool = False     # False: the hub already had it (nothing uploaded)
     error: str | None = None
+    note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,7 +28,7 @@ def row_of(page: str, model: str) -> str:
 def test_validated_only_judges_the_version_the_row_shows(registry_server, tmp_path):
     for seed, passed in ((1, True), (2, False)):       # v1 passed, v2 (latest) failed
         make_validated_bundle(tmp_path / f"b{seed}", seed=seed, passed=passed)
-        registry_server.publish_dir(tmp_path / f"b{seed}")
+        registry_server.publish_dir(tmp_path / f"b{seed}", status="published")
     with registry_server.client(registry_server.token("bundles:publish")) as http:
         assert "smollm2-135m" not in model_names(http.get("/?validated=true").text)
         assert "failed" in row_of(http.get("/").text, "smollm2-135m")

@@ -25,6 +25,8 @@ from oscar_zoo.zoo import catalog, settings
 from oscar_zoo.zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from oscar_zoo.zoo.geometry import ModelGeometry
 
+from .data import Terms
+
 BUILTIN_DATA = "builtin:pydoc"
 _MIRROR = re.compile(r"(hf|modelscope):[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -85,6 +87,15 @@ class JobSpec(Strict):
                                             description="custom Ray resources the task needs")
     lease_seconds: float | None = Field(None, ge=1, le=3600)
     max_attempts: int | None = Field(None, ge=1, le=20)
+
+
+# The spec's fields as the data loader's errors name them (data.load_text(..., terms=...)):
+# a job's owner changes these, not the CLI options the loader names by default. As
+# check_clip_windows is told the CLI's names, the loader is told these.
+DATA_TERMS = Terms(data="data", held_out_data="validation.data", text_field="text_field",
+                   tokens="tokens", seq_len="seq_len", clip_windows="clip_windows",
+                   no_clip_search="clip_search false", where=" in the job spec",
+                   more_text="add text to data")
 
 
 def parse_spec(body: dict) -> JobSpec:

@@ -83,9 +83,12 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
         emit("progress", phase=phase, done=done, total=total, layer=layer, **extra)
 
     # before the load: a missing file or a JSON line without the text field must not cost one
-    text = load_text(spec.data, "calibration", spec.text_field)
+    # errors name the spec's fields, which the job's owner changes, not the CLI's options
+    terms = jobspec.DATA_TERMS
+    text = load_text(spec.data, "calibration", spec.text_field, terms=terms)
     vcfg = validation_config(spec) if spec.validation.enabled else None
-    held_text = load_text(vcfg.data, "heldout", vcfg.text_field) if vcfg is not None else None
+    held_text = (load_text(vcfg.data, "heldout", vcfg.text_field, terms=terms)
+                 if vcfg is not None else None)
     progress("loading", 0, 1)
     t0 = time.perf_counter()
     model, tok = load_model(resolve_source(spec.model, spec.revision))

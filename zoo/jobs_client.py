@@ -11,6 +11,14 @@ The user's side names a job by its whole id or a unique prefix of at least 8 cha
 
 On the worker endpoints a 409 means the lease is gone (raised as LeaseLost), except on the
 result upload, whose 409 may also refuse the version (yanked content, ...): a Conflict then.
+
+"Not now" answers (errors.TRY_LATER: a 429 Too Many Requests from a rate limit in front of the
+registry, 408, 425) say the request was not acted on, so the user's side (submit and cancel
+too, status, list, events) sends it again after the Retry-After asked for, up to
+TRY_LATER_RETRIES times; refused still, or asked to wait longer than download.RETRY_AFTER_CAP
+(30 s), it raises the RemoteError saying when to try again. The worker protocol does not: the
+worker paces those calls by its lease (executors/worker.py), and an upload sends the whole
+bundle each time.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from . import settings
-from .errors import Conflict, LeaseLost, OfflineError, OscarZooError
+from .errors import TRY_LATER, Conflict, LeaseLost, OfflineError, OscarZooError, RemoteError
 from .registry_client import RegistryClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -50,36 +58,59 @@ class JobsClient:
 
     def submit(self, spec: dict, idempotency_key: str | None = None) -> tuple[dict, bool]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        r = self.registry.request("POST", "/v1/jobs", json=spec, headers=headers, retry=False)
+        # retry=False: a 5xx or a dropped connection may come after the job was queued; a
+        # TRY_LATER answer comes before anything was, so that one is sent again
+        r = self._patiently(lambda: self.registry.request("POST", "/v1/jobs", json=spec,
+                                                          headers=headers, retry=False))
         return r.json(), r.status_code == 201
 
     def get(self, job_id: str) -> dict:
-        return self.registry.get_json(f"/v1/jobs/{_id(job_id)}")
+        return self._patiently(lambda: self.registry.get_json(f"/v1/jobs/{_id(job_id)}"))
 
     def list(self, status: str | None = None, model: str | None = None, limit: int = 50,
              cursor: str | None = None) -> dict:
-        return self.registry.get_json("/v1/jobs", status=status, model=model, limit=limit,
-                                      cursor=cursor)
+        return self._patiently(lambda: self.registry.get_json(
+            "/v1/jobs", status=status, model=model, limit=limit, cursor=cursor))
 
     def cancel(self, job_id: str) -> dict:
-        return self.registry.request("POST", f"/v1/jobs/{_id(job_id)}/cancel", retry=False).json()
+        return self._patiently(lambda: self.registry.request(
+            "POST", f"/v1/jobs/{_id(job_id)}/cancel", retry=False)).json()
+
+    def _patiently(self, call):
+        """call() again while the registry answers TRY_LATER, waiting as it asks."""
+        refused = 0
+        while True:
+            try:
+                return call()
+            except RemoteError as e:
+                if getattr(e, "status", None) not in TRY_LATER:
+                    raise
+                refused += 1
+                time.sleep(_wait_or_raise(e, refused))
 
     def events(self, job_id: str, reconnect_s: float = 120.0) -> Iterator[dict]:
         """The job's state on every change (server-sent events) until it ends; reconnects
         through a registry restart for up to `reconnect_s` seconds. job_id: whole or a prefix."""
         import httpx
 
-        down_since = None
+        down_since, refused = None, 0
         while True:
             try:
                 timeout = httpx.Timeout(60.0, connect=10.0)
                 with self.registry.http().stream("GET", f"/v1/jobs/{_id(job_id)}/events",
                                                  timeout=timeout) as r:
+                    if r.status_code in TRY_LATER:
+                        # waited out as asked; as a lost registry it was asked again every
+                        # second for 2 minutes, then told as "lost the registry"
+                        r.read()
+                        refused += 1
+                        time.sleep(_wait_or_raise(self.registry._error(r), refused))
+                        continue
                     if r.status_code >= 400:
                         r.read()
                         self.get(job_id)          # raises the domain error
                         raise OfflineError(f"job events answered {r.status_code}")
-                    down_since = None
+                    down_since, refused = None, 0
                     for job in parse_sse(r.iter_lines()):
                         job_id = job.get("id") or job_id   # reconnect by the whole id
                         yield job
@@ -172,6 +203,36 @@ class JobsClient:
         except OscarZooError:
             pass   # unreachable, refused: the upload's own answer is all we know
         return conflict
+
+
+TRY_LATER_RETRIES = 3   # as the registry client retries its reads (at most 3 times)
+
+
+def _wait_or_raise(refusal: RemoteError, refused: int) -> float:
+    """Seconds to wait before sending the request again after its `refused`-th TRY_LATER
+    answer in a row: the Retry-After asked for, else a short backoff. Raises the refusal, saying
+    when to try again, once it was refused TRY_LATER_RETRIES + 1 times or asks for longer than
+    RETRY_AFTER_CAP (a command sitting that long looks hung)."""
+    from .sources.download import asks_too_long, backoff, duration
+
+    asked = getattr(refusal, "retry_after", None)
+    if asks_too_long(asked):
+        raise _later(refusal, f"the registry asked to wait {duration(asked)}: try again "
+                              "then") from None
+    if refused > TRY_LATER_RETRIES:
+        waited = f", last asking to wait {duration(asked)}" if asked is not None else ""
+        raise _later(refusal, f"refused {refused} times in a row{waited}: the registry is busy or "
+                              "limiting requests, try again in a minute") from None
+    return backoff(refused - 1, asked)
+
+
+def _later(refusal: RemoteError, advice: str) -> RemoteError:
+    """The refusal with what to do about it; status and retry_after kept (is_transient, the
+    worker and pull decide by them)."""
+    err = RemoteError(f"{refusal}; {advice}")
+    err.status = getattr(refusal, "status", None)
+    err.retry_after = getattr(refusal, "retry_after", None)
+    return err
 
 
 def _id(job_id: str) -> str:

@@ -43,6 +43,7 @@ from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost
                                   OscarZooError, RemoteError, RemoteStorageFull, StorageFull,
                                   TRY_LATER)
 from oscar_zoo.zoo.jobs_client import JobsClient
+from oscar_zoo.zoo.sources.download import RETRY_AFTER_CAP
 
 log = logging.getLogger("oscar_zoo.worker")
 POLL_S = 1.0
@@ -83,7 +84,7 @@ def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event
             failures += 1
             if failures == 3:       # not the blip of a registry restarting
                 log.warning("worker %s: cannot claim (%s); retrying", worker, e)
-            stop.wait(POLL_S * 3)
+            stop.wait(max(POLL_S * 3, min(asked_wait(e), RETRY_AFTER_CAP)))   # as a 429 asks
             continue
         if claimed is None:
             continue
@@ -354,7 +355,7 @@ class Attempt:
             except (OfflineError, RemoteError, _UnreadableBeat) as e:
                 if self._beat_failed(e):
                     return
-                wait = 1.0
+                wait = self._beat_again_in(e)
                 continue
             if state is None:
                 return
@@ -384,6 +385,13 @@ class Attempt:
             raise _UnreadableBeat(f"{type(e).__name__}: {e}") from e
         return None
 
+    def _beat_again_in(self, e: Exception) -> float:
+        """After a beat that did not get through: 1 s, or as long as a 429 (or 408, 503) asked
+        in its Retry-After (a beat every second kept a rate limit tripped), but within half the
+        lease left, so that another beat is tried before it runs out."""
+        left = self.expires - time.monotonic()
+        return max(1.0, min(asked_wait(e), left / 2))
+
     def _beat_failed(self, e: Exception) -> bool:
         """A beat that did not get through: True (the attempt given up) once the lease is out."""
         if time.monotonic() > self.expires:
@@ -410,11 +418,13 @@ class Attempt:
         except LeaseLost as e:
             self._lose(f"lease lost ({e})")
             return
-        except (OfflineError, RemoteError):
+        except (OfflineError, RemoteError) as e:
             # The heartbeat thread decides when the lease is lost. Tried again after the usual
             # interval, not at once: _supervise comes back every 0.1 s, and a registry that
-            # answers 503 under load must not get ten reports a second from every worker.
-            self.sent_at = now
+            # answers 503 under load must not get ten reports a second from every worker; nor
+            # before a Retry-After it asked for (429), whose refusals would take the heartbeats'
+            # share of a rate limit.
+            self.sent_at = now + min(asked_wait(e), RETRY_AFTER_CAP)
             return
         except OscarZooError as e:
             # A refused report (422, 413) is no reason to stop the calibration: the heartbeat
@@ -500,6 +510,11 @@ class Attempt:
             retryable = True
         job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
+
+
+def asked_wait(e: Exception) -> float:
+    """The seconds a refusal asked to be left alone (Retry-After of a 429, 408 or 503), else 0."""
+    return getattr(e, "retry_after", None) or 0.0
 
 
 def new_workdir(job_id: str) -> tuple[Path, int]:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from oscar_zoo.calibrate.data import BUILTIN, load_text, token_windows
+from oscar_zoo.calibrate.jobspec import DATA_TERMS
 from oscar_zoo.zoo.errors import InvalidInput
 
 
@@ -85,7 +86,7 @@ def test_an_empty_source_is_named_even_beside_others(tmp_path):
     (tmp_path / "prose.txt").write_text("some prose")
     with pytest.raises(InvalidInput, match=r"calibration data .*empty.txt holds no text"):
         load_text([str(tmp_path / "prose.txt"), str(tmp_path / "empty.txt")])
-    with pytest.raises(InvalidInput, match=r"held-out data .*blank.jsonl holds no text"):
+    with pytest.raises(InvalidInput, match=r"validation data .*blank.jsonl holds no text"):
         load_text([str(tmp_path / "blank.jsonl")], "heldout")
 
 
@@ -114,3 +115,83 @@ def test_a_missing_hf_dataset_is_bad_input_not_a_retryable_io_error(monkeypatch)
     monkeypatch.setitem(sys.modules, "datasets", fake)
     with pytest.raises(InvalidInput, match="hf:org/nope.*doesn't exist.*HF_TOKEN"):
         load_text(["hf:org/nope"])
+
+
+# --- errors in the caller's words --------------------------------------------------------------
+# The loader is shared by `oscar-zoo calibrate` / `validate` (options) and the job runner (a job
+# spec's fields, sent over the REST API or by `oscar-zoo jobs submit`), for calibration text and
+# validation's held-out text alike; each error names what that caller can change.
+
+def _small(tmp_path, terms=None):
+    (tmp_path / "small.txt").write_text("x" * 500)          # 5 windows of 100 characters
+    kw = {} if terms is None else {"terms": terms}
+    return load_text(str(tmp_path / "small.txt"), **kw)
+
+
+def _refusal(call) -> str:
+    with pytest.raises(InvalidInput) as e:
+        call()
+    return " ".join(str(e.value).split())
+
+
+def test_too_little_text_names_the_cli_options_by_default(tmp_path):
+    said = _refusal(lambda: token_windows(CharTokenizer(), _small(tmp_path), 100, 1000,
+                                          held_out=2))
+    assert said.endswith("small.txt has 500 tokens: room for 5 windows of 100, 10 needed for "
+                         "1,000 tokens: --tokens 800 to calibrate on, plus 2 windows of --seq-len "
+                         "100 held out for the clip search (--no-clip-search needs none). Lower "
+                         "--tokens or --seq-len, or add data."), said
+    plain = _refusal(lambda: token_windows(CharTokenizer(), _small(tmp_path), 100, 1000))
+    assert plain.endswith("10 needed for 1,000 tokens. Lower --tokens or --seq-len, or add "
+                          "data."), plain
+
+
+def test_too_little_text_of_a_job_names_the_job_specs_fields(tmp_path):
+    """The job runner reads its text with the spec's terms; the source carries them to
+    token_windows, behind the pipeline that both the CLI and the runner call."""
+    source = _small(tmp_path, DATA_TERMS)
+    said = _refusal(lambda: token_windows(CharTokenizer(), source, 100, 1000, held_out=2))
+    assert said.endswith("small.txt has 500 tokens: room for 5 windows of 100, 10 needed for "
+                         "1,000 tokens: tokens 800 to calibrate on, plus 2 windows (clip_windows) "
+                         "of seq_len 100 held out for the clip search (clip_search false needs "
+                         "none). Lower tokens, clip_windows or seq_len in the job spec, or add "
+                         "text to data."), said
+    assert "--" not in said
+    plain = _refusal(lambda: token_windows(CharTokenizer(), source, 100, 1000))
+    assert plain.endswith("Lower tokens or seq_len in the job spec, or add text to data."), plain
+    # told by the call, the source's terms give way
+    told = _refusal(lambda: token_windows(CharTokenizer(), _small(tmp_path), 100, 1000,
+                                          terms=DATA_TERMS))
+    assert "Lower tokens or seq_len in the job spec" in told
+
+
+def _files(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "c.gz").write_bytes(b"\x1f\x8b\0\0")
+    (tmp_path / "body.jsonl").write_text('{"body": "x"}\n')
+    return {name: str(tmp_path / name) for name in ("nope.txt", "empty.txt", "c.gz", "body.jsonl")}
+
+
+@pytest.mark.parametrize("split, terms, text, setting, field", [
+    ("calibration", None, "calibration data", "(--data)", "(set --text-field)"),
+    ("heldout", None, "validation data", "(--data)", "(set --text-field)"),
+    ("calibration", DATA_TERMS, "calibration data", "(data in the job spec)",
+     "(set text_field in the job spec)"),
+    ("heldout", DATA_TERMS, "validation data", "(validation.data in the job spec)",
+     "(set text_field in the job spec)")])
+def test_bad_data_is_named_as_its_caller_gives_it(tmp_path, split, terms, text, setting, field):
+    """Validation's held-out text (`oscar-zoo validate --data`, a spec's validation.data) was
+    called "calibration data", and a job's fields were named as CLI options."""
+    files = _files(tmp_path)
+    kw = {} if terms is None else {"terms": terms}
+    read = lambda name: lambda: load_text([files[name]], split, **kw)  # noqa: E731
+    said = _refusal(read("nope.txt"))
+    assert said.startswith(f"{text} '{files['nope.txt']}': no such file") and said.endswith(setting)
+    said = _refusal(read("empty.txt"))
+    assert said.startswith(f"{text} {files['empty.txt']} holds no text") and said.endswith(setting)
+    said = _refusal(read("c.gz"))
+    assert said.startswith(f"{text} '{files['c.gz']}' is a binary file") and said.endswith(setting)
+    said = _refusal(read("body.jsonl"))
+    assert said == f"{files['body.jsonl']}:1: no string field 'text' {field}"
+    other = "validation" if text.startswith("calibration") else "calibration"
+    assert other not in _refusal(read("nope.txt")).replace(files["nope.txt"], "")

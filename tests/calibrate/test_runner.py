@@ -38,5 +38,7 @@ def test_bad_data_fails_before_the_model_loads(monkeypatch, tmp_path, field):
     bad = [str(tmp_path / "rows.jsonl")]
     spec = {"model": "smollm2-135m", **({"data": bad} if field == "data" else
                                         {"validation": {"data": bad}})}
-    with pytest.raises(InvalidInput, match=r"rows.jsonl:1: no string field 'text'"):
+    # the spec's field, which the job's owner sets, not the CLI's --text-field
+    with pytest.raises(InvalidInput, match=r"rows.jsonl:1: no string field 'text' "
+                                           r"\(set text_field in the job spec\)"):
         runner.run({"id": "job-1", "spec": spec}, tmp_path / "out", lambda kind, **e: None, lambda: False)

@@ -125,7 +125,7 @@ def kv_sources(config) -> dict[int, int]:
             f"KV-shared layers {sorted(shared)[:8]} read the cache of an earlier "
             f"{' or '.join(missing)} layer, and this model has none before them "
             "(num_kv_shared_layers covers them all: an assistant model, which reads its target "
-            "model's cache): validate the target model instead")
+            "model's cache): calibrate and validate the target model instead")
     return {i: last_of[kinds[i]] for i in sorted(shared)}
 
 

@@ -5,6 +5,7 @@ model, ratios chosen per layer from a grid reaching well below 0.9 cut the INT2 
 (quality-variants.md). Objective: squared error of the attention block's output after o_proj,
 on calibration query positions outside the BF16 windows, under the exact INT2 quantizer and the
 sink/recent window mask. K is chosen first with V in full precision, then V with K at its choice.
+A cache that several layers read (KV-shared models) is searched once, against their summed error.
 """
 
 from __future__ import annotations
@@ -41,22 +42,37 @@ def query_rows(t: int, sink: int, recent: int, n: int, seed: int) -> torch.Tenso
     return rows
 
 
+@dataclass
+class Reader:
+    """One attention layer reading a cache: the module (its o_proj), its queries q
+    [B, Hq, T, d], the model's mask `allowed` [B|1, 1, T, T] (True = may attend) and its scale."""
+    module: object
+    q: torch.Tensor
+    allowed: torch.Tensor
+    scaling: float
+
+
 def search_layer(module, q, k, v, allowed, scaling: float, rot_k, rot_v, mean, group_size: int,
                  sink: int, recent: int, rows: torch.Tensor, quantizer: Quantizer,
                  per_head: bool = False, grid=GRID) -> LayerClips:
     """q: [B, Hq, T, d]; k, v: [B, H, T, d]; returns the chosen clips and the error curves."""
+    return search_cache([Reader(module, q, allowed, scaling)], k, v, rot_k, rot_v, mean,
+                        group_size, sink, recent, rows, quantizer, per_head, grid)
+
+
+def search_cache(readers: list[Reader], k, v, rot_k, rot_v, mean, group_size: int, sink: int,
+                 recent: int, rows: torch.Tensor, quantizer: Quantizer, per_head: bool = False,
+                 grid=GRID) -> LayerClips:
+    """Clips of one stored cache, k, v: [B, H, T, d], against the relative output error summed
+    over every layer that reads it. An engine stores a KV-shared model's K/V once, with one set
+    of clips, for the layer that wrote them and the later layers that read them (Gemma 3n,
+    Gemma 4): a clip good for the writer alone may cost its readers more. The curves are the
+    sums, so global_pair weighs each layer once however the caches are shared."""
     heads = k.shape[1]
-    out_proj = _output_projection(module, q.shape)
-
-    def attention(k_i, v_i):
-        o = mixed_attention(q, k, v, allowed, scaling, k_i, v_i, sink, recent, rows)
-        return out_proj(o)
-
-    ref = attention(k, v)
-    scale = float((ref.float() ** 2).sum().clamp_min(1e-30))
+    errors = [_relative_error(r, k, v, sink, recent, rows) for r in readers]
 
     def err(k_i, v_i) -> float:
-        return float(((attention(k_i, v_i).float() - ref.float()) ** 2).sum()) / scale
+        return sum(e(k_i, v_i) for e in errors)
 
     def candidates(x, rot, m):
         # Rows quantize independently, so one tensor per ratio serves every per-head mix.
@@ -71,6 +87,30 @@ def search_layer(module, q, k, v, allowed, scaling: float, rot_k, rot_v, mean, g
     v_choice = _choose(v_curve, v_cands, heads, per_head, lambda vc: err(k_best, vc), grid)
     return LayerClips(torch.tensor(k_choice, dtype=torch.float32),
                       torch.tensor(v_choice, dtype=torch.float32), k_curve, v_curve)
+
+
+def _relative_error(reader: Reader, k, v, sink: int, recent: int, rows: torch.Tensor):
+    """(k_i, v_i) -> ||o - o_ref||^2 / ||o_ref||^2 of the reader's attention block output after
+    o_proj at the query positions `rows`, o_ref over an all-BF16 cache."""
+    out_proj = _output_projection(reader.module, reader.q.shape)
+    # a device_map'd model may hold the cache on another GPU than a layer reading it; `.to` is
+    # the tensor itself on the same device, so mixed_attention still knows the BF16 reference
+    dev = reader.q.device
+    k_here, v_here = k.to(dev), v.to(dev)
+
+    def attention(k_i, v_i):
+        k_i = k_here if k_i is k else k_i.to(dev)
+        v_i = v_here if v_i is v else v_i.to(dev)
+        return out_proj(mixed_attention(reader.q, k_here, v_here, reader.allowed, reader.scaling,
+                                        k_i, v_i, sink, recent, rows)).float()
+
+    ref = attention(k, v)
+    scale = float((ref ** 2).sum().clamp_min(1e-30))
+
+    def err(k_i, v_i) -> float:
+        return float(((attention(k_i, v_i) - ref) ** 2).sum()) / scale
+
+    return err
 
 
 def _choose(curve, cands, heads, per_head, evaluate, grid) -> list[float]:

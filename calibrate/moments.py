@@ -8,6 +8,11 @@ Pass 2, with the final C_h = M_q[h] / n_q:
     e_t = k_t^T C_h k_t        (the expected squared logit of key t)
     S_v[h] = sum_t e_t v_t v_t^T,  e_sum[h] = sum_t e_t    (sst: S_v / e_sum)
 Memory is O(kv_heads x d^2) per layer; nothing per token is kept.
+
+A KV-shared layer (Gemma 3n, Gemma 4) attends over its source layer's stored K/V with its own
+queries, so one rotation must serve every reader's q.k: add_queries() pools the readers' M_q
+into the source's before pass 2, and C_h then averages q q^T over every query row that ever
+meets those keys (pass 2's e_t with it is the summed expected squared logit over the readers).
 """
 
 from __future__ import annotations
@@ -68,6 +73,19 @@ class LayerMoments:
             self.m_k += gram(_f64(k)).sum(0)
         if self.m_v is not None:
             self.m_v += gram(_f64(v)).sum(0)
+
+    def add_queries(self, reader: "LayerMoments") -> None:
+        """Pool a KV-shared reader's query moment into this layer's (its source's): M_q and n_q
+        are sums over query rows, so the pooled C_h weighs every row that reads these keys alike.
+        Only the queries: the reader's keys and values are this layer's own."""
+        if self._c is not None:
+            raise RuntimeError("queries pooled after pass 2 began: C would be stale")
+        if reader.m_q.shape != self.m_q.shape:
+            raise RuntimeError(f"a KV-shared layer's query moment {tuple(reader.m_q.shape)} cannot "
+                               f"pool into its source's {tuple(self.m_q.shape)}")
+        # [H, d, d]: the reader may sit on another GPU of a device_map'd model
+        self.m_q += reader.m_q.to(self.m_q.device)
+        self.n_q += reader.n_q
 
     def update_pass2(self, k: torch.Tensor, v: torch.Tensor) -> None:
         # Pass 1 is over by now, so C is final: computed once, not per call (small models on a

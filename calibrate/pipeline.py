@@ -4,6 +4,12 @@
          -> clip search (held-out windows) -> bundle
 Streaming: per-token tensors live only inside one layer's attention call; what persists is
 O(layers x kv_heads x d^2). Nothing is written but the bundle, and that atomically.
+
+KV-shared layers (Gemma 3n, Gemma 4: cache_bits.kv_sources) hold no cache of their own: they
+read the K/V their source layer stored, as an engine stores it once, in the source's basis. So
+the source's rotations are fitted to its own queries and its readers' pooled (moments.add_queries),
+its clips searched against the error summed over all of them, and every reader carries the
+source's tensors in the bundle, for engines that look them up by layer id.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from oscar_zoo.zoo.manifest import (Calibration, Clip, Geometry, Manifest, Metho
                                     Quantization, utc_now)
 
 from . import capture, clip_search, fit, jobspec
+from .cache_bits import kv_sources
 from .data import BUILTIN, load_text, token_windows
 from .int2_attention import kernel_quantizer
 from .loading import load_model, model_geometry, resolve_source
@@ -139,12 +146,15 @@ def calibrate(cfg: CalibrationConfig, progress: Progress = _noop, loaded=None,
 
 
 def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int, "FittedLayer"]:
-    """Pass 1, pass 2, and each layer's fit on a host thread as soon as its statistic is final."""
+    """Pass 1, pass 2, and each layer's fit on a host thread as soon as its statistic is final.
+    A KV-shared layer's queries join its source's statistic, and it gets the source's fit."""
     moments: dict[int, LayerMoments] = {}
     layers = geometry.layers()
+    sources = kv_sources(model.config)          # {KV-shared layer: the layer whose cache it reads}
+    stored = [lid for lid in layers if lid not in sources]     # the layers whose K/V are cached
 
     def update1(m, q, k, v, last_forward):
-        _moments(moments, m, k, cfg).update_pass1(q, k, v)
+        _moments(moments, m, k, cfg, reader=m.layer_idx in sources).update_pass1(q, k, v)
 
     def update2(m, q, k, v, last_forward):
         moments[m.layer_idx].update_pass2(k, v)
@@ -152,21 +162,25 @@ def _moments_and_fit(model, calib, cfg, geometry, progress, timings) -> dict[int
             _submit(fitter, [m.layer_idx], "v", moments, cfg, hold=True)
 
     def pass2():
-        _pass(model, calib, cfg, geometry, progress, "pass2", update2)
+        # S_v is the stored layers' only: a shared layer's queries are in its source's C already
+        _pass(model, calib, cfg, geometry, progress, "pass2", update2, layers=stored)
         fitter.release()    # the host has launched the last forward; the GPU is still running it
 
     with Fitter(cfg.composition, cfg.granularity == "kv_head") as fitter:
         _timed(timings, "pass1", lambda: _pass(model, calib, cfg, geometry, progress, "pass1", update1))
         _check_layers(geometry, moments)
         _check_finite(moments, layers, "calibration")
-        for group in _same_kind(layers, moments):     # final now: fitted while pass 2 runs
+        for shared, source in sources.items():
+            moments[source].add_queries(moments[shared])
+        for group in _same_kind(stored, moments):     # final now: fitted while pass 2 runs
             _submit(fitter, group, "k", moments, cfg)
         if cfg.v_objective == "sst":
             _timed(timings, "pass2", pass2)
         else:
-            for group in _same_kind(layers, moments):
+            for group in _same_kind(stored, moments):
                 _submit(fitter, group, "v", moments, cfg)
-        fitted = _timed(timings, "fitting", lambda: _collect(fitter, moments, cfg, layers, progress))
+        fitted = _timed(timings, "fitting",
+                        lambda: _collect(fitter, moments, cfg, layers, progress, sources))
     timings["fitting_work"] = fitter.busy_s
     return fitted
 
@@ -180,11 +194,14 @@ def _timed(timings, name, fn):
     return out
 
 
-def _moments(moments: dict, module, k, cfg) -> LayerMoments:
+def _moments(moments: dict, module, k, cfg, reader: bool = False) -> LayerMoments:
+    """The layer's statistics; a KV-shared reader's need its queries only (its K/V are its
+    source's, counted there), so no key or value Gram products are spent on them."""
     lid = module.layer_idx
     if lid not in moments:
-        moments[lid] = LayerMoments(k.shape[1], k.shape[-1], want_ktk=cfg.k_objective == "ktk",
-                                    want_vtv=cfg.v_objective == "vtv")
+        moments[lid] = LayerMoments(k.shape[1], k.shape[-1],
+                                    want_ktk=cfg.k_objective == "ktk" and not reader,
+                                    want_vtv=cfg.v_objective == "vtv" and not reader)
     return moments[lid]
 
 
@@ -192,9 +209,11 @@ class _LastLayerSeen(Exception):
     """Raised by a pass's observer once the last attention layer has been captured."""
 
 
-def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
-    """One forward per batch of windows; update(module, q, k, v, last_forward) per layer call."""
-    layers = geometry.layers()
+def _pass(model, windows, cfg, geometry, progress, phase, update, layers=None) -> None:
+    """One forward per batch of windows; update(module, q, k, v, last_forward) per call of a
+    layer in `layers` (default: every attention layer)."""
+    layers = geometry.layers() if layers is None else layers
+    wanted = set(layers)
     last_layer = max(layers)
     total = len(windows) * len(layers)
     done = 0
@@ -203,12 +222,15 @@ def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
 
     def observer(module, q, k, v, mask, kw):
         nonlocal done
+        if module.layer_idx not in wanted:
+            return
         update(module, q, k, v, last_forward)
         done += len(q)
         progress(phase=phase, done=done, total=total, layer=module.layer_idx)
         if module.layer_idx == last_layer:
             # Nothing after the last layer's Q/K/V feeds a moment: its attention, MLP and the LM
-            # head would be computed for nothing (a tenth of a forward on a 10-layer model).
+            # head would be computed for nothing (a tenth of a forward on a 10-layer model; in
+            # pass 2 of a KV-shared model, every shared layer).
             raise _LastLayerSeen
 
     with capture.observing(observer):
@@ -222,8 +244,16 @@ def _pass(model, windows, cfg, geometry, progress, phase, update) -> None:
 
 def forward(model, windows: list[list[int]]):
     ids = torch.tensor(windows, dtype=torch.long, device=model.device)
+    # The last position's logits only (a 262K vocabulary over every position costs GBs a
+    # window), named by a tensor of positions, not the int 1: Gemma 4 takes an int as leave to
+    # run its KV-shared layers on the kept positions alone (_maybe_slice_kv_shared_inputs), so
+    # their queries came one per window and the clip search indexed past them. A tensor keeps
+    # every position through the decoder and slices before the LM head, for every model. On
+    # the CPU: a device_map'd model's last layers may sit on another GPU than the first, and
+    # CPU indices serve a tensor on any device.
+    last = torch.tensor([ids.shape[1] - 1])
     with torch.no_grad():
-        return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        return model(input_ids=ids, use_cache=False, logits_to_keep=last)
 
 
 def _check_layers(geometry, moments) -> None:
@@ -290,17 +320,26 @@ def _side_moment(m: LayerMoments, side: str, cfg) -> torch.Tensor:
     return cov
 
 
-def _collect(fitter: Fitter, moments, cfg, layers, progress) -> dict[int, FittedLayer]:
+def _collect(fitter: Fitter, moments, cfg, layers, progress, sources) -> dict[int, FittedLayer]:
+    """Every layer's fit; a KV-shared layer's is its source's (the cache it reads is stored in
+    that basis), the same object."""
     _check_finite(moments, layers, "calibration")   # pass 2's, before its fits are read
     out = {}
     for i, lid in enumerate(layers):
-        mean = moments[lid].k_mean().float().cpu() if cfg.key_centering else None
-        out[lid] = FittedLayer(*fitter.result(lid, "k"), *fitter.result(lid, "v"), mean)
+        if lid in sources:      # a source comes before the first shared layer (kv_sources)
+            out[lid] = out[sources[lid]]
+        else:
+            mean = moments[lid].k_mean().float().cpu() if cfg.key_centering else None
+            out[lid] = FittedLayer(*fitter.result(lid, "k"), *fitter.result(lid, "v"), mean)
         progress(phase="fitting", done=i + 1, total=len(layers), layer=lid)
     return out
 
 
-def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_search.LayerClips]:
+def _clips(model, held_out, cfg, geometry, fitted, progress,
+           sources: dict[int, int] | None = None) -> dict[int, clip_search.LayerClips]:
+    """Every layer's clips; sources: kv_sources of the model (read from it when None). A cache
+    that KV-shared layers read is searched once its last reader has attended, against the error
+    summed over its writer and readers, and each of them gets that one LayerClips."""
     if not cfg.clip_search:
         return {lid: clip_search.LayerClips(torch.full((geometry.kv_heads_of(lid),), cfg.k_clip),
                                             torch.full((geometry.kv_heads_of(lid),), cfg.v_clip))
@@ -309,26 +348,43 @@ def _clips(model, held_out, cfg, geometry, fitted, progress) -> dict[int, clip_s
                                   cfg.clip_queries, cfg.seed)
     # the INT2 the bundle is served with: Lloyd-Max buckets where its model is served so
     quantizer = kernel_quantizer(_dtype(cfg.scale_dtype), model.device, lloyd_max=cfg.lloyd_max)
+    sources = kv_sources(model.config) if sources is None else sources
+    readers: dict[int, list[int]] = {}
+    for shared, source in sources.items():
+        readers.setdefault(source, []).append(shared)
     out: dict[int, clip_search.LayerClips] = {}
     layers = geometry.layers()
+    # source layer -> (its K, V [B, H, T, d], the Readers seen so far) until its last reader's
+    # call: per layer held, one batch of held-out queries (a few MB)
+    waiting: dict[int, tuple] = {}
 
     def observer(module, q, k, v, mask, kw):
         lid = module.layer_idx
-        f = fitted[lid]
         # a NaN error curve would make every comparison false and pick the harshest clip
         if not bool(torch.isfinite(q).all() & torch.isfinite(k).all() & torch.isfinite(v).all()):
             raise InvalidInput(nonfinite_message(lid, "held-out"))
+        owner = sources.get(lid, lid)
+        if owner == lid:
+            waiting[lid] = (k, v, [])
+        cache_k, cache_v, group = waiting[owner]
         allowed = capture.bool_mask(mask, q.shape[2], k.shape[2], q.device)
-        out[lid] = clip_search.search_layer(
-            module, q, k, v, allowed, kw.get("scaling") or q.shape[-1] ** -0.5,
-            f.rot_k.to(q.device), f.rot_v.to(q.device), f.mean, group_size(cfg, geometry),
-            cfg.sink_tokens, cfg.recent_tokens, rows, quantizer, cfg.clip_per_head)
-        progress(phase="clip_search", done=len(out), total=len(layers), layer=lid,
-                 k_clip=float(out[lid].k.mean()), v_clip=float(out[lid].v.mean()))
+        group.append(clip_search.Reader(module, q, allowed, kw.get("scaling") or q.shape[-1] ** -0.5))
+        if len(group) <= len(readers.get(owner, ())):
+            return                                      # readers of this cache are still to come
+        del waiting[owner]
+        f = fitted[owner]
+        found = clip_search.search_cache(
+            group, cache_k, cache_v, f.rot_k.to(cache_k.device), f.rot_v.to(cache_k.device), f.mean,
+            group_size(cfg, geometry), cfg.sink_tokens, cfg.recent_tokens, rows, quantizer,
+            cfg.clip_per_head)
+        for member in [owner, *readers.get(owner, ())]:
+            out[member] = found
+            progress(phase="clip_search", done=len(out), total=len(layers), layer=member,
+                     k_clip=float(found.k.mean()), v_clip=float(found.v.mean()))
 
     with capture.observing(observer):
         forward(model, held_out)
-    return out
+    return {lid: out[lid] for lid in layers}
 
 
 def group_size(cfg, geometry) -> int:
@@ -357,8 +413,11 @@ def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
     k_vals = torch.cat([c.k for c in clips.values()]).numpy()
     v_vals = torch.cat([c.v for c in clips.values()]).numpy()
     if cfg.clip_search:
-        k_global = clip_search.global_pair([c.k_curve for c in clips.values()])
-        v_global = clip_search.global_pair([c.v_curve for c in clips.values()])
+        # each stored cache once: KV-shared layers hold their source's LayerClips, whose curves
+        # sum the errors of all its readers already
+        searched = list({id(c): c for c in clips.values()}.values())
+        k_global = clip_search.global_pair([c.k_curve for c in searched])
+        v_global = clip_search.global_pair([c.v_curve for c in searched])
         gran = "kv_head" if cfg.clip_per_head else "layer"
     else:
         k_global, v_global, gran = cfg.k_clip, cfg.v_clip, "global"

@@ -21,11 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from ..zoo.registry_client import MALFORMED_TOKEN, TOKEN_SHAPE as _SHAPE
 from . import audit
 from .models import SCOPES, ApiToken
 
 PREFIX = "ozk_"
-_SHAPE = re.compile(r"ozk_[A-Za-z0-9_-]{43}")
 _AUTO_NAME = re.compile(r"token-\d+")
 # more of a token than the prefix `tokens list` shows (ozk_ + 8): a secret, never repeated
 _SECRET_RUN = re.compile(r"ozk_[A-Za-z0-9_-]{9,}")
@@ -179,7 +179,7 @@ def identify(session: Session, token: str | None) -> ApiToken:
         raise Unauthorized("this endpoint needs a token: send 'Authorization: Bearer ozk_...' "
                            "(create one with `oscar-zoo tokens create --scope ...`)")
     if not _SHAPE.fullmatch(token):
-        raise Unauthorized("malformed token: registry tokens look like ozk_ followed by 43 characters")
+        raise Unauthorized(MALFORMED_TOKEN)
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     if row is None or row.revoked_at is not None:
         raise Unauthorized("unknown or revoked token; create a new one with `oscar-zoo tokens create`")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import Cache, absolute
-from .errors import InvalidInput, is_no_space
+from .errors import Conflict, InvalidInput, is_no_space
 from .files import (PARTIAL, atomic_write_bytes, atomic_writers, out_dir_out_of_space,
                     publish_dir, sha256_file, staging_dir)
 from .recipes import Recipe, recipe_for
@@ -94,6 +94,7 @@ def export(cache: Cache, digest: str, bundle_dir: Path, fmt: str, layers: list[i
                     info = _build(bundle_dir, fmt, layers, edir)
         files = {role: edir / name for role, name in info["files"].items()}
     if out is not None:
+        _refuse_foreign_files(files, Path(out))   # before anything is written there
         with out_dir_out_of_space(out, "copying the engine files there"):
             files = _copy_out(files, Path(out))
             _mark_out(Path(out), digest, fmt, layers, files)
@@ -268,16 +269,47 @@ def _write_partial_bundle(bundle_dir: Path, bundle, tmp: Path) -> dict[str, str]
 OUT_MARK = ".oscar-zoo.json"
 
 
+def _marked(out: Path) -> dict[str, str]:
+    """{file name: sha256} of what an earlier export wrote to `out` (its OUT_MARK); {} if none."""
+    try:
+        files = json.loads((out / OUT_MARK).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _refuse_foreign_files(files: dict[str, Path], out: Path) -> None:
+    """Raise Conflict, writing nothing, when --out holds a file of a name this export writes that
+    oscar-zoo did not put there: a RotationZoo checkout uses OSCAR's very names
+    (k_rotation_qqt_r_h_pbr.pt), and replacing the user's own without a word loses it. What an
+    earlier export left, unchanged since (its OUT_MARK says), may be replaced; so may a file
+    that already holds exactly the bytes about to be written."""
+    ours = _marked(out)
+    in_the_way = []
+    for src in files.values():
+        dest = out / src.name
+        if not (dest.is_file() or dest.is_symlink()):
+            continue   # nothing there; a directory in the way has its own error (_copy_out)
+        sha = sha256_file(dest) if dest.is_file() else None
+        if sha is not None and (ours.get(dest.name) == sha or sha == sha256_file(src)):
+            continue
+        why = " (changed since oscar-zoo wrote it)" if dest.name in ours else ""
+        in_the_way.append(f"{dest.name}{why}")
+    if in_the_way:
+        raise Conflict(f"--out {out} already holds {', '.join(in_the_way)}, which oscar-zoo did "
+                       "not write there (its .oscar-zoo.json lists what it wrote); nothing was "
+                       "written. To fix: choose another --out, or move or remove "
+                       f"{'that file' if len(in_the_way) == 1 else 'those files'} if they may "
+                       "be replaced")
+
+
 def _mark_out(out: Path, digest: str, fmt: str, layers: list[int] | None,
               files: dict[str, Path]) -> None:
     """Say what --out holds (digest, format, layers, files), and remove what an earlier export
     there wrote that this one did not replace, if it is unchanged since: a directory pulled
     into again holds one version's files, not a per-head K of v3 beside the V of v4."""
     mark = out / OUT_MARK
-    try:
-        before = json.loads(mark.read_text()).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        before = {}
+    before = _marked(out)
     now = {p.name: sha256_file(p) for p in files.values()}
     for name, sha in before.items():
         stale = out / os.path.basename(name)    # never a path out of --out, whatever the mark says

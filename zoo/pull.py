@@ -31,8 +31,9 @@ from .errors import (BundleFormatError, BundleNotFound, ConfigError, Forbidden, 
                      InvalidInput, ModelNotFound, NotFound, OfflineError, RemoteError,
                      RemoteStorageFull, Unauthorized, VersionNotFound, is_no_space, is_transient)
 from .export import ExportResult, check_format, export, layer_spec
-from .files import CACHED_PART, atomic_write_bytes, publish_dir, sha256_bytes, sha256_file, staging_dir
-from .sources.base import Plan, Ref, parse_spec
+from .files import (CACHED_PART, atomic_write_bytes, is_sha256, publish_dir, sha256_bytes, sha256_file,
+                    staging_dir)
+from .sources.base import Plan, Ref, parse_spec, status_note
 from .sources.download import RemoteFile, StopSignal, download_to, fetch
 
 MANIFEST = "bundle.json"
@@ -176,6 +177,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
     for source in sources:
         try:
             plan = source.plan(entry, name, ref)
+            _learn_statuses(cache, source)
             if ref.alias and ref.alias not in plan.refs:
                 # the alias asked for, as HF's refs/<revision>: the RotationZoo and the mirrors
                 # answer @latest and @recommended without naming them, and offline the same
@@ -183,19 +185,23 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
                 plan.refs.append(ref.alias)
             return _materialize(plan, cache, layers, progress, fmt)  # pull() holds the gc lock
         except _FALLBACK as e:
+            _learn_statuses(cache, source)     # a refusal may say something of cached versions
             failures.append(_Failure(source.name, getattr(source, "where", source.name), e,
                                      _no_opinion(source, e)))
     cache_said = ""
     if _cache_may_answer(failures):
-        try:
-            result = from_cache(cache, entry, name, ref, "no source could serve it", layers)
-        except (OfflineError, NotFound) as e:
-            cache_said = f"; and {e}"     # what the cache holds instead, and how to get it
-        else:
+        model = entry.name if entry is not None else name
+        result = _cached_answer(cache, model, ref, layers)
+        if result is not None:
             # about the sources, not the bundle: the recipe does not carry it
             result.notes.insert(0, Note(f"{_fallback_why(failures)}; using the cached copy",
                                         "warning"))
             return result
+        # what the cache holds instead; not "pull it once": that is what just failed, and the
+        # sources' reasons say what to fix
+        cache_said = f"; and {_cache_lacks(cache, model, ref)}"
+        if fix := _parts_fix(cache, model, ref):
+            cache_said += f". To fix: {fix}"
     raise _combine(failures, entry, name, ref, cache_said)
 
 
@@ -329,8 +335,9 @@ def _materialize(plan: Plan, cache: Cache, layers: str | None, progress: bool,
         digest, path, fetched = _materialize_import(plan, cache, progress, fmt)
         imported = True
     old = cache.read_meta(plan.model, digest) or {}
-    meta = dict(old, model=plan.model, digest=digest, source=plan.source, origin=plan.origin,
-                imported=imported, status=plan.status, validated=plan.validated)
+    meta = _with_status(dict(old, model=plan.model, digest=digest, source=plan.source,
+                             origin=plan.origin, imported=imported, validated=plan.validated),
+                        plan.status, plan.yank_reason)
     if plan.version is not None:
         meta["version"] = plan.version
     if fetched or "files" not in meta:
@@ -345,6 +352,35 @@ def _materialize(plan: Plan, cache: Cache, layers: str | None, progress: bool,
     return PullResult(plan.model, digest, plan.source, plan.origin, plan.version, path, imported,
                       plan.validated, plan.status, cached=not fetched, notes=_plan_notes(plan),
                       fetched_bytes=fetched)
+
+
+def _with_status(meta: dict, status: str | None, yank_reason: str | None) -> dict:
+    """`meta` with the source's latest word on the bundle's status: what an offline pull or an
+    export warns of (_cached_result). No yank_reason key unless yanked, so the meta of a
+    published bundle reads as it did before reasons were recorded (a warm pull rewrites none)."""
+    meta["status"] = status
+    if status == "yanked" and yank_reason:
+        meta["yank_reason"] = yank_reason
+    else:
+        meta.pop("yank_reason", None)
+    return meta
+
+
+def _learn_statuses(cache: Cache, source) -> None:
+    """Record in the cache what a source's answer said of versions cached earlier: a yank (or a
+    promotion) of v1 seen while planning v2, or behind a "no published version" refusal, which
+    plans nothing. Else the cache's meta keeps "published" for a version the registry has
+    yanked, and an offline pull serves it (through the `latest` ref it last recorded) without
+    a word. Only bundles already cached are touched."""
+    model, versions = getattr(source, "seen", None) or (None, [])
+    for v in versions:
+        digest = v.get("digest") if isinstance(v, dict) else None
+        old = cache.read_meta(model, digest) if isinstance(digest, str) and is_sha256(digest) else {}
+        if not old or old.get("version") != v.get("version"):
+            continue
+        meta = _with_status(dict(old), v.get("status"), v.get("yank_reason"))
+        if meta != old:
+            cache.write_meta(model, digest, meta)
 
 
 def _plan_notes(plan: Plan) -> list[Note]:
@@ -637,8 +673,9 @@ def _record(plan: Plan, cache: Cache) -> None:
     for ref in plan.refs:
         cache.write_ref(plan.model, ref, plan.digest)
     old = cache.read_meta(plan.model, plan.digest) or {}
-    meta = dict(old, model=plan.model, digest=plan.digest, source=plan.source, origin=plan.origin,
-                imported=False, status=plan.status, validated=plan.validated, version=plan.version)
+    meta = _with_status(dict(old, model=plan.model, digest=plan.digest, source=plan.source,
+                             origin=plan.origin, imported=False, validated=plan.validated,
+                             version=plan.version), plan.status, plan.yank_reason)
     if meta != old:
         meta["pulled_at"] = _now()
         cache.write_meta(plan.model, plan.digest, meta)
@@ -653,6 +690,22 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
     Raises OfflineError naming what is cached when the request is not.
     """
     model = entry.name if entry is not None else name
+    result = _cached_answer(cache, model, ref, layers)
+    if result is not None:
+        return result
+    have = _held_refs(cache, model)
+    if entry is None and not have:
+        raise ModelNotFound(f"unknown model {name!r}, and nothing by that name is cached "
+                            f"({why}).", suggestions=catalog.suggest(name))
+    fix = _parts_fix(cache, model, ref) or f"pull it once (oscar-zoo pull {_asked(model, ref)})"
+    if settings.is_offline():
+        fix += " with OSCAR_ZOO_OFFLINE and HF_HUB_OFFLINE unset"
+    raise OfflineError(f"{why}, and {_cache_lacks(cache, model, ref, have)}. To fix: {fix}.")
+
+
+def _cached_answer(cache: Cache, model: str, ref: Ref, layers: str | None) -> PullResult | None:
+    """The cached bundle the first of the ref's cache refs names (whole, or the --layers part
+    that holds `layers`), or None."""
     passed_over: list[str] = []   # a default request's refs the cache knows but cannot serve
     for r in ref.cache_refs():
         digest = cache.read_ref(model, r)
@@ -667,25 +720,37 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
             parts = _part_specs(cache, model, digest)
             passed_over.append(f"@{r} (sha256:{digest[:12]}"
                                + (f", only layers {', '.join(parts)} cached)" if parts else ")"))
-    have = _held_refs(cache, model) if cache.model_dir(model).exists() else []
-    if entry is None and not have:
-        raise ModelNotFound(f"unknown model {name!r}, and nothing by that name is cached "
-                            f"({why}).", suggestions=catalog.suggest(name))
-    cached = f"cached refs of {model}: {', '.join(have)}" if have else f"{model} is not cached at all"
-    what = model if ref.is_default else f"{model}@{ref.label}"
+    return None
+
+
+def _asked(model: str, ref: Ref) -> str:
+    return model if ref.is_default else f"{model}@{ref.label}"
+
+
+def _cache_lacks(cache: Cache, model: str, ref: Ref, have: list[str] | None = None) -> str:
+    """What the cache holds instead of the bundle asked for, as one clause: said once, for the
+    offline error and for a pull whose sources failed alike ("x is not in the cache; x is not
+    cached at all" said it twice)."""
+    have = _held_refs(cache, model) if have is None else have
+    if not have:
+        return f"{model} is not cached at all ({cache.root})"
+    return (f"{_asked(model, ref)} is not in the cache ({cache.root}); cached refs of {model}: "
+            f"{', '.join(have)}")
+
+
+def _parts_fix(cache: Cache, model: str, ref: Ref) -> str | None:
+    """The fix when only --layers parts of the bundle asked for are cached."""
     parts = _cached_parts(cache, model, ref)
-    fix = (f"only layers {', '.join(parts)} of it are cached: pass --layers with one of them, "
-           f"or pull it whole" if parts else f"pull it once (oscar-zoo pull {what})")
-    if settings.is_offline():
-        fix += " with OSCAR_ZOO_OFFLINE and HF_HUB_OFFLINE unset"
-    raise OfflineError(f"{why}, and {what} is not in the cache ({cache.root}); {cached}. "
-                       f"To fix: {fix}.")
+    return (f"only layers {', '.join(parts)} of it are cached: pass --layers with one of them, "
+            "or pull it whole") if parts else None
 
 
 def _held_refs(cache: Cache, model: str) -> list[str]:
     """The model's refs whose bundle is still cached, as a message lists them: a ref to a
     bundle held only as --layers parts says which layers. A ref whose bundle went (a `verify`
     repair of an older oscar-zoo left such refs behind) is not listed: nothing would serve it."""
+    if not cache.model_dir(model).exists():
+        return []
     out = []
     for ref, digest in sorted(cache.refs(model).items()):
         if cache.snapshot(model, digest):
@@ -728,10 +793,14 @@ def _part_specs(cache: Cache, model: str, digest: str) -> list[str]:
 
 def _cached_result(cache: Cache, model: str, digest: str, path: Path) -> PullResult:
     meta = cache.read_meta(model, digest)
+    notes = [Note(f"served from the cache ({cache.root})")]
+    # the warning an online pull gives (yanked, a draft), from what the sources last said of it
+    warning = status_note(model, meta.get("version"), meta.get("status"), meta.get("yank_reason"))
+    if warning:
+        notes.append(Note(warning, "bundle"))
     return PullResult(model, digest, meta.get("source", "cache"), meta.get("origin", str(path)),
                       meta.get("version"), path, bool(meta.get("imported")),
-                      meta.get("validated"), meta.get("status"), cached=True,
-                      notes=[Note(f"served from the cache ({cache.root})")])
+                      meta.get("validated"), meta.get("status"), cached=True, notes=notes)
 
 
 def _now() -> str:

@@ -15,6 +15,7 @@ reached (`cache_hint`).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from functools import partial
@@ -51,6 +52,12 @@ def _clean(token: str | None) -> str | None:
     # environment, a CI variable read from a file): sent so, the header is illegal, and every
     # request, public reads too, failed as "cannot reach the registry"
     return (token or "").strip() or None
+
+
+# A registry token's shape (registry_db.tokens makes them so): the registry refuses any other
+# before a lookup, and `login` before storing it, with the same words
+TOKEN_SHAPE = re.compile(r"ozk_[A-Za-z0-9_-]{43}")
+MALFORMED_TOKEN = "malformed token: registry tokens look like ozk_ followed by 43 characters"
 
 
 def store_token(token: str) -> Path:

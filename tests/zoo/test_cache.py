@@ -104,7 +104,7 @@ def test_offline_serves_the_cache_without_any_request(hf_only, hub, monkeypatch,
     again = pull("glm-4.7-fp8", fmt="sglang")
     assert again.digest == first.digest and again.export.files == first.export.files
     assert hub.log == []
-    with pytest.raises(OfflineError, match="qwen3-30b-a3b is not in the cache.*not cached at all"):
+    with pytest.raises(OfflineError, match="qwen3-30b-a3b is not cached at all"):
         pull("qwen3-30b-a3b")
     with pytest.raises(OfflineError, match="glm-4.7-fp8@2 is not in the cache.*rotationzoo"):
         pull("glm-4.7-fp8@2")
@@ -428,10 +428,11 @@ def test_cache_ls_and_login(hf_only, sandbox):
     data = json.loads(CliRunner().invoke(cli, ["cache", "ls", "--json"]).stdout)
     assert [b["model"] for b in data["bundles"]] == ["glm-4.7-fp8"]
     assert data["bundles"][0]["refs"] == ["rotationzoo"] and data["bundles"][0]["source"] == "hf"
-    result = CliRunner().invoke(cli, ["login", "--token", "ozk_secret"])
-    assert result.exit_code == 0 and "ozk_secret" not in result.output
+    secret = "ozk_" + "s" * 43      # shaped as registry tokens are: login refuses others
+    result = CliRunner().invoke(cli, ["login", "--token", secret])
+    assert result.exit_code == 0 and secret not in result.output
     token = sandbox / "config" / "token"
-    assert token.read_text().strip() == "ozk_secret"
+    assert token.read_text().strip() == secret
     assert oct(token.stat().st_mode & 0o777) == "0o600"
 
 

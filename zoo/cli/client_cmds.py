@@ -49,7 +49,8 @@ def _size(n: int | None) -> str:
 @click.command("pull")
 @click.argument("spec", metavar="NAME[@VERSION|@ALIAS]")
 @click.option("--format", "fmt", type=FORMAT_CHOICE, default="sglang", show_default=True,
-              help="Engine files to produce: OSCAR .pt files for SGLang or vLLM, or the bundle.")
+              help="Engine files to produce: OSCAR .pt files for SGLang or vLLM, or the "
+                   "bundle itself (safetensors).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Copy the files here (default: they stay in the cache).")
 @click.option("--layers", metavar="SPEC",
@@ -135,7 +136,8 @@ def _recipe_text(exp) -> str:
 
 @click.command("list")
 @click.argument("pattern", required=False, metavar="[GLOB]")
-@click.option("--validated", is_flag=True, help="Only models whose current version passed validation.")
+@click.option("--validated", is_flag=True,
+              help="Only models whose default version (recommended, else latest) passed validation.")
 @json_option
 def list_command(pattern, validated, as_json):
     """Models with rotations: the registry's (when configured) and the RotationZoo's.
@@ -160,7 +162,8 @@ def list_command(pattern, validated, as_json):
             warn(str(e))
     for e in listed(pattern):
         row = rows.setdefault(e.name, {"name": e.name, "hub_id": e.hub_id, "latest": None,
-                                       "recommended": None, "validated": None, "sources": []})
+                                       "recommended": None, "validated": None,
+                                       "validated_version": None, "sources": []})
         if e.zoo is not None:
             row["sources"].append("rotationzoo")
     for row in rows.values():
@@ -187,10 +190,13 @@ def _no_registry_note(configured: bool, validated: bool) -> str:
 def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, dict]:
     rows = {}
     for m in client.models(q=pattern, published=validated):
-        latest = m.get("latest_version")
+        latest, recommended = m.get("latest_version"), m.get("recommended_version")
         rows[m["name"]] = {"name": m["name"], "hub_id": m["hub_id"], "latest": latest,
-                           "recommended": m.get("recommended_version"),
+                           "recommended": recommended,
+                           # the verdict is the registry's for the version a bare pull gets
+                           # (queries.model_stats), not the latest's: say which one it is
                            "validated": m.get("validation_passed"),
+                           "validated_version": recommended if recommended is not None else latest,
                            # a catalog model the registry holds no version of is not a source
                            "sources": ["registry"] if latest is not None else []}
     return rows
@@ -199,14 +205,23 @@ def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, di
 def _list_table(rows: list[dict]) -> str:
     if not rows:
         return "no models match"
-    lines = [f"{'NAME':<26} {'HUB ID':<36} {'LATEST':>6} {'RECOMMENDED':>11} {'VALIDATED':<9} "
+    lines = [f"{'NAME':<26} {'HUB ID':<36} {'LATEST':>6} {'RECOMMENDED':>11} {'VALIDATION':<15} "
              f"{'SOURCES':<22} CACHED"]
     for r in rows:
-        val = "-" if r["validated"] is None else ("yes" if r["validated"] else "no")
         lines.append(f"{r['name']:<26} {r['hub_id']:<36} {r['latest'] or '-':>6} "
-                     f"{r['recommended'] or '-':>11} {val:<9} {','.join(r['sources']) or '-':<22} "
-                     f"{','.join(r['cached']) or '-'}")
+                     f"{r['recommended'] or '-':>11} {_validation_cell(r):<15} "
+                     f"{','.join(r['sources']) or '-':<22} {','.join(r['cached']) or '-'}")
     return "\n".join(lines)
+
+
+def _validation_cell(row: dict) -> str:
+    """`v2 passed`: the verdict with the version it is of (recommended, else latest). A bare
+    "yes" beside LATEST 5 read as v5's, when v5 had failed and v2, recommended, had passed."""
+    version = row.get("validated_version")
+    if version is None:
+        return "-"
+    verdict = {True: "passed", False: "FAILED", None: "no report"}[row["validated"]]
+    return f"v{version} {verdict}"
 
 
 @click.command("show")
@@ -704,7 +719,9 @@ def _rm_plan_text(plan) -> str:
 @click.option("--token", help="The registry token (default: prompt for it, hidden).")
 def login_command(token):
     """Check a registry token against OSCAR_ZOO_ENDPOINT and store it in the user config dir
-    (mode 0600) for publish and other writes. A refused token is not stored."""
+    (mode 0600) for publish and other writes. A refused token is not stored: one that is not
+    shaped like a registry token, or one the registry refuses. With no OSCAR_ZOO_ENDPOINT set,
+    a well-shaped token is stored unverified, and login says so."""
     from ..registry_client import RegistryClient, store_token
 
     if not token:
@@ -712,13 +729,31 @@ def login_command(token):
     token = token.strip()
     if not token:
         raise click.UsageError("the token is empty")
+    _check_token_shape(token)   # before anything: a typo must not replace a working token
     client = RegistryClient(token=token)
-    if client.configured:       # else there is nothing to ask yet: stored as given
+    if client.configured:
         with client:
             me = client.whoami()
         info(f"logged in to {client.where} as {me['actor']} (scopes: {', '.join(me['scopes'])})")
     path = store_token(token)
     info(f"token stored in {path} (readable by you only); OSCAR_ZOO_TOKEN overrides it")
+    if not client.configured:   # nothing to ask: said, so "stored" is not read as "accepted"
+        warn("no registry configured (OSCAR_ZOO_ENDPOINT), so the token was stored unverified; "
+             "set OSCAR_ZOO_ENDPOINT and run `oscar-zoo whoami` to check it")
+
+
+def _check_token_shape(token: str) -> None:
+    """Refuse a token the registry would refuse by its shape alone, by the registry's own rule,
+    with no request: with no registry configured, login has nothing else to check it against.
+    Never repeats the token: stderr goes into CI logs."""
+    from ..registry_client import MALFORMED_TOKEN, TOKEN_SHAPE
+
+    if not TOKEN_SHAPE.fullmatch(token):
+        from ..errors import InvalidInput
+
+        raise InvalidInput(f"{MALFORMED_TOKEN}, and nothing was stored (a token stored before "
+                           "is kept); give the whole token `oscar-zoo tokens create` printed, "
+                           "without quotes or 'Bearer '")
 
 
 @click.command("whoami")
@@ -749,7 +784,7 @@ def export_command(target, fmt, out, layers, as_json):
     from ..sources.base import parse_spec
 
     cache = Cache()
-    bdir = None
+    bdir, warnings = None, []
     if Path(target).is_dir():
         from ..bundle import verify_bundle
 
@@ -760,12 +795,16 @@ def export_command(target, fmt, out, layers, as_json):
     with cache.out_of_space(f"exporting {target}"), cache.gc_guard():
         if bdir is None:
             name, ref = parse_spec(target)
-            result = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
-            bdir, digest = result.path, result.digest
+            cached = from_cache(cache, find(name), name, ref, "export reads the cache only", layers)
+            bdir, digest = cached.path, cached.digest
+            # the bundle's own warnings (yanked, a draft), as pull gives them for the same copy
+            warnings = [n.text for n in cached.notes if n.in_recipe]
         chosen = _layers_of(bdir, layers) if layers is not None else None  # '' is refused there
         result = export(cache, digest, bdir, fmt, chosen, out)
-    warn_unless_json(_recipe_notes(result), as_json)
-    emit(result.to_dict(), as_json, lambda d: _recipe_text(result))
+    warn_unless_json(warnings + _recipe_notes(result), as_json)
+    emit({**result.to_dict(), "warnings": warnings}, as_json,
+         lambda d: "\n".join([f"# WARNING: {w}" for w in warnings if result.recipe is not None]
+                             + [_recipe_text(result)]))
 
 
 @click.command("publish")

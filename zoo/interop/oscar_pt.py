@@ -53,6 +53,7 @@ def load_pt(path: str | Path) -> dict:
             "oscar-zoo registry or mirror (safetensors, no pickles).") from None
 
     path = Path(path)
+    _check_is_checkpoint(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -62,12 +63,66 @@ def load_pt(path: str | Path) -> dict:
             "you trust; nothing in it was executed.") from None
     except FileNotFoundError:
         raise BundleFormatError(f"no such file: {path}") from None
-    except Exception as e:
-        raise BundleFormatError(f"{path.name} is not a readable torch checkpoint: {e}") from None
+    except Exception as e:     # a ZIP or pickle header, then something torch cannot read
+        raise BundleFormatError(f"{path.name} is not a readable torch checkpoint ({_why(e)}); it "
+                                f"looks cut short or damaged: {_GET_ONE}") from None
     if not isinstance(obj, dict):
         raise BundleFormatError(f"{path.name}: expected a dict checkpoint, got {type(obj).__name__}"
                                 " (bare MLA latent rotations are not supported)")
     return obj
+
+
+# how to get a file this reads, for every "not a checkpoint" error
+_GET_ONE = ("pass the k_rotation_*.pt and v_rotation_*.pt files OSCAR's calibration wrote with "
+            "torch.save, or get a model's from the RotationZoo with `oscar-zoo pull MODEL "
+            "--format sglang --out DIR`")
+_ZIP, _PICKLE = b"PK\x03\x04", b"\x80"   # torch.save: a ZIP archive, or (legacy) pickle protocol 2
+
+
+def _check_is_checkpoint(path: Path) -> None:
+    """Refuse, naming what it is instead, a file that cannot be a torch.save output: torch's
+    unpickler then says only "Unsupported operand 105" (105: the byte 'i' of a text file) or
+    raises a KeyError holding a byte value. A missing file is torch.load's to report."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return
+    if head.startswith((_ZIP, _PICKLE)) or head[257:262] == b"ustar":   # ustar: torch < 0.4's tar
+        return
+    what, fix = _what_it_is(head)
+    raise BundleFormatError(f"{path.name} is not a torch checkpoint (a ZIP archive, as torch.save "
+                            f"writes) but {what}: {fix or _GET_ONE}")
+
+
+def _what_it_is(head: bytes) -> tuple[str, str | None]:
+    """What a file's first bytes say it is, and the fix where it is not the generic one."""
+    if not head:
+        return "an empty file", None
+    if head.startswith(b"version https://git-lfs"):
+        return ("a Git LFS pointer to it", "run `git lfs pull` in that checkout to fetch the "
+                "file itself")
+    if head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30:  # header size, JSON
+        return ("a safetensors file (a bundle's rotations.safetensors?)", "`oscar-zoo convert "
+                "--to sglang BUNDLE_DIR --out DIR` writes OSCAR files from a bundle")
+    text = head.lstrip()
+    if text[:1] in (b"{", b"["):
+        return "JSON (a bundle.json?)", None
+    if text[:1] == b"<":
+        return "an HTML or XML page (a download that saved an error or login page?)", None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:     # not just a character cut at the 512th byte
+            return f"binary data starting {head[:8].hex(' ')}", None
+    return "a text file", None
+
+
+def _why(e: Exception) -> str:
+    """A torch error as a reason: its first sentence, or its type where the message is no
+    more than a raw value (a KeyError of one byte, as '105')."""
+    text = (str(e).strip().splitlines() or [""])[0].split(". ")[0].strip()
+    return type(e).__name__ if not text or text.strip("'\"").isdigit() else text[:160]
 
 
 def parse(obj: dict, where: str = "checkpoint") -> OscarFile:

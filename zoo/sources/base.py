@@ -44,13 +44,19 @@ class Ref:
 
 
 def parse_spec(spec: str) -> tuple[str, Ref]:
-    """`glm-4.7-fp8`, `glm-4.7-fp8@3`, `glm-4.7-fp8@v3`, `zai-org/GLM-4.7-FP8@recommended`."""
+    """`glm-4.7-fp8`, `glm-4.7-fp8@3`, `glm-4.7-fp8@v3`, `zai-org/GLM-4.7-FP8@recommended`.
+
+    `NAME@` is refused, not read as NAME: a ref lost on its way (`NAME@$VERSION` with VERSION
+    unset) must not pull the default version instead of the one a script meant."""
     spec = spec.strip()
     name, at, ref = spec.rpartition("@")
     if not at:
         name, ref = spec, ""
     if not name:
         raise InvalidInput(f"{spec!r} has no model name; use NAME or NAME@VERSION")
+    if at and not ref:
+        raise nothing_after_at(spec, name, "for its default version (recommended, else latest)",
+                               f"{name}@VERSION or @ALIAS")
     if not ref:
         return name, Ref()
     m = _VERSION.match(ref)
@@ -60,6 +66,26 @@ def parse_spec(spec: str) -> tuple[str, Ref]:
         raise InvalidInput(f"{ref!r} is neither a version number nor an alias (e.g. "
                            f"{name}@3, {name}@recommended)")
     return name, Ref(alias=ref.lower())
+
+
+def nothing_after_at(spec: str, name: str, alone: str, forms: str) -> InvalidInput:
+    """The error for `NAME@` with no ref, in the words `cache rm` uses: `alone` says what NAME
+    by itself means to the command, `forms` the refs it takes."""
+    return InvalidInput(f"{spec!r} names no bundle after '@': give {name} alone {alone}, "
+                        f"or {forms}")
+
+
+def status_note(model: str, version: int | None, status: str | None,
+                yank_reason: str | None = None) -> str | None:
+    """What a bundle's status warns of (a yanked or draft version), in the same words whether a
+    source just said it or the cache's record of it does (an offline pull, export); None for a
+    published one or one with no status (a RotationZoo import)."""
+    which = f"version {version} of {model}" if version is not None else model
+    if status == "yanked":
+        return f"{which} was yanked: {yank_reason or 'no reason given'}"
+    if status == "draft":
+        return f"{which} is a draft, not published"
+    return None
 
 
 @dataclass
@@ -74,6 +100,7 @@ class Plan:
     version: int | None = None
     refs: list[str] = field(default_factory=list)
     status: str | None = None          # published | draft | yanked
+    yank_reason: str | None = None     # the source's word on why, when yanked
     validated: bool | None = None
     manifest: RemoteFile | bytes | None = None     # "bundle": bundle.json (or its bytes)
     locate: Callable[[str, str, int], RemoteFile] | None = None  # "bundle": name, sha, size

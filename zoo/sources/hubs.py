@@ -177,6 +177,9 @@ class MSHub:
     kind = "modelscope"
     label = "ModelScope"
 
+    def __init__(self):
+        self._reached = False      # the endpoint answered once: no more probes (_check_reachable)
+
     @property
     def endpoint(self) -> str:
         return (os.environ.get("MODELSCOPE_ENDPOINT") or MS_DEFAULT_ENDPOINT).rstrip("/")
@@ -190,8 +193,10 @@ class MSHub:
 
         return HubApi(endpoint=self.endpoint, token=self.token)
 
-    # modelscope-hub retries failed requests itself (with backoff), so no _retrying here.
+    # modelscope-hub retries failed requests itself (with backoff), so no _retrying here; only
+    # an endpoint that cannot be connected to at all is found first (_check_reachable).
     def listing(self, repo: str, paths: list[str] | None, revision: str = "master") -> Listing:
+        self._check_reachable(repo, revision)
         with self.errors(repo, revision):
             entries = self.api().list_repo_files(repo, "model", revision=revision, recursive=True)
         want = None if paths is None else set(paths)
@@ -200,6 +205,7 @@ class MSHub:
         return Listing(repo, revision, None, None, files)
 
     def tags(self, repo: str) -> dict[str, str]:
+        self._check_reachable(repo, None)
         with self.errors(repo, None):
             revs = self.api().list_repo_revisions(repo, "model")
         return {r.get("Revision"): r.get("CommitId") or r.get("Revision") for r in revs
@@ -222,6 +228,32 @@ class MSHub:
                           size=meta.size, fetch=fetch, source="modelscope",
                           url=self.file_url(repo, meta.path, revision))
 
+    def _check_reachable(self, repo: str, revision: str | None) -> None:
+        """Raise OfflineError when the endpoint cannot be connected to (no network, no DNS,
+        nothing listening), after the few quick retries the HF source makes (_retrying).
+        modelscope-hub retries a refused connection itself, 1 + 2 + 4 s on a listing, for a
+        host that is not there: a pull with no network took 7 s longer for nothing. One HEAD
+        of the endpoint's root; any HTTP answer counts as reached (the library then asks, and
+        keeps its retries for a hub that answers badly)."""
+        if self._reached:
+            return
+        from .download import http_client, import_httpx
+
+        httpx = import_httpx()
+        where = f"modelscope:{repo}" + (f"@{revision}" if revision else "")
+
+        def probe():
+            try:
+                http_client().head(f"{self.endpoint}/", follow_redirects=False)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                raise OfflineError(f"{where}: cannot reach {self.endpoint} ({type(e).__name__}); "
+                                   "check your network") from None
+            except httpx.TransportError:
+                pass    # connected, then something else failed: the library's to retry and report
+
+        _retrying(probe)
+        self._reached = True
+
     def file_url(self, repo: str, path: str, revision: str) -> str:
         return (f"{self.endpoint}/api/v1/models/{repo}/repo?Revision={quote(revision, safe='')}"
                 f"&FilePath={quote(path, safe='')}")
@@ -233,7 +265,8 @@ class MSHub:
 
         where = f"modelscope:{repo}" + (f"@{revision}" if revision else "")
         try:
-            yield
+            with _client_log_hushed():
+                yield
         except ms.AuthenticationError:
             raise Unauthorized(f"{where}: 401 Unauthorized; set MODELSCOPE_API_TOKEN to a valid "
                                "token") from None
@@ -251,6 +284,38 @@ class MSHub:
                               "MODELSCOPE_API_TOKEN", _retry_after(e)) from None
         except ms.HubError as e:
             raise RemoteError(f"{where}: {_first_line(e)}") from None
+
+
+_log_lock = threading.Lock()
+_log_hushed = [0, None]     # calls running with modelscope-hub's log hushed; the level before
+
+
+@contextmanager
+def _client_log_hushed() -> Iterator[None]:
+    """modelscope-hub logs its own retries and failures ("2026-... | WARNING | modelscope_hub
+    .legacy_api | ... retry in 1s (1/4)") to stderr, through a handler of its own: pull and
+    the mirror report each failure themselves, once, in their words. Its warnings are hushed
+    (errors still pass) while any of our calls runs, unless MODELSCOPE_LOG_LEVEL asks for them."""
+    if os.environ.get("MODELSCOPE_LOG_LEVEL"):
+        yield
+        return
+    import logging
+
+    from modelscope_hub.utils.logger import get_logger
+
+    logger = get_logger()   # configured (handler, level) before we set its level, not after
+    with _log_lock:
+        if _log_hushed[0] == 0:
+            _log_hushed[1] = logger.level
+            logger.setLevel(logging.ERROR)
+        _log_hushed[0] += 1
+    try:
+        yield
+    finally:
+        with _log_lock:
+            _log_hushed[0] -= 1
+            if _log_hushed[0] == 0:
+                logger.setLevel(_log_hushed[1])
 
 
 _bars_lock = threading.Lock()

@@ -8,7 +8,7 @@ import json
 
 from ..catalog import CatalogEntry
 from ..errors import BundleNotFound, NotFound, RemoteError, VersionNotFound
-from .base import Plan, Ref
+from .base import Plan, Ref, status_note
 from .download import RemoteFile, fetch
 from .hubs import hub
 
@@ -48,10 +48,9 @@ class MirrorSource:
         if not _usable(e):
             raise RemoteError(f"{where}: the index's entry for {model} v{number} is not one "
                               "oscar-zoo wrote (no tag, folder, digest or file list)")
-        notes = []
-        if e.get("yanked"):
-            notes.append(f"version {number} of {model} was yanked: "
-                         f"{e.get('yank_reason') or 'no reason given'}")
+        status = "yanked" if e.get("yanked") else "published"
+        reason = (e.get("yank_reason") or None) if e.get("yanked") else None
+        note = status_note(model, number, status, reason)
         names = [n for n in e["files"] if not n.endswith(".pt")]
         paths = [f"{e['path']}/{n}" for n in names]
         at_tag = self.hub.listing(self.repo, paths, e["tag"])
@@ -68,7 +67,7 @@ class MirrorSource:
         refs = [f"v{number}"] + (["latest"] if ref.version is None else [])
         return Plan(source=self.name, model=model, origin=f"{where}/{e['path']}@{e['tag']}",
                     kind="bundle", digest=e["digest"], version=number, refs=refs,
-                    status="yanked" if e.get("yanked") else "published", notes=notes,
+                    status=status, yank_reason=reason, notes=[note] if note else [],
                     validated=e.get("validated"), manifest=locate(MANIFEST, e["digest"], None),
                     locate=locate)
 

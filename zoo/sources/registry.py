@@ -12,7 +12,7 @@ from ..catalog import CatalogEntry
 from ..errors import VersionNotFound
 from ..registry_client import RegistryClient
 from ..settings import redact_url
-from .base import DEFAULT_ALIASES, Plan, Ref
+from .base import DEFAULT_ALIASES, Plan, Ref, status_note
 from .download import RemoteFile
 
 MANIFEST = "bundle.json"
@@ -23,6 +23,10 @@ class RegistrySource:
 
     def __init__(self, client: RegistryClient | None = None):
         self.client = client or RegistryClient()
+        # (model, version summaries) of the last model detail read: the status of versions
+        # other than the one planned (a yank of one cached earlier), and the answer behind a
+        # "no published version", for pull to record in the cache (pull._learn_statuses)
+        self.seen: tuple[str, list[dict]] | None = None
 
     @property
     def where(self) -> str:
@@ -39,18 +43,15 @@ class RegistrySource:
             return RemoteFile(fname, url=client.file_url(model, number, fname), sha256=sha256,
                               size=size, headers=client.auth_headers, source="registry")
 
-        notes = []
-        if summary.get("status") == "yanked":
-            notes.append(f"version {number} of {model} was yanked: "
-                         f"{summary.get('yank_reason') or 'no reason given'}")
-        elif summary.get("status") == "draft":
-            notes.append(f"version {number} of {model} is a draft, not published")
+        status, reason = summary.get("status"), summary.get("yank_reason")
+        note = status_note(model, number, status, reason)
         return Plan(
             source="registry", model=model, kind="bundle", digest=digest, version=number,
             origin=redact_url(client.url(f"/v1/models/{model}/versions/{number}")),
-            refs=[f"v{number}", *summary.get("aliases", [])], status=summary.get("status"),
+            refs=[f"v{number}", *summary.get("aliases", [])], status=status,
+            yank_reason=reason if status == "yanked" else None,
             validated=summary.get("validation_passed"),
-            manifest=locate(MANIFEST, digest, None), locate=locate, notes=notes,
+            manifest=locate(MANIFEST, digest, None), locate=locate, notes=[note] if note else [],
             partial=lambda spec: RemoteFile("rotations.safetensors",
                                             url=client.layers_url(model, number, spec),
                                             headers=client.auth_headers, source="registry"))
@@ -60,6 +61,7 @@ class RegistrySource:
         No OSCAR_ZOO_OFFLINE hint on its errors: pull falls back to the cache by itself."""
         detail = self.client.model(name, cache_hint=False)
         model, aliases = detail["name"], detail.get("version_aliases", {})
+        self.seen = (model, list(detail.get("versions", [])))
         where = f"registry {self.client.where}: {model}"
         if ref.version is not None:
             number = ref.version

@@ -384,6 +384,12 @@ def _clips(model, held_out, cfg, geometry, fitted, progress,
 
     with capture.observing(observer):
         forward(model, held_out)
+    unread = sorted(set(layers) - set(out))
+    if unread:      # a cache whose readers never all attended: not a layout kv_sources knows
+        raise UnsupportedModelError(
+            f"the clip search saw no attention call of layers {unread[:8]} in one forward "
+            "(KV-shared layers that never read their source's cache?); calibrate with "
+            "--no-clip-search, or report the model")
     return {lid: out[lid] for lid in layers}
 
 

@@ -89,7 +89,7 @@ def check_verdict(manifest: Manifest) -> None:
         raise BundleFormatError(
             f"{MANIFEST}'s validation report contradicts itself: {why}. Its verdict must "
             "follow from its numbers: run `oscar-zoo validate` on the bundle again (it rewrites "
-            "the report) rather than editing `passed`")
+            "the report; a bundle in the cache, validate a copy) rather than editing `passed`")
 
 
 def default_status(manifest: Manifest) -> str:

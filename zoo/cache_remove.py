@@ -86,14 +86,15 @@ def _raise_all(errors: list[Exception]) -> None:
 
 
 def _resolve(cache: Cache, spec: str) -> Target:
-    from .sources.base import parse_spec   # not at the top: sources import this module
+    # not at the top: sources import this module
+    from .sources.base import nothing_after_at, parse_spec
 
     name, at, ref = spec.strip().rpartition("@")
     if not at:
         name, ref = spec.strip(), ""
     elif not ref:
-        raise InvalidInput(f"{spec!r} names no bundle after '@': give {name} alone to remove the "
-                           f"whole model, or {name}@VERSION, @ALIAS or @DIGEST")
+        raise nothing_after_at(spec, name, "to remove the whole model",
+                               f"{name}@VERSION, @ALIAS or @DIGEST")
     digest_prefix = ref[len("sha256:"):].lower() if ref.lower().startswith("sha256:") else None
     parsed = None
     if digest_prefix is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote
@@ -57,12 +58,21 @@ class JobsClient:
     # --- the user's side -----------------------------------------------------------------------
 
     def submit(self, spec: dict, idempotency_key: str | None = None) -> tuple[dict, bool]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        # retry=False: a 5xx or a dropped connection may come after the job was queued; a
-        # TRY_LATER answer comes before anything was, so that one is sent again
-        r = self._patiently(lambda: self.registry.request("POST", "/v1/jobs", json=spec,
-                                                          headers=headers, retry=False))
-        return r.json(), r.status_code == 201
+        # A key of our own where none is given: a TRY_LATER answer is sent again, and a 408 from
+        # a gateway may come after the registry queued the job; under one key a resend is
+        # answered with that job, not a second one
+        key = idempotency_key or f"oscar-zoo-{uuid.uuid4().hex}"
+        sent = []
+
+        def once():
+            sent.append(1)
+            # retry=False: a 5xx or a dropped connection is not sent again (the user decides)
+            return self.registry.request("POST", "/v1/jobs", json=spec,
+                                         headers={"Idempotency-Key": key}, retry=False)
+
+        r = self._patiently(once)
+        # a 200 to a resend under our own key is the job our first send created
+        return r.json(), r.status_code == 201 or (idempotency_key is None and len(sent) > 1)
 
     def get(self, job_id: str) -> dict:
         return self._patiently(lambda: self.registry.get_json(f"/v1/jobs/{_id(job_id)}"))

@@ -245,11 +245,14 @@ ROUNDING = 1e-6
 _STATED_FRACTION = re.compile(r"<= (\S+) x naive INT2's")
 
 
+_JUDGES_SERVED = f"as engines serve it ({SERVED})"
+
+
 def criterion_text(tolerance: float, naive_fraction: float, served: bool) -> str:
     text = (f"extra loss <= Hadamard's + {tolerance:g} nats and <= "
             f"{naive_fraction:g} x naive INT2's")
     if served:
-        text += f", for the bundle and as engines serve it ({SERVED})"
+        text += f", for the bundle and {_JUDGES_SERVED}"
     return text
 
 
@@ -318,27 +321,33 @@ def stated_naive_fraction(criterion: str) -> float | None:
 
 
 def verdict_disagreement(report: Validation) -> str | None:
-    """Why the report's `passed` contradicts its own numbers under `verdict`, or None.
+    """Why the report's `passed` contradicts its own numbers, or None.
 
-    Judged with the report's stored tolerance, and its naive fraction as its criterion states
-    it. Where the criterion states none, only what the stored numbers decide is checked: a
-    `passed: true` must still be within Hadamard's + tolerance (a bound every fraction keeps),
-    while a `passed: false` cannot be contradicted (the unknown fraction may have failed it).
+    Judged by the rule its criterion states, as the rule has changed: its stored tolerance, its
+    naive fraction as the criterion gives it (none: that half is not checked), bundle-served
+    only where the criterion judged it ("as engines serve it"; earlier reports measured it
+    without judging it), and a naive INT2 that costs nothing counted as unjudgeable only where
+    the criterion says "not judged" (earlier ones applied the bound as it came). So a report
+    `oscar-zoo validate` wrote in any version agrees with itself; an edited `passed` does not.
     Values within rounding of the bound are left as the report says."""
     by = {r.name: r for r in report.variants}
-    why = not_judged(by)
-    if why:
-        return f"it says passed: true, but it cannot be judged: {why}" if report.passed else None
+    missing = [n for n in ("bundle", *BASELINES_JUDGED) if n not in by]
+    if missing:     # every version ran both baselines by default, and failed without them
+        return (f"it says passed: true, but it cannot be judged: no {' or '.join(missing)} "
+                "variant" if report.passed else None)
     fraction = stated_naive_fraction(report.criterion)
     bound = loss_bound(by, report.tolerance, fraction)
     slack = ROUNDING * max(1.0, abs(by["naive"].delta_nll))
-    judged = judged_variants(by)
+    judged = ["bundle"] + ([SERVED] if SERVED in by and _JUDGES_SERVED in report.criterion else [])
     if report.passed:
+        if not_judged(by) and "not judged" in report.criterion:
+            return f"it says passed: true, but its criterion says {report.criterion!r}"
         over = [n for n in judged if by[n].delta_nll > bound + slack]
         if over:
             return (f"it says passed: true, but {_losses(by, over)} above the bound "
                     f"{_bound_text(by, report.tolerance, fraction, bound)}")
-    elif fraction is not None and all(by[n].delta_nll < bound - slack for n in judged):
+    elif (fraction is not None and "not judged" not in report.criterion
+          and all(by[n].delta_nll < bound - slack for n in judged)):
         return (f"it says passed: false, but {_losses(by, judged)} within the bound "
                 f"{_bound_text(by, report.tolerance, fraction, bound)}")
     return None

@@ -390,7 +390,8 @@ class Attempt:
         in its Retry-After (a beat every second kept a rate limit tripped), but within half the
         lease left, so that another beat is tried before it runs out."""
         left = self.expires - time.monotonic()
-        return max(1.0, min(asked_wait(e), left / 2))
+        # and never past the lease: with under a second left, the 1 s floor slept through it
+        return min(max(1.0, min(asked_wait(e), left / 2)), max(left - 0.25, 0.05))
 
     def _beat_failed(self, e: Exception) -> bool:
         """A beat that did not get through: True (the attempt given up) once the lease is out."""

@@ -35,4 +35,4 @@ def test_the_wording_is_cache_rms(sandbox):
 def test_names_and_refs_still_parse():
     assert parse_spec(GLM)[1].is_default
     assert parse_spec(f"{GLM}@3")[1].version == 3
-    assert parse_spec(f"zai-org/GLM-4.7-FP8@recommended")[1].alias == "recommended"
+    assert parse_spec("zai-org/GLM-4.7-FP8@recommended")[1].alias == "recommended"

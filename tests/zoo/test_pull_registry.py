@@ -114,6 +114,19 @@ def test_publish_command(registry, glm_bundles, sandbox):
     assert pull("glm-4.7-fp8").version == 1  # a draft is not latest
 
 
+def test_publishing_a_failed_bundle_keeps_it_a_draft_and_says_why(registry, tmp_path):
+    """The registry keeps a bundle whose validation failed as a draft unless told otherwise:
+    `publish` printed "stored as a draft" with no word of the reason."""
+    from tests.api.ui.seeding import make_validated_bundle
+
+    failed = make_validated_bundle(tmp_path / "b", passed=False).path
+    assert CliRunner().invoke(cli, ["login", "--token", registry.token("bundles:publish")]).exit_code == 0
+    result = CliRunner().invoke(cli, ["publish", str(failed)])
+    assert result.exit_code == 0, result.output
+    assert "stored as a draft: smollm2-135m v1 (draft" in result.stdout
+    assert "validation report failed" in result.stderr and "--status published" in result.stderr
+
+
 def test_publishing_a_layers_part_is_refused_before_any_upload(registry, glm_bundles, tmp_path):
     """A part verifies against its partial.json: it passed the local check and went up whole,
     to be refused by the registry (or, an export's, published with unchecked bytes)."""

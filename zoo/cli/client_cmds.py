@@ -810,7 +810,8 @@ def export_command(target, fmt, out, layers, as_json):
 @click.command("publish")
 @click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--status", type=click.Choice(["draft", "published"]), default=None,
-              help="Publish as a draft (`oscar-zoo promote NAME@V` later) instead of published.")
+              help="draft (`oscar-zoo promote NAME@V` later) or published. Default: published, "
+                   "or a draft when the bundle's validation report failed.")
 @click.option("--name", help="Model to publish under (default: the manifest's model name).")
 @json_option
 def publish_command(bundle_dir, status, name, as_json):
@@ -825,6 +826,9 @@ def publish_command(bundle_dir, status, name, as_json):
         body, created = client.publish(bundle_dir, name=name, status=status)
     verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \
         else "already there as"
+    if created and status is None and body.get("status") == "draft" and not as_json:
+        warn("its validation report failed, so the registry kept it as a draft (not latest); "
+             "`oscar-zoo promote` publishes it, or publish with --status published")
     emit({**body, "created": created}, as_json, lambda d: (
         f"{verb} {d['model']} v{d['version']} ({d['status']}, sha256:{d['digest'][:12]})"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from oscar_zoo.zoo import __version__
 from oscar_zoo.zoo.bundle import Bundle, write
-from oscar_zoo.zoo.manifest import Clip, Geometry, ModelRef, Validation, VariantResult
+from oscar_zoo.zoo.manifest import Clip, Geometry, ModelRef, Validation, VariantResult, criterion_text
 
 from tests.utils.bundles import make_manifest, make_tensors
 
@@ -38,7 +38,7 @@ def validation(n_layers: int, seed: int, passed: bool = True) -> Validation:
             kl=round(0.003 * scale, 5), attn_rel_error=round(float(np.mean(per_layer)), 5),
             per_layer_attn_rel_error=per_layer, delta_nll_by_set=[]))
     return Validation(
-        passed=passed, criterion="extra loss <= Hadamard's + 0.01 nats and <= 0.5 x naive INT2's",
+        passed=passed, criterion=criterion_text(0.01, 0.5, served="bundle-served" in SCALE),
         tolerance=0.01, dataset="wikitext-2 test", context_len=4096, eval_windows=8,
         eval_tokens=32768, sink_tokens=64, recent_tokens=256, group_size=128,
         scale_dtype="float32", bf16_nll=2.3456, bits_int2_tier=2.5, bits_at_context=3.28,

@@ -1,9 +1,11 @@
-"""Independent float64 numpy implementations of OSCAR's calibration formulas (oscar-spec 2.2-2.7),
-written from the spec text, sharing no code with calibrate/."""
+"""Independent float64 implementations of OSCAR's calibration formulas (oscar-spec 2.2-2.7, numpy)
+and of its INT2 cache (2.9, 3.1, torch), written from the spec text, sharing no code with
+calibrate/ or kernels/."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def qqt(q: np.ndarray, kv_heads: int) -> np.ndarray:
@@ -68,3 +70,27 @@ def oscar_rotation(cov: np.ndarray):
 def eigenvectors(rotation, eig: np.ndarray) -> np.ndarray:
     """U back from R = U H P, P ordered by `eig` (H is symmetric and its own inverse)."""
     return np.asarray(rotation, dtype=np.float64) @ bitrev_perm(eig).T @ hadamard(len(eig))
+
+
+def int2_f64(x, rotation, clip, group: int, mean):
+    """oscar-spec 2.9 and 3.1 in float64: (x - mean) R, per-row |x| clip by sort, per-group
+    asymmetric min/max with round-half-up codes in 0..3, dequantized, back to the original basis.
+    x: [T, H, d]; rotation [d, d] or [H, d, d]; clip [H]."""
+    x = x.double() - (0 if mean is None else mean.double())
+    r = rotation.double().expand(x.shape[1], *rotation.shape[-2:])
+    xr = torch.einsum("thd,hde->the", x, r)
+    t, h, d = xr.shape
+    out = torch.empty_like(xr)
+    for head in range(h):
+        row = xr[:, head]
+        if float(clip[head]) > 0:
+            thr = row.abs().sort(-1).values[:, min(int(float(clip[head]) * d), d - 1)][:, None]
+            row = torch.minimum(torch.maximum(row, -thr), thr)
+        grouped = row.reshape(t, d // group, group)
+        lo, hi = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+        scale = (hi - lo).clamp_min(1e-8) / 3
+        zero = -lo / scale
+        code = torch.floor(grouped / scale + zero + 0.5).clamp(0, 3)
+        out[:, head] = ((code - zero) * scale).reshape(t, d)
+    back = torch.einsum("the,hde->thd", out, r)
+    return back + (0 if mean is None else mean.double())

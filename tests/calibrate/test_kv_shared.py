@@ -20,6 +20,7 @@ from oscar_zoo.calibrate.loading import model_geometry
 from oscar_zoo.calibrate.validate import ValidationConfig, validate
 from oscar_zoo.zoo.bundle import Bundle
 from oscar_zoo.zoo.manifest import Geometry
+from tests.calibrate.reference import int2_f64
 from tests.utils.bundles import make_manifest, make_tensors
 
 transformers = pytest.importorskip("transformers")
@@ -145,29 +146,6 @@ def test_a_shared_layer_reads_the_int2_cache_its_source_layer_wrote(family, monk
 
 # --- the whole measurement against an independent float64 emulation --------------------------
 
-def _int2_f64(x, rotation, clip, group: int, mean):
-    """oscar-spec 2.9 and 3.1 in float64: (x - mean) R per KV head, per-row |x| clip by sort,
-    per-group asymmetric min/max with round-half-up codes 0..3, dequantized, back to the original
-    basis. x: [T, H, d]; rotation [H, d, d]; clip [H]."""
-    x = x.double() - (0 if mean is None else mean.double())
-    xr = torch.einsum("thd,hde->the", x, rotation.double())
-    t, h, d = xr.shape
-    out = torch.empty_like(xr)
-    for head in range(h):
-        row = xr[:, head]
-        if float(clip[head]) > 0:
-            thr = row.abs().sort(-1).values[:, min(int(float(clip[head]) * d), d - 1)][:, None]
-            row = torch.minimum(torch.maximum(row, -thr), thr)
-        grouped = row.reshape(t, d // group, group)
-        lo, hi = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scale = (hi - lo).clamp_min(1e-8) / 3
-        zero = -lo / scale
-        code = torch.floor(grouped / scale + zero + 0.5).clamp(0, 3)
-        out[:, head] = ((code - zero) * scale).reshape(t, d)
-    back = torch.einsum("the,hde->thd", out, rotation.double())
-    return back + (0 if mean is None else mean.double())
-
-
 def _attention_f64(q, k, v, k2, v2, scaling, window):
     """One query at a time: causal, within `window` keys (None: all) as transformers'
     sliding_window_overlay (kv_idx > q_idx - window); key j from BF16 when j < SINK or
@@ -198,8 +176,8 @@ def test_validation_of_a_kv_shared_model_matches_a_float64_reference(family):
         src = owner[lid]
         t = lambda a: torch.from_numpy(a)  # noqa: E731
         ks, vs = bundle.k[src], bundle.v[src]
-        return (_int2_f64(k[0].transpose(0, 1), t(ks.rotation), t(ks.clip), GROUP, t(ks.mean)),
-                _int2_f64(v[0].transpose(0, 1), t(vs.rotation), t(vs.clip), GROUP, None))
+        return (int2_f64(k[0].transpose(0, 1), t(ks.rotation), t(ks.clip), GROUP, t(ks.mean)),
+                int2_f64(v[0].transpose(0, 1), t(vs.rotation), t(vs.clip), GROUP, None))
 
     def attend(module, q, k, v, kw, k2, v2):
         return _attention_f64(q, k, v, k2, v2, kw["scaling"], getattr(module, "sliding_window", None))

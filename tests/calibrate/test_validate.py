@@ -16,6 +16,7 @@ from oscar_zoo.calibrate.validate import (BUILTIN, ValidationConfig, check_held_
                                           validate)
 from oscar_zoo.zoo.bundle import Bundle
 from oscar_zoo.zoo.errors import InvalidInput
+from tests.calibrate.reference import int2_f64
 from tests.utils.bundles import make_manifest, make_tensors
 
 
@@ -489,30 +490,6 @@ def test_a_model_whose_own_output_overflows_is_named(truncated_model, where, say
         hook.remove()
 
 
-def _int2_f64(x, rotation, clip, group: int, mean):
-    """oscar-spec 2.9 and 3.1 in float64: (x - mean) R, per-row |x| clip by sort, per-group
-    asymmetric min/max with round-half-up codes in 0..3, dequantized, back to the original basis.
-    x: [T, H, d]; rotation [d, d] or [H, d, d]; clip [H]."""
-    x = x.double() - (0 if mean is None else mean.double())
-    r = rotation.double().expand(x.shape[1], *rotation.shape[-2:])
-    xr = torch.einsum("thd,hde->the", x, r)
-    t, h, d = xr.shape
-    out = torch.empty_like(xr)
-    for head in range(h):
-        row = xr[:, head]
-        if float(clip[head]) > 0:
-            thr = row.abs().sort(-1).values[:, min(int(float(clip[head]) * d), d - 1)][:, None]
-            row = torch.minimum(torch.maximum(row, -thr), thr)
-        grouped = row.reshape(t, d // group, group)
-        lo, hi = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scale = (hi - lo).clamp_min(1e-8) / 3
-        zero = -lo / scale
-        code = torch.floor(grouped / scale + zero + 0.5).clamp(0, 3)
-        out[:, head] = ((code - zero) * scale).reshape(t, d)
-    back = torch.einsum("the,hde->thd", out, r)
-    return back + (0 if mean is None else mean.double())
-
-
 def _attention_f64(q, k, v, k2, v2, scaling):
     """Per query i, one at a time: key j from BF16 when j < SINK or i - j < RECENT, causal."""
     _, hq, t, d = q.shape
@@ -551,8 +528,8 @@ def test_validation_matches_a_float64_reference(truncated_model):
 
     def int2(name, lid, k, v):
         (rk, ck, mk), (rv, cv, _) = sides[name](lid)
-        return (_int2_f64(k[0].transpose(0, 1), rk, ck, 32, mk),
-                _int2_f64(v[0].transpose(0, 1), rv, cv, 32, None))
+        return (int2_f64(k[0].transpose(0, 1), rk, ck, 32, mk),
+                int2_f64(v[0].transpose(0, 1), rv, cv, 32, None))
 
     errors = {}
 

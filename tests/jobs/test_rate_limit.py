@@ -86,16 +86,18 @@ def limited(app, limits: list[RateLimit]):
         now = time.monotonic()
         asked = None if limit is None else limit.refuses(now)
         if asked is None:
-            status = {}
+            # seen when it comes in, its status filled in when the answer starts: a stream
+            # (job events) may end at the client before the app's call returns here
+            seen = Seen(now, scope["method"], scope["path"], 0)
+            if limit is not None:
+                limit.seen.append(seen)
 
             async def noting(message):
                 if message["type"] == "http.response.start":
-                    status["code"] = message["status"]
+                    seen.status = message["status"]
                 await send(message)
 
             await app(scope, receive, noting)
-            if limit is not None:
-                limit.seen.append(Seen(now, scope["method"], scope["path"], status.get("code", 0)))
             return
         limit.seen.append(Seen(now, scope["method"], scope["path"], 429, asked))
         body = (b'{"type": "about:blank", "title": "Too Many Requests", "status": 429, '

@@ -114,7 +114,7 @@ class JobsClient:
                         # second for 2 minutes, then told as "lost the registry"
                         r.read()
                         refused += 1
-                        time.sleep(_wait_or_raise(self.registry._error(r), refused))
+                        time.sleep(_wait_or_raise(self.registry.error_of(r), refused))
                         continue
                     if r.status_code >= 400:
                         r.read()

@@ -372,7 +372,11 @@ def _learn_statuses(cache: Cache, source) -> None:
     plans nothing. Else the cache's meta keeps "published" for a version the registry has
     yanked, and an offline pull serves it (through the `latest` ref it last recorded) without
     a word. Only bundles already cached are touched."""
-    model, versions = getattr(source, "seen", None) or (None, [])
+    from .sources.registry import RegistrySource      # only the registry lists other versions
+
+    if not isinstance(source, RegistrySource) or source.seen is None:
+        return
+    model, versions = source.seen
     for v in versions:
         digest = v.get("digest") if isinstance(v, dict) else None
         old = cache.read_meta(model, digest) if isinstance(digest, str) and is_sha256(digest) else {}

@@ -233,7 +233,7 @@ class RegistryClient:
                 time.sleep(min(0.25 * 2 ** attempt, 4.0))
                 continue
             if r.status_code >= 400:
-                raise self._error(r)
+                raise self.error_of(r)
             return r
         raise AssertionError("unreachable")
 
@@ -252,7 +252,9 @@ class RegistryClient:
                               f"{r.status_code} with {kind}, not JSON; is OSCAR_ZOO_ENDPOINT the "
                               "oscar-zoo registry's base URL?") from None
 
-    def _error(self, r) -> Exception:
+    def error_of(self, r) -> Exception:
+        """The domain error (zoo.errors) for a refused response r, as request() raises it;
+        for callers that read a response themselves (a job's event stream)."""
         try:
             body = r.json()
         except ValueError:

@@ -43,7 +43,7 @@ from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost
                                   OscarZooError, RemoteError, RemoteStorageFull, StorageFull,
                                   TRY_LATER)
 from oscar_zoo.zoo.jobs_client import JobsClient
-from oscar_zoo.zoo.sources.download import RETRY_AFTER_CAP
+from oscar_zoo.zoo.sources.download import backoff
 
 log = logging.getLogger("oscar_zoo.worker")
 POLL_S = 1.0
@@ -84,7 +84,7 @@ def run_worker(client: JobsClient, worker: str, gpus: int, stop: threading.Event
             failures += 1
             if failures == 3:       # not the blip of a registry restarting
                 log.warning("worker %s: cannot claim (%s); retrying", worker, e)
-            stop.wait(max(POLL_S * 3, min(asked_wait(e), RETRY_AFTER_CAP)))   # as a 429 asks
+            stop.wait(max(POLL_S * 3, asked_wait(e)))   # as a 429 asks
             continue
         if claimed is None:
             continue
@@ -425,7 +425,7 @@ class Attempt:
             # answers 503 under load must not get ten reports a second from every worker; nor
             # before a Retry-After it asked for (429), whose refusals would take the heartbeats'
             # share of a rate limit.
-            self.sent_at = now + min(asked_wait(e), RETRY_AFTER_CAP)
+            self.sent_at = now + asked_wait(e)
             return
         except OscarZooError as e:
             # A refused report (422, 413) is no reason to stop the calibration: the heartbeat
@@ -514,8 +514,10 @@ class Attempt:
 
 
 def asked_wait(e: Exception) -> float:
-    """The seconds a refusal asked to be left alone (Retry-After of a 429, 408 or 503), else 0."""
-    return getattr(e, "retry_after", None) or 0.0
+    """The seconds a refusal asked to be left alone (Retry-After of a 429, 408 or 503), within
+    download.RETRY_AFTER_CAP as every client of the registry waits, else 0."""
+    asked = getattr(e, "retry_after", None)
+    return backoff(0, asked) if asked else 0.0
 
 
 def new_workdir(job_id: str) -> tuple[Path, int]:

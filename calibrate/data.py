@@ -157,6 +157,11 @@ def adds_bos(tokenizer) -> bool:
     return bool(getattr(tokenizer, "add_bos_token", False)) and tokenizer.bos_token_id is not None
 
 
+def whole_windows(tokens: int, seq_len: int) -> int:
+    """How many windows a budget of `tokens` takes: whole ones, the last one full."""
+    return -(-tokens // seq_len)
+
+
 def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed: int = 0,
                   bos: bool | None = None, held_out: int = 0,
                   terms: Terms | None = None) -> list[list[int]]:
@@ -172,7 +177,7 @@ def token_windows(tokenizer, source: TextSource, seq_len: int, budget: int, seed
     if bos is None:
         bos = adds_bos(tokenizer)
     body = seq_len - int(bos)
-    n = -(-budget // seq_len)
+    n = whole_windows(budget, seq_len)
     slots = len(ids) // body
     if slots < n:
         raise InvalidInput(f"{source.name} has {len(ids):,} tokens: room for {slots} windows of "

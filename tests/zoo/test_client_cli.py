@@ -312,13 +312,13 @@ def test_a_convert_onto_a_full_out_names_it_and_the_fix_there(tmp_path, monkeypa
     out = disk / "out"
     if direction == "--from":
         k, v = export_files(read(bundle.path), tmp_path / "sglang")
-        args, doing = ["--from", "sglang", str(k), str(v), "--model", "qwen3-8b"], "the bundle"
+        args, doing = ["--from", "sglang", str(k), str(v), "--model", "qwen3-8b"], "writing the bundle"
     else:
-        args, doing = ["--to", "sglang", str(bundle.path)], "the sglang files"
+        args, doing = ["--to", "sglang", str(bundle.path)], "copying the engine files there"
     with full_disk(monkeypatch, disk, free=10_000):   # the bundle's staging dir is beside --out
         result = CliRunner().invoke(cli, ["convert", *args, "--out", str(out)])
     line = _one_error_line(result, f"out of disk space in --out {out} (No space left on device) "
-                           f"while writing {doing}; nothing half-written was kept. To fix: free "
+                           f"while {doing}; nothing half-written was kept. To fix: free "
                            "space on that disk, or choose another --out")
     assert "prune" not in line
     assert not out.exists() or list(out.iterdir()) == []

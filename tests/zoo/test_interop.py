@@ -377,7 +377,31 @@ def test_convert_to_sglang_into_a_file_says_which_out(tmp_path):
     (tmp_path / "taken").write_text("")
     r = CliRunner().invoke(cli, ["convert", "--to", "sglang", str(tmp_path / "b"), "--out",
                                  str(tmp_path / "taken")])
-    assert r.exit_code == 1 and "taken: cannot write there" in r.stderr, r.output
+    assert r.exit_code == 1 and "taken: cannot create that directory" in r.stderr, r.output
+
+
+def test_convert_to_sglang_never_replaces_files_it_did_not_write(tmp_path):
+    """`convert --to sglang` wrote OSCAR's file names over a RotationZoo checkout's own (another
+    model's rotations under the name its SGLang launch points at) where `export --out` refuses;
+    and it left no mark, so a later export there refused its own files."""
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    out = tmp_path / "checkout"
+    out.mkdir()
+    names = oscar_names(bundle.manifest)
+    for name in names:
+        (out / name).write_bytes(b"the user's own rotations " + name.encode())
+    before = {n: (out / n).read_bytes() for n in names}
+    args = ["convert", "--to", "sglang", str(bundle.path), "--out", str(out)]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and "which oscar-zoo did not write there" in r.stderr, r.output
+    assert {n: (out / n).read_bytes() for n in names} == before and r.stdout == ""
+    fresh = tmp_path / "fresh"
+    assert CliRunner().invoke(cli, args[:-1] + [str(fresh)]).exit_code == 0
+    r = CliRunner().invoke(cli, ["export", str(bundle.path), "--format", "sglang", "--out", str(fresh)])
+    assert r.exit_code == 0, r.output                 # its own files, marked as such
+    assert CliRunner().invoke(cli, args[:-1] + [str(fresh)]).exit_code == 0
 
 
 def test_convert_to_sglang_warns_that_searched_per_head_clips_are_lost(tmp_path):

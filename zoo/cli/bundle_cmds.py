@@ -131,17 +131,23 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
 
 
 def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:
+    """`export BUNDLE_DIR --format sglang --out OUT` under its older name: the same files, and
+    the same refusal to replace files in OUT that oscar-zoo did not write there (a RotationZoo
+    checkout uses OSCAR's very names) and the same mark of what it wrote."""
     from .. import bundle as bundle_mod
-    from ..cache import absolute
-    from ..files import out_dir_out_of_space
-    from ..interop.convert import clip_note, export_files
+    from ..cache import Cache
+    from ..export import export
+    from ..files import sha256_file
+    from ..interop.convert import clip_note
 
+    bundle_mod.verify_bundle(bundle_dir)
     bundle = bundle_mod.read(bundle_dir)
-    with out_dir_out_of_space(out, "writing the sglang files"):
-        k_path, v_path = export_files(bundle, out)
+    cache = Cache()
+    with cache.out_of_space(f"converting {bundle_dir}"), cache.gc_guard():
+        result = export(cache, sha256_file(bundle_dir / "bundle.json"), bundle_dir, "sglang", None, out)
     notes = [n for n in (clip_note(bundle),) if n]
     warn_unless_json(notes, as_json)
-    emit({"k": str(absolute(k_path)), "v": str(absolute(v_path)), "notes": notes}, as_json,
+    emit({"k": str(result.files["k"]), "v": str(result.files["v"]), "notes": notes}, as_json,
          lambda d: f"{d['k']}\n{d['v']}")
 
 

@@ -184,7 +184,26 @@ def sglang_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) 
     if per_head:
         notes.append("Per-KV-head rotations (OSCAR format 2): needs an SGLang build whose loader "
                      "dispatches on rotation.dim() (FutureMLS-Lab/OSCAR#20).")
+    notes += _page_note(q["sink_tokens"], q["recent_tokens"])
     return Recipe("sglang", env, command, notes + lloyd + _layer_note(m, layers))
+
+
+# SGLang's INT2 page: 4 x the BF16 tier's itemsize slots (oscar-spec 3.6)
+PAGE_TOKENS = 8
+
+
+def _page_note(sink: int, recent: int) -> list[str]:
+    """SGLang's pool asserts that both BF16 windows are whole INT2 pages (oscar-spec 3.5): a
+    bundle validated with other windows gets a server that refuses to start with these values."""
+    odd = [f"{name} {n}" for name, n in (("sink", sink), ("recent", recent)) if n % PAGE_TOKENS]
+    if not odd:
+        return []
+    fit = ", ".join(f"{name} {n // PAGE_TOKENS * PAGE_TOKENS or PAGE_TOKENS}" for name, n in
+                    (("sink", sink), ("recent", recent)))
+    return [f"SGLang needs both BF16 windows to be multiples of its {PAGE_TOKENS}-token INT2 page, "
+            f"and this bundle was validated with {' and '.join(odd)}: the server refuses to start "
+            f"with these values. Launch with windows that are (e.g. {fit}; quality then differs "
+            "from the bundle's report), or calibrate with such windows."]
 
 
 def vllm_recipe(m, k_path: str, v_path: str, layers: list[int] | None = None) -> Recipe:

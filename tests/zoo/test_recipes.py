@@ -148,3 +148,20 @@ def test_the_layer_note_names_the_layers_held_and_is_left_out_for_all_of_them():
     hybrid = _manifest("qwen3.5-35b-a3b")
     assert not any("pipeline" in n for n in
                    sglang_recipe(hybrid, "k", "v", layers=list(range(3, 40, 4))).notes)
+
+
+@pytest.mark.parametrize("sink, recent, odd", [(64, 256, None), (20, 256, "sink 20"), (64, 100, "recent 100")])
+def test_windows_that_are_not_whole_int2_pages_are_named(sink, recent, odd):
+    """SGLang's pool asserts that both BF16 windows are multiples of its 8-token INT2 page
+    (oscar-spec 3.5): the recipe gave windows of other sizes without a word, and the server
+    then refused to start."""
+    m = _manifest("qwen3-8b")
+    m = m.model_copy(update={"quantization": m.quantization.model_copy(
+        update={"sink_tokens": sink, "recent_tokens": recent})})
+    notes = [n for n in sglang_recipe(m, "k.pt", "v.pt").notes if "INT2 page" in n]
+    if odd is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and odd in notes[0] and "refuses to start" in notes[0], notes
+        fit = f"e.g. sink {sink // 8 * 8}, recent {recent // 8 * 8}"
+        assert fit in notes[0], notes

@@ -10,6 +10,8 @@ own bundle tensors: a cache no engine holds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from oscar_zoo.calibrate.int2_attention import kernel_quantizer
 from oscar_zoo.calibrate.loading import model_geometry
 from oscar_zoo.calibrate.validate import ValidationConfig, validate
 from oscar_zoo.zoo.bundle import Bundle
+from oscar_zoo.zoo.errors import InvalidInput
 from oscar_zoo.zoo.manifest import Geometry
 from tests.calibrate.reference import int2_f64
 from tests.utils.bundles import make_manifest, make_tensors
@@ -90,6 +93,20 @@ def _bundle(model, seed: int = 0) -> Bundle:
     return bundle
 
 
+def _consistent(bundle: Bundle, sources: dict[int, int]) -> Bundle:
+    """bundle with every shared layer carrying its source's tensors, as calibration writes it."""
+    for shared, source in sources.items():
+        bundle.k[shared], bundle.v[shared] = bundle.k[source], bundle.v[source]
+    return bundle
+
+
+def _allow_drift(monkeypatch):
+    """validate() refuses a bundle whose shared layers carry their own tensors (tested below);
+    the emulation tests here give them their own on purpose, so that reading the source's
+    cache shows: with the same tensors, quantizing twice would give the same rows."""
+    monkeypatch.setattr(validate_module, "check_kv_shared_tensors", lambda bundle, sources: None)
+
+
 def _window() -> list[int]:
     return torch.randint(0, 128, (T,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -134,6 +151,7 @@ def test_a_shared_layer_reads_the_int2_cache_its_source_layer_wrote(family, monk
 
     monkeypatch.setattr(validate_module, "_replace_observer", recording_replace)
     monkeypatch.setattr(validate_module, "mixed_attention", recording_attention)
+    _allow_drift(monkeypatch)
     _validate(model, _bundle(model))
     assert sorted(read) == list(range(6))
     for shared, source in _sources(model).items():
@@ -164,11 +182,12 @@ def _attention_f64(q, k, v, k2, v2, scaling, window):
 
 
 @pytest.mark.parametrize("family", list(MODELS))
-def test_validation_of_a_kv_shared_model_matches_a_float64_reference(family):
+def test_validation_of_a_kv_shared_model_matches_a_float64_reference(family, monkeypatch):
     """Extra loss, KL and per-layer attention error of the bundle, against the same cache done
     in float64 one query at a time, each shared layer reading its source layer's INT2 K/V."""
     model = _model(family)
     bundle = _bundle(model)
+    _allow_drift(monkeypatch)
     report = _validate(model, bundle)
     owner = {lid: _sources(model).get(lid, lid) for lid in range(6)}
 
@@ -208,6 +227,66 @@ def test_validation_of_a_kv_shared_model_matches_a_float64_reference(family):
     assert ours.per_layer_attn_rel_error == pytest.approx([errors[i] for i in range(6)], rel=1e-4)
     assert ours.delta_nll == pytest.approx(delta, rel=1e-3, abs=1e-5)
     assert ours.kl == pytest.approx(kl, rel=1e-3, abs=1e-6)
+
+
+# --- a bundle whose shared layers carry other tensors than their source's ---------------------
+
+# per field the refusal names: (side, SideTensors field, a change that keeps it a valid tensor)
+_DRIFTS = {
+    "rotation K": ("k", "rotation", lambda r: r[..., ::-1, :].copy()),     # rows swapped
+    "rotation V": ("v", "rotation", lambda r: -r),
+    "key mean": ("k", "mean", lambda m: m + 1e-3),
+    "clip K": ("k", "clip", lambda c: c * 0.99),
+    "clip V": ("v", "clip", lambda c: c * 0.99),
+}
+
+
+def _drifted(model, layer: int, field: str) -> Bundle:
+    """A consistent bundle, but `layer` (a shared one) carries `field` changed."""
+    bundle = _consistent(_bundle(model), _sources(model))
+    side, attr, change = _DRIFTS[field]
+    tensors = getattr(bundle, side)
+    tensors[layer] = dataclasses.replace(tensors[layer], **{attr: change(getattr(tensors[layer], attr))})
+    return bundle
+
+
+@pytest.mark.parametrize("field", list(_DRIFTS))
+def test_kv_shared_drift_names_each_field_that_differs_and_nothing_else(field):
+    from oscar_zoo.calibrate.validate import kv_shared_drift
+
+    model = _model("gemma4")
+    assert kv_shared_drift(_consistent(_bundle(model), _sources(model)), _sources(model)) == {}
+    assert kv_shared_drift(_drifted(model, 4, field), _sources(model)) == {4: [field]}
+
+
+def test_a_key_mean_on_the_reader_only_is_drift():
+    from oscar_zoo.calibrate.validate import kv_shared_drift
+
+    model = _model("gemma3n")
+    bundle = _consistent(_bundle(model), _sources(model))
+    bundle.k[5] = dataclasses.replace(bundle.k[5], mean=None)
+    assert kv_shared_drift(bundle, _sources(model)) == {5: ["key mean"]}
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_validate_refuses_a_bundle_whose_shared_layers_carry_their_own_tensors(family, monkeypatch):
+    """Bundles calibrated before readers got their source's tensors (or converted, hand-made)
+    carry their own: validation read the source's and reported good numbers for a bundle an
+    engine, which looks tensors up by layer id, serves with the wrong rotations. Refused before
+    any forward, naming the layers, the fields and the fix; a consistent bundle validates."""
+    model = _model(family)
+    monkeypatch.setattr(model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises(InvalidInput) as e:
+        _validate(model, _bundle(model))
+    said = str(e.value)
+    assert ("rotation K, rotation V, key mean, clip K, clip V on layers 3 (source 1), "
+            "4 (source 1), 5 (source 2).") in said
+    assert "recalibrate with this version" in said and "oscar-zoo calibrate" in said
+    with pytest.raises(InvalidInput, match=r"read: clip V on layer 4 \(source 1\)\."):
+        _validate(model, _drifted(model, 4, "clip V"))
+    monkeypatch.undo()
+    (ours,) = _validate(model, _consistent(_bundle(model), _sources(model))).variants
+    assert ours.name == "bundle"
 
 
 # --- which layer's cache a shared layer reads, from its config ---------------------------------

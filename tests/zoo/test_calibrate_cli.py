@@ -304,6 +304,53 @@ def test_validate_refuses_a_catalog_model_of_another_geometry_before_loading_it(
     assert r.exit_code == 1 and "calibrated for smollm2-135m, whose geometry" in r.stderr, r.output
 
 
+def _kv_shared_model_dir(tmp_path):
+    """A local model whose config.json makes the test model's last 4 layers KV-shared (all
+    full attention: they read layer 25's cache). No weights: the load must not come."""
+    config = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
+              "num_key_value_heads": 3, "head_dim": 64, "hidden_size": 576,
+              "num_kv_shared_layers": 4}
+    model = tmp_path / "my-shared-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize("where", ["a model directory", "the Hugging Face cache"])
+def test_validate_refuses_kv_shared_layers_with_their_own_tensors_before_loading(monkeypatch,
+                                                                                 tmp_path, where):
+    """A bundle whose KV-shared layers carry other tensors than their source (calibrated
+    before readers got the source's) validated well, as validation reads the source's, while an
+    engine looking tensors up by layer id serves it wrong. Refused where the model's config is
+    on disk before the load, the bundle left as it was; a consistent one goes on to the load."""
+    import huggingface_hub
+
+    _never_load(monkeypatch)
+    model = _kv_shared_model_dir(tmp_path)
+    if where == "the Hugging Face cache":     # a hub id: its config.json from the cache, if there
+        hub = {("org/shared", "config.json"): str(model / "config.json")}
+        monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache",
+                            lambda repo, name, revision=None: hub.get((repo, name)))
+        model = "org/shared"
+    b = make_bundle(tmp_path / "b", model="smollm2-135m")      # every layer its own tensors
+    before = _files_of(b.path)
+    r = CliRunner().invoke(cli, ["validate", str(b.path), "--model", str(model)])
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    said = " ".join(r.stderr.split())
+    assert ("rotation K, rotation V on layers 26 (source 25), 27 (source 25), 28 (source 25), "
+            "29 (source 25).") in said, said          # its clips are global: the same everywhere
+    assert "recalibrate with this version" in said
+    assert _files_of(b.path) == before
+
+    consistent = bundle_mod.read(b.path)
+    for lid in range(26, 30):
+        consistent.k[lid], consistent.v[lid] = consistent.k[25], consistent.v[25]
+    fixed = bundle_mod.write(consistent, tmp_path / "fixed").path
+    monkeypatch.setattr(loading, "load_model", lambda src: (_ for _ in ()).throw(Stop()))
+    r = CliRunner().invoke(cli, ["validate", str(fixed), "--model", str(model)])
+    assert isinstance(r.exception, Stop), r.output
+
+
 def test_validate_refuses_a_negative_tolerance(tmp_path):
     """A negative tolerance would fail a bundle that beats the Hadamard baseline (the job spec
     already refuses one)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -165,12 +166,14 @@ def calibrate_command(model, out, data, text_field, tokens, seq_len, batch_size,
 
 
 def _note_whole_windows(tokens: int, seq_len: int) -> None:
-    """Warn when the budget is not whole windows: calibrate/data.token_windows takes
-    ceil(tokens / seq_len) of them, so --tokens 10 --seq-len 400 calibrated on 400 tokens
+    """Warn when the budget is not whole windows: calibrate/data.token_windows takes whole_windows,
+    ceil(tokens / seq_len), so --tokens 10 --seq-len 400 calibrated on 400 tokens
     without a word, and the manifest's calibration.tokens disagreed with the budget asked.
     Quiet for the shipped defaults (30000 in windows of 2048: 720 more), OSCAR's own recipe,
     which every run would otherwise warn about."""
-    windows = -(-tokens // seq_len)
+    from oscar_zoo.calibrate.data import whole_windows
+
+    windows = whole_windows(tokens, seq_len)
     total = windows * seq_len
     shipped = tuple(int(settings.setting(n).default) for n in ("calib_tokens", "calib_seq_len"))
     if total == tokens or (tokens, seq_len) == shipped:
@@ -492,6 +495,7 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
     src = _bundle_model(bundle.manifest.model, model)
     if src.entry is not None and src.entry.geometry_verified:   # known: a wrong --model costs no load
         check_geometry_of(bundle, src.entry.geometry)
+    _check_kv_shared_before_loading(bundle, src)
     loaded = load_model(src)
     bars = PhaseBars()
     report = validate(bundle, *loaded, cfg, _quantizer(bundle, loaded[0]), progress=bars, text=text)
@@ -502,6 +506,38 @@ def validate_command(bundle_dir, model, data, text_field, context_len, windows, 
         info(f"report stored in {bundle_dir}/bundle.json")
     emit(report.model_dump(mode="json"), as_json, _human_report)
     _exit_unless_passed(report, bundle_dir)
+
+
+def _check_kv_shared_before_loading(bundle, src) -> None:
+    """validate()'s KV-shared check (check_kv_shared_tensors), made before the load where the
+    model's config.json is on disk: a model directory, or a hub model in the Hugging Face
+    cache. Elsewhere reading it costs a download; validate() makes the check after the load,
+    before any forward."""
+    from oscar_zoo.calibrate.cache_bits import kv_sources
+    from oscar_zoo.calibrate.validate import check_kv_shared_tensors
+
+    path = _config_on_disk(src)
+    try:
+        config = json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return              # the load says what is wrong with it
+    if isinstance(config, dict):
+        check_kv_shared_tensors(bundle, kv_sources(config))
+
+
+def _config_on_disk(src) -> Path | None:
+    if src.gguf_file is not None:        # its config is in the GGUF's metadata
+        return None
+    local = Path(src.path) / "config.json"
+    if local.is_file():
+        return local
+    from huggingface_hub import try_to_load_from_cache
+
+    try:        # the cache only: never the network
+        cached = try_to_load_from_cache(src.path, "config.json", revision=src.revision)
+    except ValueError:      # a name the hub's rules refuse (HFValidationError): the load names it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def _exit_unless_passed(report, where) -> None:

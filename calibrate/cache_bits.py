@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oscar_zoo.zoo.errors import UnsupportedModelError
+import numpy as np
+
+from oscar_zoo.zoo.errors import InvalidInput, UnsupportedModelError
 from oscar_zoo.zoo.geometry import layer_kinds, text_tower
 
 # layer kinds (transformers' config.layer_types) whose cache keeps a bounded span of tokens,
@@ -166,3 +168,72 @@ def _fields(config):
 def _window(value) -> int | None:
     # null or 0: no window (configs write both)
     return int(value) if value else None
+
+
+# what an engine looks up by a KV-shared layer's own id, named as the refusal names it:
+# (name, side, SideTensors field)
+_SHARED_FIELDS = (("rotation K", "k", "rotation"), ("rotation V", "v", "rotation"),
+                  ("key mean", "k", "mean"), ("clip K", "k", "clip"), ("clip V", "v", "clip"))
+
+
+def kv_shared_drift(bundle, sources: dict[int, int]) -> dict[int, list[str]]:
+    """{KV-shared layer: the fields (_SHARED_FIELDS' names) whose stored tensors differ from
+    its source layer's}, empty for a bundle that gives every reader its source's tensors.
+    sources: kv_sources of the model. Exact: calibration copies the source's arrays, so any
+    difference is a bundle made another way, not rounding. A layer the bundle lacks is left to
+    check_geometry_of."""
+    drift = {}
+    for shared, source in sources.items():
+        if shared not in bundle.k or source not in bundle.k:
+            continue
+        fields = [name for name, side, attr in _SHARED_FIELDS
+                  if not _same(getattr(getattr(bundle, side)[shared], attr),
+                               getattr(getattr(bundle, side)[source], attr))]
+        if fields:
+            drift[shared] = fields
+    return drift
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:       # a key mean on one layer only
+        return a is b
+    return np.array_equal(a, b)
+
+
+def check_kv_shared_tensors(bundle, sources: dict[int, int]) -> None:
+    """InvalidInput naming the KV-shared layers whose tensors are not their source layer's.
+
+    An engine stores a shared cache once, quantized with the source's rotations, key mean and
+    clips, but looks each layer's tensors up by its own id: a reader carrying others would
+    un-rotate that cache with matrices it was not written with. Validation reads the source's
+    (stored_once), so it would score such a bundle well while engines serve it wrong: it is
+    refused before any forward, so no report is made or written. Bundles calibrated before
+    calibration gave readers their source's tensors, hand-made or converted ones can be so."""
+    drift = kv_shared_drift(bundle, sources)
+    if not drift:
+        return
+    name = bundle.manifest.model.name
+    raise InvalidInput(
+        f"this bundle gives KV-shared layers other tensors than the source layer whose cache "
+        f"they read: {drift_text(drift, sources)}. An engine stores that cache once, with the "
+        "source's tensors, and looks each layer's up by its own id, so these layers would read "
+        "it with the wrong ones; validation measures the source's and would pass a bundle "
+        "engines serve wrong. Bundles calibrated by an earlier oscar-zoo, converted from "
+        "OSCAR's files or made by hand can be so: recalibrate with this version, which gives "
+        f"every shared layer its source's tensors (`oscar-zoo calibrate {name} --validate "
+        "--out DIR`)")
+
+
+def drift_text(drift: dict[int, list[str]], sources: dict[int, int]) -> str:
+    """'rotation K, clip V on layers 20 (source 18), 21 (source 18)': readers grouped by what
+    differs: a model's readers (a dozen or more) usually all differ alike."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for lid, fields in drift.items():
+        groups.setdefault(tuple(fields), []).append(lid)
+    parts = []
+    for fields, lids in groups.items():
+        named = [f"{lid} (source {sources[lid]})" for lid in lids[:8]]
+        if len(lids) > 8:
+            named.append(f"{len(lids) - 8} more")
+        parts.append(f"{', '.join(fields)} on layer{'s' * (len(lids) > 1)} {', '.join(named)}")
+    return "; ".join(parts)

@@ -252,7 +252,7 @@ def _drifted(model, layer: int, field: str) -> Bundle:
 
 @pytest.mark.parametrize("field", list(_DRIFTS))
 def test_kv_shared_drift_names_each_field_that_differs_and_nothing_else(field):
-    from oscar_zoo.calibrate.validate import kv_shared_drift
+    from oscar_zoo.calibrate.cache_bits import kv_shared_drift
 
     model = _model("gemma4")
     assert kv_shared_drift(_consistent(_bundle(model), _sources(model)), _sources(model)) == {}
@@ -260,7 +260,7 @@ def test_kv_shared_drift_names_each_field_that_differs_and_nothing_else(field):
 
 
 def test_a_key_mean_on_the_reader_only_is_drift():
-    from oscar_zoo.calibrate.validate import kv_shared_drift
+    from oscar_zoo.calibrate.cache_bits import kv_shared_drift
 
     model = _model("gemma3n")
     bundle = _consistent(_bundle(model), _sources(model))

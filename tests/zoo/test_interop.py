@@ -480,3 +480,45 @@ def test_the_clip_note_names_a_global_pair_other_than_oscars():
     assert note is not None and "set (K 0.9, V 0.92)" in note, note
     assert "SGLANG_OSCAR_K_CLIP_RATIO=0.9 and SGLANG_OSCAR_V_CLIP_RATIO=0.92" in note
     assert "values are lost" not in note
+
+
+def _gemma3n_like(tmp_path, shared_like_source: bool) -> tuple[Path, Path, Path]:
+    """A config whose last 4 layers read earlier layers' caches (Gemma 3n's layout: layer 9,
+    full attention, reads 4; 6-8, sliding, read 5), and OSCAR files giving each layer its own
+    rotation, or the readers their source's."""
+    kinds = ["sliding_attention"] * 4 + ["full_attention"] + ["sliding_attention"] * 4 + ["full_attention"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gemma3n", "text_config": {
+        "num_hidden_layers": 10, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "hidden_size": 512, "layer_types": kinds, "num_kv_shared_layers": 4}}))
+    paths = []
+    for side, objective, seed in (("k", "qqt_r_h_pbr", 1), ("v", "sst_r_h_pbr", 2)):
+        f = _random_oscar(range(10), 64, seed=seed, objective=objective)
+        if shared_like_source:
+            for reader, source in {6: 5, 7: 5, 8: 5, 9: 4}.items():
+                f.layers[reader] = f.layers[source]
+        paths.append(tmp_path / f"{side}_rotation_{objective}.pt")
+        oscar_pt.write_file(paths[-1], f)
+    return config, paths[0], paths[1]
+
+
+@pytest.mark.parametrize("shared_like_source", [False, True])
+def test_convert_names_kv_shared_layers_whose_files_give_them_their_own_rotations(tmp_path,
+                                                                                  shared_like_source):
+    """OSCAR's files give every layer its own rotation; on a KV-shared model an engine reads a
+    shared layer's cache as its source wrote it but looks tensors up by the layer's own id.
+    convert imported such files without a word (validate now refuses the bundle)."""
+    config, k, v = _gemma3n_like(tmp_path, shared_like_source)
+    args = ["convert", "--from", "sglang", str(k), str(v), "--model", "my-org/gemma3n-like",
+            "--config", str(config), "--out", str(tmp_path / "b")]
+    r = CliRunner().invoke(cli, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    warnings = json.loads(r.stdout)["warnings"]
+    if shared_like_source:
+        assert warnings == [] and "warning" not in r.stderr
+        return
+    assert len(warnings) == 1 and "warning" not in r.stderr, r.stderr     # --json carries it
+    assert ("rotation K, rotation V on layers 6 (source 5), 7 (source 5), 8 (source 5), "
+            "9 (source 4)") in warnings[0] and "validate` refuses" in warnings[0]
+    r = CliRunner().invoke(cli, args + ["--overwrite"])
+    assert r.exit_code == 0 and f"warning: {warnings[0]}" in " ".join(r.stderr.split()), r.stderr

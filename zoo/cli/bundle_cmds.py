@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import click
@@ -124,10 +126,33 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
         # what SGLang's INT2 kernels take; the bundle would record it for every launch recipe
         check_int2_geometry(group_size, entry.geometry)
     bundle = import_files(k_path, v_path, entry, serving)
+    notes = _kv_shared_notes(bundle, config)
     with out_dir_out_of_space(out, "writing the bundle"):
         written = bundle_mod.write(bundle, out, overwrite=overwrite)
     info(f"imported {k_path.name} + {v_path.name} -> {out}")
-    emit(_summary(written.manifest), as_json, _human_summary_unverified)
+    warn_unless_json(notes, as_json)
+    emit({**_summary(written.manifest), "warnings": notes}, as_json, _human_summary_unverified)
+
+
+def _kv_shared_notes(bundle, config: Path | None) -> list[str]:
+    """The import is faithful to OSCAR's files, which give every layer its own tensors; on a
+    KV-shared model (Gemma 3n, Gemma 4: a config saying so) an engine reads a shared layer's
+    cache as its source wrote it but looks tensors up by the layer's own id, so say which
+    layers it would serve wrong (and that validate refuses the bundle). Without --config the
+    sharing is unknown here; validate checks it against the model."""
+    if config is None:
+        return []
+    from oscar_zoo.calibrate.cache_bits import drift_text, kv_shared_drift, kv_sources
+
+    path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+    sources = kv_sources(json.loads(path.read_text()))     # resolve() has read it already
+    drift = kv_shared_drift(bundle, sources)
+    if not drift:
+        return []
+    return [f"KV-shared layers carry other tensors than the layer whose cache they read: "
+            f"{drift_text(drift, sources)}. Engines look each layer's tensors up by its own id, "
+            "so they would read that cache with the wrong ones, and `oscar-zoo validate` refuses "
+            "this bundle; calibrate the model with oscar-zoo instead"]
 
 
 def _to_sglang(bundle_dir: Path, out: Path, as_json: bool) -> None:

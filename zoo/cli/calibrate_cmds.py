@@ -513,8 +513,7 @@ def _check_kv_shared_before_loading(bundle, src) -> None:
     model's config.json is on disk: a model directory, or a hub model in the Hugging Face
     cache. Elsewhere reading it costs a download; validate() makes the check after the load,
     before any forward."""
-    from oscar_zoo.calibrate.cache_bits import kv_sources
-    from oscar_zoo.calibrate.validate import check_kv_shared_tensors
+    from oscar_zoo.calibrate.cache_bits import check_kv_shared_tensors, kv_sources
 
     path = _config_on_disk(src)
     try:

@@ -467,6 +467,10 @@ def _owner(lock_path: Path) -> str:
 
 # --- verify and prune --------------------------------------------------------------------------
 
+# Problem.model of an export built from a bundle directory, whose model the cache does not hold
+DIR_EXPORT = "(bundle directory)"
+
+
 @dataclass
 class Problem:
     model: str
@@ -528,7 +532,11 @@ def _scan(cache: Cache, model: str | None) -> tuple[int, list[_Fault], set[Path]
         checked += n
         if fault.problems:
             faults.append(fault)
-    for digest, name in {d: n for n, d, _ in reversed(dirs)}.items():  # first holder's name
+    names = {d: n for n, d, _ in reversed(dirs)}                       # first holder's name
+    if model is None:   # exports of bundle directories (`export DIR`), digests no snapshot holds
+        names.update({e.name: DIR_EXPORT for e in _entries(cache.root / "exports")
+                      if is_sha256(e.name) and e.name not in names})
+    for digest, name in names.items():
         for edir in _entries(cache.root / "exports" / _sha(digest)):
             n, fault = _check_export(edir, name, digest)
             checked += n

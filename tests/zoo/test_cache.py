@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import click
 import pytest
@@ -190,6 +191,34 @@ def test_verify_finds_a_corrupt_export_and_the_next_pull_builds_it_again(hf_only
     again = pull("glm-4.7-fp8", fmt="sglang")
     assert again.export.files["k"] == k and k.read_bytes() == whole
     assert verify_cache(Cache()) == (PULLED_FILES, [])
+
+
+def test_verify_checks_exports_of_bundle_directories_too(tmp_path):
+    """`export DIR` builds its files in the cache (exports/<sha256 of bundle.json>), which no
+    snapshot holds: verify skipped them and said "all checksums match" over a flipped byte that
+    the next export then copied out."""
+    from oscar_zoo.zoo.cache import DIR_EXPORT
+    from tests.utils.bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", model="qwen3-8b")
+    args = ["export", str(bundle.path), "--format", "sglang", "--out", str(tmp_path / "out"), "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    out_k = Path(json.loads(result.stdout)["files"]["k"])
+    whole = out_k.read_bytes()
+    built = next(Cache().root.glob(f"exports/*/sglang/{out_k.name}"))
+    with open(built, "r+b") as f:                    # the same size: the warm path's check passes
+        f.seek(len(whole) // 2)
+        f.write(bytes([whole[len(whole) // 2] ^ 0x10]))
+    result = CliRunner().invoke(cli, ["verify", "--json"])
+    assert result.exit_code == 1, result.output
+    problems = json.loads(result.stdout)["problems"]
+    assert [(p["model"], p["file"], p["problem"][:6]) for p in problems] == [
+        (DIR_EXPORT, f"exports/sglang/{out_k.name}", "sha256")]
+    assert not built.exists()
+    result = CliRunner().invoke(cli, ["verify"])
+    assert result.exit_code == 0 and "all checksums match" in result.stdout, result.output
+    assert CliRunner().invoke(cli, args).exit_code == 0 and out_k.read_bytes() == whole
 
 
 def test_prune_drops_only_what_no_ref_uses(hf_only, hub):

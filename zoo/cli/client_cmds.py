@@ -398,7 +398,8 @@ def verify_command(target, as_json):
     checked, problems = verify_cache(cache, name)
     data = {"checked": checked, "problems": [p.__dict__ for p in problems]}
     emit(data, as_json, lambda d: "\n".join(
-        [f"CORRUPT {p['model']} {p['digest'][:12]} {p['file']}: {p['problem']} (deleted; pull again)"
+        [f"CORRUPT {p['model']} {p['digest'][:12]} {p['file']}: {p['problem']} (deleted; "
+         + ("built again on its next use)" if p["file"].startswith("exports/") else "pull again)")
          for p in d["problems"]] + [f"checked {d['checked']} files: "
                                     + ("all checksums match" if not d["problems"]
                                        else f"{len(d['problems'])} problem(s)")]))

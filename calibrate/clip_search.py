@@ -5,7 +5,9 @@ model, ratios chosen per layer from a grid reaching well below 0.9 cut the INT2 
 (quality-variants.md). Objective: squared error of the attention block's output after o_proj,
 on calibration query positions outside the BF16 windows, under the exact INT2 quantizer and the
 sink/recent window mask. K is chosen first with V in full precision, then V with K at its choice.
-A cache that several layers read (KV-shared models) is searched once, against their summed error.
+A cache that several layers read (KV-shared models) is searched once, against their summed error;
+until its last reader has attended, each reader waits as a Reader holding only the query rows
+the search reads (clip_queries of a window's positions), not its whole queries and mask.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from oscar_zoo.zoo.errors import InvalidInput
 
-from .int2_attention import Quantizer, dequantized, mixed_attention
+from .int2_attention import Quantizer, dequantized, is_causal, row_attention
 
 GRID = (0.62, 0.69, 0.75, 0.80, 0.85, 0.89, 0.92, 0.94, 0.97, 1.0)
 
@@ -44,24 +46,36 @@ def query_rows(t: int, sink: int, recent: int, n: int, seed: int) -> torch.Tenso
 
 @dataclass
 class Reader:
-    """One attention layer reading a cache: the module (its o_proj), its queries q
-    [B, Hq, T, d], the model's mask `allowed` [B|1, 1, T, T] (True = may attend) and its scale."""
-    module: object
-    q: torch.Tensor
-    allowed: torch.Tensor
+    """One attention layer reading a cache, as the search reads it: only the query rows `rows`.
+    A KV-shared cache's readers wait until its last one has attended (up to ~16 at once on
+    Gemma 3n), and the search reads clip_queries of a window's positions (256 of 2048 by
+    default): whole queries and masks would hold ~8x more for nothing. Make one with `of`."""
+    module: object                  # its o_proj maps the attention output
+    q: torch.Tensor                 # [B, Hq, R, d] the queries at rows
+    allowed: torch.Tensor           # [B|1, 1, R, T] the model's mask at rows (True = may attend)
+    rows: torch.Tensor              # [R] query positions in the window, on q's device
+    causal: bool                    # of the whole [T, T] mask (int2_attention.row_attention)
     scaling: float
+
+    @classmethod
+    def of(cls, module, q, allowed, scaling: float, rows: torch.Tensor) -> Reader:
+        """q: [B, Hq, T, d]; allowed: bool [B|1, 1, T, T]; rows: [R] (query_rows)."""
+        rows = rows.to(q.device)
+        # indexing with a tensor copies, so no view keeps the whole q or mask alive
+        return cls(module, q[:, :, rows], allowed[:, :, rows], rows,
+                   is_causal(allowed, q.shape[2]), scaling)
 
 
 def search_layer(module, q, k, v, allowed, scaling: float, rot_k, rot_v, mean, group_size: int,
                  sink: int, recent: int, rows: torch.Tensor, quantizer: Quantizer,
                  per_head: bool = False, grid=GRID) -> LayerClips:
     """q: [B, Hq, T, d]; k, v: [B, H, T, d]; returns the chosen clips and the error curves."""
-    return search_cache([Reader(module, q, allowed, scaling)], k, v, rot_k, rot_v, mean,
-                        group_size, sink, recent, rows, quantizer, per_head, grid)
+    return search_cache([Reader.of(module, q, allowed, scaling, rows)], k, v, rot_k, rot_v, mean,
+                        group_size, sink, recent, quantizer, per_head, grid)
 
 
 def search_cache(readers: list[Reader], k, v, rot_k, rot_v, mean, group_size: int, sink: int,
-                 recent: int, rows: torch.Tensor, quantizer: Quantizer, per_head: bool = False,
+                 recent: int, quantizer: Quantizer, per_head: bool = False,
                  grid=GRID) -> LayerClips:
     """Clips of one stored cache, k, v: [B, H, T, d], against the relative output error summed
     over every layer that reads it. An engine stores a KV-shared model's K/V once, with one set
@@ -69,7 +83,7 @@ def search_cache(readers: list[Reader], k, v, rot_k, rot_v, mean, group_size: in
     Gemma 4): a clip good for the writer alone may cost its readers more. The curves are the
     sums, so global_pair weighs each layer once however the caches are shared."""
     heads = k.shape[1]
-    errors = [_relative_error(r, k, v, sink, recent, rows) for r in readers]
+    errors = [_relative_error(r, k, v, sink, recent) for r in readers]
 
     def err(k_i, v_i) -> float:
         return sum(e(k_i, v_i) for e in errors)
@@ -89,20 +103,20 @@ def search_cache(readers: list[Reader], k, v, rot_k, rot_v, mean, group_size: in
                       torch.tensor(v_choice, dtype=torch.float32), k_curve, v_curve)
 
 
-def _relative_error(reader: Reader, k, v, sink: int, recent: int, rows: torch.Tensor):
+def _relative_error(reader: Reader, k, v, sink: int, recent: int):
     """(k_i, v_i) -> ||o - o_ref||^2 / ||o_ref||^2 of the reader's attention block output after
-    o_proj at the query positions `rows`, o_ref over an all-BF16 cache."""
+    o_proj at its query positions, o_ref over an all-BF16 cache."""
     out_proj = _output_projection(reader.module, reader.q.shape)
     # a device_map'd model may hold the cache on another GPU than a layer reading it; `.to` is
-    # the tensor itself on the same device, so mixed_attention still knows the BF16 reference
+    # the tensor itself on the same device, so row_attention still knows the BF16 reference
     dev = reader.q.device
     k_here, v_here = k.to(dev), v.to(dev)
 
     def attention(k_i, v_i):
         k_i = k_here if k_i is k else k_i.to(dev)
         v_i = v_here if v_i is v else v_i.to(dev)
-        return out_proj(mixed_attention(reader.q, k_here, v_here, reader.allowed, reader.scaling,
-                                        k_i, v_i, sink, recent, rows)).float()
+        return out_proj(row_attention(reader.q, k_here, v_here, reader.allowed, reader.scaling,
+                                      k_i, v_i, sink, recent, reader.rows, reader.causal)).float()
 
     ref = attention(k, v)
     scale = float((ref ** 2).sum().clamp_min(1e-30))

@@ -129,23 +129,46 @@ def mixed_attention(q, k, v, allowed, scaling: float, k_int2, v_int2, sink: int,
     the INT2 round trip (or k, v themselves for a tier kept in full precision); allowed: bool
     [B|1, 1, T, T] model mask (causal, sliding window).
     """
-    b, hq, t, d = q.shape
-    g = hq // k.shape[1]
+    t = q.shape[2]
     rows = torch.arange(t, device=q.device) if rows is None else rows.to(q.device)
+    return _attention(q, k, v, allowed, scaling, k_int2, v_int2, sink, recent, rows, rows,
+                      is_causal(allowed, t), block)
+
+
+def row_attention(q, k, v, allowed, scaling: float, k_int2, v_int2, sink: int, recent: int,
+                  rows: torch.Tensor, causal: bool, block: int = 512) -> torch.Tensor:
+    """mixed_attention(q_all, k, v, allowed_all, ..., rows), bit for bit, from the rows alone,
+    for callers that keep queries a while (the clip search's KV-shared readers).
+
+    q = q_all[:, :, rows]: [B, Hq, R, d]; allowed = allowed_all[:, :, rows]: [B|1, 1, R, T];
+    causal = is_causal(allowed_all, T): decided on the whole mask as mixed_attention decides it,
+    so that both attend over the same keys (a slice of the mask could say causal where the
+    whole does not). Returns [B, R, Hq, d].
+    """
+    at = torch.arange(len(rows), device=q.device)
+    return _attention(q, k, v, allowed, scaling, k_int2, v_int2, sink, recent,
+                      rows.to(q.device), at, causal, block)
+
+
+def _attention(q, k, v, allowed, scaling, k_int2, v_int2, sink, recent, rows, at, causal, block):
+    # q: [B, Hq, Q, d] and allowed: [B|1, 1, Q, T] hold query position rows[i] at index at[i]:
+    # Q = T and at = rows for a whole window, Q = R and at = arange(R) for its rows alone
+    g = q.shape[1] // k.shape[1]
+    t = k.shape[2]
     exact = k_int2 is k and v_int2 is v                      # the all-BF16 reference
     ex = lambda x: x.float().repeat_interleave(g, dim=1)                       # noqa: E731
     kf, vf = ex(k), ex(v)
     ki, vi = (kf, vf) if exact else (ex(k_int2), ex(v_int2))
     outs = []
     for start in range(0, len(rows), block):                 # bound the [B, Hq, rows, T] logits
-        r = rows[start:start + block]
-        n = int(r.max()) + 1 if allowed.shape[-2] == t and _causal(allowed) else t   # keys <= last row
-        qr = q[:, :, r].float()
+        r, i = rows[start:start + block], at[start:start + block]
+        n = int(r.max()) + 1 if causal else t                 # keys <= last row
+        qr = q[:, :, i].float()
         logits = qr @ kf[:, :, :n].transpose(-1, -2)
         if not exact:
             fp = tier_mask(r, n, sink, recent)                                 # [R, n]
             logits = torch.where(fp, logits, qr @ ki[:, :, :n].transpose(-1, -2))
-        logits = (logits * scaling).masked_fill(~allowed[:, :, r, :n], float("-inf"))
+        logits = (logits * scaling).masked_fill(~allowed[:, :, i, :n], float("-inf"))
         p = torch.softmax(logits, dim=-1)
         if exact:
             o = p @ vf[:, :, :n]
@@ -155,8 +178,11 @@ def mixed_attention(q, k, v, allowed, scaling: float, k_int2, v_int2, sink: int,
     return torch.cat(outs, dim=1).to(q.dtype)
 
 
-def _causal(allowed: torch.Tensor) -> bool:
-    """No query may see a later key (checked once per call on the mask's upper triangle)."""
-    t = allowed.shape[-1]
-    upper = torch.ones(t, t, dtype=torch.bool, device=allowed.device).triu(1)
+def is_causal(allowed: torch.Tensor, t: int) -> bool:
+    """Whether the mask [B|1, 1, t, T] of t queries lets none see a later key (checked on its
+    upper triangle): then a block of rows attends only to the keys up to its last row."""
+    if allowed.shape[-2] != t:
+        return False
+    keys = allowed.shape[-1]
+    upper = torch.ones(keys, keys, dtype=torch.bool, device=allowed.device).triu(1)
     return not bool((allowed & upper).any())

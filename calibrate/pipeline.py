@@ -355,7 +355,7 @@ def _clips(model, held_out, cfg, geometry, fitted, progress,
     out: dict[int, clip_search.LayerClips] = {}
     layers = geometry.layers()
     # source layer -> (its K, V [B, H, T, d], the Readers seen so far) until its last reader's
-    # call: per layer held, one batch of held-out queries (a few MB)
+    # call: per layer held, its queries and mask at `rows` only (Reader.of)
     waiting: dict[int, tuple] = {}
 
     def observer(module, q, k, v, mask, kw):
@@ -368,14 +368,15 @@ def _clips(model, held_out, cfg, geometry, fitted, progress,
             waiting[lid] = (k, v, [])
         cache_k, cache_v, group = waiting[owner]
         allowed = capture.bool_mask(mask, q.shape[2], k.shape[2], q.device)
-        group.append(clip_search.Reader(module, q, allowed, kw.get("scaling") or q.shape[-1] ** -0.5))
+        group.append(clip_search.Reader.of(module, q, allowed, kw.get("scaling") or q.shape[-1] ** -0.5,
+                                           rows))
         if len(group) <= len(readers.get(owner, ())):
             return                                      # readers of this cache are still to come
         del waiting[owner]
         f = fitted[owner]
         found = clip_search.search_cache(
             group, cache_k, cache_v, f.rot_k.to(cache_k.device), f.rot_v.to(cache_k.device), f.mean,
-            group_size(cfg, geometry), cfg.sink_tokens, cfg.recent_tokens, rows, quantizer,
+            group_size(cfg, geometry), cfg.sink_tokens, cfg.recent_tokens, quantizer,
             cfg.clip_per_head)
         for member in [owner, *readers.get(owner, ())]:
             out[member] = found

@@ -7,7 +7,8 @@ and takes a write transaction only when a lease has expired.
 
 The executor gets a token of its own (scope jobs:work), created at startup and revoked at a
 clean shutdown. A server that was killed could not revoke its token: the next `serve` on the
-same host revokes every executor token of a serve process there that no longer runs. On
+same host revokes every executor token of a serve process there that no longer runs, once that
+server's local workers hold no job (they finish theirs against the new server with it). On
 shutdown the local executor's workers stop, give their jobs back and wait until their GPU work
 is gone; jobs they still held are requeued without spending an attempt.
 """
@@ -42,6 +43,7 @@ class JobsRuntime:
         self.thread: threading.Thread | None = None
         self.executor = None
         self.token_id: int | None = None
+        self.orphans: dict[int, int] = {}   # a killed server's tokens its workers still use
 
     def start(self) -> None:
         self.sweep()   # leases that ran out while the service was down
@@ -99,6 +101,9 @@ class JobsRuntime:
                 log.exception("job sweeper: sweep failed; retrying")
 
     def sweep(self) -> None:
+        if self.orphans:
+            with self.registry.db.write() as session:
+                _revoke_finished(session, self.orphans)
         now = jobs_db.now_utc()
         with self.registry.db.read() as session:
             due = session.scalar(select(exists().where(Job.status == "running",
@@ -118,7 +123,7 @@ class JobsRuntime:
                               "`oscar-zoo serve` sets it")
         kind = settings.get("executor")
         with self.registry.db.write() as session:
-            _revoke_orphaned_tokens(session)
+            self.orphans = _revoke_orphaned_tokens(session)
             row, token = create_token(session, ["jobs:work"], f"{kind} executor of serve pid "
                                       f"{os.getpid()} on {_host()}", created_by="serve")
             self.token_id = row.id
@@ -161,20 +166,54 @@ class JobsRuntime:
 _EXECUTOR_TOKEN = re.compile(r"\w+ executor of serve pid (\d+) on (\S+)")
 
 
-def _revoke_orphaned_tokens(session) -> None:
+def _revoke_orphaned_tokens(session) -> dict[int, int]:
     """Revoke the executor tokens of serve processes on this host that are gone (killed before
     their clean shutdown could). Called before this server makes its own. Other hosts' are
-    theirs to revoke: their pids mean nothing here."""
+    theirs to revoke: their pids mean nothing here.
+
+    A killed server's local workers finish the job they hold against the next one, with its
+    token (executors/local.py, --exit-with-parent): revoked now, the job's compute and an
+    attempt were lost. Such a token is kept while one of them holds a live lease; returns those
+    kept, {token id: its server's pid}, which the sweeper revokes once none does
+    (_revoke_finished)."""
+    kept = {}
     host = _host()
     for row in list_tokens(session):
         m = _EXECUTOR_TOKEN.fullmatch(row.name or "")
         if row.revoked_at is not None or row.created_by != "serve" or not m or m[2] != host:
             continue
-        # our own pid: a killed server's, restarted under it (pid 1 in a container); this
-        # server has made no token yet
-        if int(m[1]) == os.getpid() or not _running(int(m[1])):
+        pid = int(m[1])
+        # our own pid: a killed server's, restarted under it (pid 1 in a container), whose
+        # workers died with it; this server has made no token yet
+        if pid == os.getpid() or not _running(pid):
+            if pid != os.getpid() and _workers_hold_a_lease(session, pid):
+                kept[row.id] = pid
+                log.warning("token %s (%s): its server is gone; kept until its workers finish "
+                            "the jobs they hold", row.id, row.name)
+                continue
             revoke_token(session, str(row.id), by="serve")
             log.warning("revoked token %s (%s): its server is gone", row.id, row.name)
+    return kept
+
+
+def _workers_hold_a_lease(session, pid: int) -> bool:
+    """Whether a local worker of serve `pid` on this host holds a running job's live lease."""
+    from ..calibrate.executors.local import local_worker_prefix
+
+    prefix = local_worker_prefix(pid)
+    return bool(session.scalar(select(exists().where(
+        Job.status == "running", Job.lease_expires_at > jobs_db.now_utc(),
+        Job.lease_holder.startswith(prefix, autoescape=True)))))
+
+
+def _revoke_finished(session, kept: dict[int, int]) -> None:
+    """Revoke the kept tokens whose server's workers hold no live lease any more (their job
+    ended, or its lease ran out and the sweep requeued it)."""
+    for token_id, pid in list(kept.items()):
+        if not _workers_hold_a_lease(session, pid):
+            revoke_token(session, str(token_id), by="serve")
+            log.warning("revoked token %s: the workers of gone serve pid %s hold no job", token_id, pid)
+            del kept[token_id]
 
 
 def _host() -> str:

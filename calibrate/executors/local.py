@@ -38,6 +38,12 @@ RESTART_BACKOFF_S = 5.0
 STOP_TIMEOUT_S = 60.0
 
 
+def local_worker_prefix(serve_pid: int) -> str:
+    """How the lease holder names of serve `serve_pid`'s workers on this host begin: a restarted
+    server tells the jobs its killed predecessor's workers still run by it."""
+    return f"local:{socket.gethostname()}:serve{serve_pid}:"
+
+
 @dataclass
 class Slot:
     gpus: list[str]            # ids for CUDA_VISIBLE_DEVICES; [] = CPU
@@ -105,7 +111,7 @@ class LocalExecutor:
             slot.waiting = True
             return
         slot.waiting = False
-        slot.worker_id = (f"local:{socket.gethostname()}:serve{os.getpid()}:w{i}:"
+        slot.worker_id = (f"{local_worker_prefix(os.getpid())}w{i}:"
                           f"{secrets.token_hex(3)}")
         env = {**os.environ, "OSCAR_ZOO_TOKEN": self.token,
                "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}

@@ -52,6 +52,52 @@ def test_a_killed_servers_executor_token_is_revoked_by_the_next_serve_on_its_hos
         registry.close()
 
 
+def test_a_killed_servers_token_stays_while_its_worker_finishes_a_job_then_goes(
+        registry_db_url, tmp_path):
+    """A killed server's local workers finish the job they hold against the restarted server
+    (--exit-with-parent), with the dead server's token: the restart revoked it, the worker's
+    next report was refused, and the job lost its compute and an attempt. Kept while one of them
+    holds a live lease; the sweeper revokes it once none does."""
+    from oscar_zoo.api.jobs_runtime import _revoke_finished
+    from oscar_zoo.calibrate.executors.local import local_worker_prefix
+    from oscar_zoo.registry_db import jobs as jobs_db
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    registry = open_registry(registry_db_url, tmp_path / "data")
+    try:
+        pid, idle = _gone_pid(), _gone_pid()
+        with registry.db.write() as session:
+            row, token = create_token(session, ["jobs:work"], f"local executor of serve pid {pid} "
+                                      f"on {_host()}", created_by="serve")
+            _, idle_token = create_token(session, ["jobs:work"], f"local executor of serve pid "
+                                         f"{idle} on {_host()}", created_by="serve")
+            job, _ = jobs_db.submit(session, {"model": "m"}, model="m", gpus=0, max_attempts=2,
+                                    lease_seconds=60)
+            # another server's worker holding a job does not keep the idle one's token
+            jobs_db.submit(session, {"model": "m2"}, model="m2", gpus=0, max_attempts=2,
+                           lease_seconds=60)
+            assert jobs_db.claim(session, f"{local_worker_prefix(pid)}w0:abc123", None)[0].id == job.id
+            jobs_db.claim(session, f"{local_worker_prefix(os.getpid())}w0:def456", None)
+        with registry.db.write() as session:
+            kept = _revoke_orphaned_tokens(session)
+        assert kept == {row.id: pid}
+        with registry.db.read() as session:
+            authenticate(session, token, "jobs:work")               # the worker goes on
+            with pytest.raises(Unauthorized):
+                authenticate(session, idle_token, "jobs:work")
+        with registry.db.write() as session:
+            _revoke_finished(session, kept)                           # still running: kept
+        assert kept == {row.id: pid}
+        with registry.db.write() as session:
+            jobs_db.get(session, job.id).status = "succeeded"         # the job ended
+            _revoke_finished(session, kept)
+        assert kept == {}
+        with registry.db.read() as session, pytest.raises(Unauthorized):
+            authenticate(session, token, "jobs:work")
+    finally:
+        registry.close()
+
+
 def test_the_sweeper_outlives_a_lease_setting_turned_bad_and_resumes_once_fixed(
         monkeypatch, caplog):
     """Its wait was computed outside the loop's try: one bad OSCAR_ZOO_JOB_LEASE_SECONDS while

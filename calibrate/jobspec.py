@@ -253,6 +253,8 @@ def check_paths(spec: JobSpec) -> None:
     paths = [spec.model] if is_path(spec.model) else []
     paths += [d for d in (*spec.data, *spec.validation.data)
               if not d.startswith(("builtin:", "hf:"))]
+    for d in (*spec.data, *spec.validation.data):
+        _check_dataset_name(d)
     if not paths:
         return
     roots = [Path(r).expanduser().resolve() for r in settings.get("job_paths") or ()]
@@ -262,6 +264,23 @@ def check_paths(spec: JobSpec) -> None:
                             f"({', '.join(map(str, roots)) or 'none: OSCAR_ZOO_JOB_PATHS is unset'}); "
                             "put it there, name a catalog model or hub id, or ask the operator "
                             "to add its directory to OSCAR_ZOO_JOB_PATHS")
+
+
+# a Hugging Face dataset id as the hub spells them (wikitext, org/name): datasets.load_dataset
+# reads a local directory or file by the same argument
+_DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def _check_dataset_name(data: str) -> None:
+    """Raises Forbidden for an `hf:` entry whose name is not a hub dataset id: `hf:../../x` or
+    `hf:/srv/x` would have the workers load a directory of their host, past check_paths."""
+    if not data.startswith("hf:"):
+        return
+    name = data[3:].partition("@")[0].partition(":")[0]
+    if not _DATASET_ID.fullmatch(name) or ".." in name:
+        raise Forbidden(f"{data!r}: {name!r} is not a Hugging Face dataset id (wikitext, "
+                        "org/name); a job reads files only by their path, inside "
+                        "OSCAR_ZOO_JOB_PATHS")
 
 
 # Ray asks for these through num_cpus/num_gpus/memory, never `resources`: in ray_resources its

@@ -168,7 +168,9 @@ class Attempt:
                 [sys.executable, "-P", "-m", "oscar_zoo.calibrate.runner", str(work / "job.json"),
                  str(work / "out")],
                 stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=self._child_env(),
-                start_new_session=True, preexec_fn=_die_with_parent)
+                # in the attempt's own dir: a spec's relative name (model "org/name" taken for a
+                # directory, by us or by transformers) finds nothing of the worker's host there
+                cwd=work, start_new_session=True, preexec_fn=_die_with_parent)
         self.info["runner_pid"] = self.child.pid
         reader = threading.Thread(target=self._read_events, daemon=True, name=f"events-{self.id[:8]}")
         reader.start()

@@ -117,6 +117,11 @@ def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_reques
     ({"model": "smollm2-135m", "data": ["/etc/passwd.txt"]}, Forbidden, "outside the directories"),
     ({"model": "smollm2-135m", "validation": {"data": ["../../../../etc/x.jsonl"]}}, Forbidden,
      "outside the directories"),
+    # datasets.load_dataset reads a local directory by the same argument as a dataset id
+    ({"model": "smollm2-135m", "data": ["hf:../../srv/x"]}, Forbidden, "not a Hugging Face dataset id"),
+    ({"model": "smollm2-135m", "data": ["hf:/srv/x@train"]}, Forbidden, "not a Hugging Face dataset id"),
+    ({"model": "smollm2-135m", "validation": {"data": ["hf:org/../../x:cfg"]}}, Forbidden,
+     "not a Hugging Face dataset id"),
 ])
 def test_bad_specs_are_refused_up_front_and_store_nothing(jobs_api, spec, error, match):
     with pytest.raises(error, match=match):
@@ -131,6 +136,28 @@ def test_a_path_inside_the_job_paths_is_taken_and_a_symlink_out_of_them_is_not(j
     assert job["spec"]["data"] == [str(tmp_path / "data.jsonl")]
     with pytest.raises(Forbidden, match="outside the directories"):
         jobs_api.submitter.submit({"model": "smollm2-135m", "data": [str(tmp_path / "etc" / "x.txt")]})
+
+
+@pytest.mark.parametrize("registry_backend", ["sqlite"], indirect=True)
+def test_a_hub_id_never_loads_a_directory_of_the_workers_host(jobs_api, tmp_path, monkeypatch):
+    """`org/name` is a hub id, so check_paths let it through; but the runner took it for a
+    directory relative to the worker's working directory first (and so would transformers):
+    a jobs:submit token read a model of the host outside OSCAR_ZOO_JOB_PATHS, and the
+    traceback, public at GET /v1/jobs/{id}, told which directories exist there."""
+    from oscar_zoo.calibrate.executors.worker import Attempt
+
+    host = tmp_path / "worker-cwd"
+    (host / "localorg" / "secretmodel").mkdir(parents=True)
+    (host / "localorg" / "secretmodel" / "config.json").write_text('{"model_type": "llama"}')
+    monkeypatch.chdir(host)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")            # the hub, which it should ask, is not here
+    job = jobs_api.submit(model="localorg/secretmodel", publish=False, max_attempts=1)
+    claimed = jobs_api.worker.claim("w-cwd", 0)
+    assert Attempt(jobs_api.worker, claimed["job"], claimed["lease"], "w-cwd",
+                   threading.Event()).run() == "failed"
+    error = jobs_api.submitter.get(job["id"])["error"]
+    assert "secretmodel" in error and "found in directory" not in error, error
+    assert "hub" in error.lower() or "offline" in error.lower(), error
 
 
 def test_a_spec_moving_aliases_needs_a_token_that_may_move_them(jobs_api):

@@ -97,8 +97,10 @@ SETTINGS: tuple[Setting, ...] = (
             "add such a node.", "float", bound=">0"),
     Setting("public_url", "OSCAR_ZOO_PUBLIC_URL", None,
             "Registry URL that workers on other hosts reach this server at (e.g. "
-            "http://10.0.0.1:8000); the ray executor hands it to its tasks. Default: the "
-            "server's own (loopback) address, which only a single-host Ray cluster can reach.",
+            "http://10.0.0.1:8000); the ray executor hands it to its tasks, and the web UI's "
+            "copy-paste lines give it as OSCAR_ZOO_ENDPOINT. Default: the server's own "
+            "(loopback) address for tasks, which only a single-host Ray cluster can reach, and "
+            "the address each page was requested at for the UI.",
             "str"),
     Setting("workers", "OSCAR_ZOO_WORKERS", None,
             "Local worker processes started by `serve` (default: one per GPU, else one); with "

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from ...registry_db import jobs as jobs_db
 from ...registry_db import queries, ui_queries
+from ...zoo import settings
 from .. import serialize
 from ..deps import reading
 from ..routes.jobs import job_detail, results_of
@@ -25,7 +26,9 @@ RECENT_JOBS = 10   # calibration jobs on a model's page; the rest on /jobs?model
 
 
 def endpoint(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
+    """The registry URL the pages tell clients to use: OSCAR_ZOO_PUBLIC_URL where the operator
+    set one, else the request's own (whose Host header a client chose)."""
+    return (settings.get("public_url") or str(request.base_url)).rstrip("/")
 
 
 MODEL_SORTS = sorting.Sorts({"name": sorting.ASC, "published": sorting.DESC,

@@ -685,3 +685,17 @@ def test_jobs_link_their_model_where_it_has_a_page(seeded):
         assert title(hub).endswith(" · tiny-model") and "<a " not in title(hub)
         page = http.get(f"/jobs/{old}").text
         assert '<a href="/models/smollm2-135m/versions/2">smollm2-135m v2</a>' in page
+
+
+def test_the_use_it_lines_give_the_public_url_not_the_requests_host(seeded, monkeypatch):
+    """The copy-paste OSCAR_ZOO_ENDPOINT came from the request's Host header, which a client (or
+    a proxy in front) chooses: the operator's OSCAR_ZOO_PUBLIC_URL, where set, is the address
+    users should be given."""
+    with seeded.server.client() as http:
+        page = http.get("/models/smollm2-135m/versions/3", headers={"Host": "evil.example"}).text
+        assert "export OSCAR_ZOO_ENDPOINT=http://evil.example" in html.unescape(page)
+        monkeypatch.setenv("OSCAR_ZOO_PUBLIC_URL", "https://zoo.example.org/")
+        page = html.unescape(http.get("/models/smollm2-135m/versions/3",
+                                      headers={"Host": "evil.example"}).text)
+    assert "export OSCAR_ZOO_ENDPOINT=https://zoo.example.org\noscar-zoo pull smollm2-135m@3" in page
+    assert "evil.example" not in page

@@ -15,8 +15,24 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..registry_db.tokens import actor_of, authenticate, identify
+from ..zoo.errors import Unauthorized
 
 bearer = HTTPBearer(auto_error=False, description="A registry token: `oscar-zoo tokens create`")
+
+
+def token_of(request: Request,
+             credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str | None:
+    """The request's bearer token; None without an Authorization header. HTTPBearer reads
+    any other scheme (`Token X`, `Basic ...`, a bare token) as no header at all, and the caller
+    was told to send a token it had sent. Raises Unauthorized, never echoing the header."""
+    if credentials is not None:
+        return credentials.credentials
+    sent = request.headers.get("authorization", "").strip()
+    if sent and sent.split()[0].lower() != "bearer":
+        raise Unauthorized("the Authorization header must use the Bearer scheme: send "
+                           "'Authorization: Bearer ozk_...' (not 'Token', 'Basic' or the bare "
+                           "token)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -37,9 +53,7 @@ class Caller:
 
 def caller(scope: str) -> Callable[..., Caller]:
     """require(scope), keeping the token's id and scopes besides its actor name."""
-    def dependency(request: Request,
-                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
-        token = credentials.credentials if credentials else None
+    def dependency(request: Request, token: str | None = Depends(token_of)) -> Caller:
         with request.app.state.registry.db.read() as session:
             row = authenticate(session, token, scope)
             return Caller(actor_of(row), row.id, tuple(row.scopes))
@@ -56,9 +70,8 @@ def require(scope: str) -> Callable[..., str]:
     return dependency
 
 
-def whoami(request: Request,
-           credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> dict:
+def whoami(request: Request, token: str | None = Depends(token_of)) -> dict:
     """GET /v1/whoami: the token's actor name and scopes (`oscar-zoo login` checks a token so)."""
     with request.app.state.registry.db.read() as session:
-        row = identify(session, credentials.credentials if credentials else None)
+        row = identify(session, token)
         return {"actor": actor_of(row), "scopes": list(row.scopes)}

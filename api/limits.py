@@ -6,6 +6,10 @@ setting; any other body 1 MiB. The route decides, not the Content-Type: FastAPI 
 route's body before its token is checked.
 Before answering 413 the rest of the body is read and dropped (up to DRAIN_LIMIT), because a
 client still sending when the server closes sees a reset instead of the clear 413.
+
+Only a route's body is limited: a request that no route takes (an unknown path, a method the
+path does not answer) gets routing's 404 or 405, not a 413 for a body nothing would read. Its
+body is drained all the same, for the reason above.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import re
 
 from fastapi import HTTPException
+from starlette.routing import Match
 
 from ..zoo import settings
 from ..zoo.errors import PayloadTooLarge
@@ -37,6 +42,8 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             if declared.isdigit() and int(declared) <= limit + DRAIN_LIMIT:
                 await _drain(receive, 0)
+            if not _routed(scope):      # routing answers 404/405, reading no body
+                return await self.app(scope, receive, send)
             response = problem(413, PayloadTooLarge.title, _message(limit, is_upload),
                                scope.get("path"), headers={"Connection": "close"})
             return await response(scope, receive, send)
@@ -56,6 +63,15 @@ class BodyLimit:
             return message
 
         return await self.app(scope, limited_receive, send)
+
+
+def _routed(scope) -> bool:
+    """A route takes this method and path (the 413 is its answer). Asked only of a body over
+    the limit: routing matches again after this, and most requests need not pay twice."""
+    app = scope.get("app")      # Starlette puts itself here before its middleware runs
+    if app is None:
+        return True
+    return any(route.matches(scope)[0] == Match.FULL for route in app.router.routes)
 
 
 async def _drain(receive, already: int) -> None:

@@ -595,4 +595,6 @@ def _finish(job: Job, status: str, error: str | None, now: datetime) -> None:
     job.progress = {**(job.progress or {}), "phase": status}
     job.lease_holder = job.lease_token = job.task_token = job.lease_expires_at = None
     job.finished_at = now
-    job.error = error if status == "failed" else (None if status == "succeeded" else job.error)
+    # only a failed job has an error: one that succeeded or was cancelled kept the reason an
+    # earlier attempt was requeued for ("attempt 2 lost: ..."), which read as why it ended
+    job.error = error if status == "failed" else None

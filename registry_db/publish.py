@@ -136,7 +136,7 @@ def model_for(session: Session, manifest: Manifest, name: str | None = None,
     mismatch, BundleFormatError when the geometry contradicts the model's.
     """
     ref = manifest.model
-    model = _resolve_or_none(session, ref.name) or _resolve_or_none(session, ref.hub_id)
+    model = known_model(session, ref.name, ref.hub_id)
     if name is not None:
         asked = _resolve_or_none(session, name)
         new_model = model is None and asked is None and name.strip().lower() in (
@@ -152,11 +152,27 @@ def model_for(session: Session, manifest: Manifest, name: str | None = None,
         if model is None:
             return _created_concurrently(session, manifest, name)
         return model
-    if ref.hub_id.lower() != model.hub_id_lower:
+    clash = hub_id_clash(model, ref.hub_id)
+    if clash:
         raise InvalidInput(f"the bundle names model {ref.name!r} with hub id {ref.hub_id!r}, but "
-                           f"the registry knows {model.name} as {model.hub_id}; fix bundle.json")
+                           f"{clash}; fix bundle.json")
     check_geometry(model, manifest)
     return model
+
+
+def known_model(session: Session, name: str, hub_id: str) -> Model | None:
+    """The model row a bundle of model `name` with `hub_id` goes to (by its name first, else by
+    its hub id), or None for a model no one knows yet. Check it with hub_id_clash."""
+    return _resolve_or_none(session, name) or _resolve_or_none(session, hub_id)
+
+
+def hub_id_clash(model: Model | None, hub_id: str) -> str | None:
+    """Why a bundle for `hub_id` cannot go under `model` (known_model's row), or None. One
+    registry name is one hub model: model_for refuses a clash at upload, and a job submit
+    refuses it before the calibration (api/routes/jobs.py) rather than at its result."""
+    if model is None or hub_id.lower() == model.hub_id_lower:
+        return None
+    return f"the registry knows {model.name} as {model.hub_id}"
 
 
 def _resolve_or_none(session: Session, name: str) -> Model | None:

@@ -35,6 +35,7 @@ from ...registry_db import jobs as jobs_db
 from ...registry_db import queries
 from ...registry_db import workers as workers_db
 from ...registry_db.models import BundleVersion, Job
+from ...registry_db.publish import hub_id_clash, known_model
 from ...zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
 from ..auth import Caller, caller
@@ -104,7 +105,8 @@ def prepare_spec(session: Session, body: dict) -> tuple[jobspec.JobSpec, str]:
     """The completed spec and the registry name its bundle goes under. Raises InvalidInput,
     ModelNotFound (with suggestions)."""
     spec = jobspec.parse_spec(body)
-    name, _, entry = _identity(session, spec)
+    name, hub_id, entry = _identity(session, spec)
+    _check_name_free(session, spec, name, hub_id)
     spec = jobspec.complete(spec, entry)
     jobspec.check(spec, _known_geometry(session, name, entry))
     return spec, name
@@ -120,6 +122,21 @@ def _identity(session: Session, spec: jobspec.JobSpec):
         except ModelNotFound:
             raise e from None  # the catalog's error, with its suggestions
         return row.name, row.hub_id, None
+
+
+def _check_name_free(session: Session, spec: jobspec.JobSpec, name: str, hub_id: str) -> None:
+    """Raises InvalidInput when `name` is another hub model's in the registry: the job's
+    result would be refused (publish.model_for) only after the whole calibration. A hub id's
+    job goes under its repo part, so `otherorg/qwen3-8b` meets Qwen/Qwen3-8B's `qwen3-8b`."""
+    model = known_model(session, name, hub_id)
+    clash = hub_id_clash(model, hub_id)
+    if clash:
+        raise InvalidInput(
+            f"{spec.publish_as or spec.model!r} would be published as model {name!r}, but "
+            f"{clash}: its result would be refused after the calibration. If you meant that "
+            f"model, submit {model.hub_id!r}; to publish {hub_id} here, calibrate it with "
+            f"`oscar-zoo calibrate {hub_id} --out DIR` and `oscar-zoo publish DIR --name NAME` "
+            "with a name the registry does not hold")
 
 
 def _known_geometry(session: Session, name: str, entry) -> ModelGeometry | None:

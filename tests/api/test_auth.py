@@ -140,6 +140,34 @@ def test_an_expired_token_is_refused_with_401_saying_when_and_what_to_do(registr
         assert anon.get("/v1/models/smollm2-135m/versions/1").status_code == 404
 
 
+@pytest.mark.parametrize("scheme", ["Token {}", "Basic {}", "{}", "Token"])
+def test_a_scheme_other_than_bearer_is_told_to_use_bearer(registry_server, scheme):
+    """HTTPBearer reads `Token X` as no Authorization header at all: the caller was told the
+    endpoint "needs a token", which it had sent."""
+    token = registry_server.token("bundles:publish", "jobs:submit")
+    sent = {"Authorization": scheme.format(token)}
+    with registry_server.client() as http:
+        refused = [http.get("/v1/whoami", headers=sent),
+                   http.post("/v1/jobs", json={"model": "smollm2-135m"}, headers=sent)]
+    for r in refused:
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        detail = r.json()["detail"]
+        assert "needs a token" not in detail and "Authorization: Bearer ozk_..." in detail, detail
+        assert token[4:] not in r.text, r.text
+
+
+def test_the_bearer_scheme_is_any_case_and_no_header_still_needs_a_token(registry_server):
+    token = registry_server.token("jobs:submit", name="ci")
+    with registry_server.client() as http:
+        for sent in (f"bearer {token}", f"BEARER {token}"):
+            r = http.get("/v1/whoami", headers={"Authorization": sent})
+            assert r.status_code == 200 and r.json()["actor"] == "token:ci", r.text
+        for headers in ({}, {"Authorization": "Bearer"}):
+            r = http.get("/v1/whoami", headers=headers)
+            assert r.status_code == 401 and "needs a token" in r.json()["detail"], r.text
+
+
 # --- the client's token ------------------------------------------------------------------------
 
 def _client_env(monkeypatch, server, token: str | None) -> None:

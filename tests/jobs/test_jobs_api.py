@@ -129,6 +129,43 @@ def test_bad_specs_are_refused_up_front_and_store_nothing(jobs_api, spec, error,
     assert _count(jobs_api.server, Job) == 0
 
 
+def test_a_hub_id_whose_name_the_registry_gives_another_model_is_refused_at_submit(jobs_api):
+    """`otherorg/qwen3-8b` goes under its repo part, `qwen3-8b`, which is Qwen/Qwen3-8B's: the
+    job was queued, calibrated, and only its result refused (publish.model_for)."""
+    r = httpx.post(f"{jobs_api.server.url}/v1/jobs", json={"model": "otherorg/qwen3-8b"},
+                   headers=jobs_api.submitter.registry.auth_headers)
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    detail = r.json()["detail"]
+    assert "published as model 'qwen3-8b'" in detail, detail
+    assert "the registry knows qwen3-8b as Qwen/Qwen3-8B" in detail, detail   # as model_for says
+    assert "submit 'Qwen/Qwen3-8B'" in detail and "oscar-zoo publish" in detail, detail
+    with pytest.raises(InvalidInput, match="knows qwen3-8b as Qwen/Qwen3-8B"):
+        jobs_api.submitter.submit({"model": "OtherOrg/Qwen3-8B", "publish": False})
+    assert _count(jobs_api.server, Job) == 0
+    # the model's own hub id, any case, and a hub id whose name is free are taken
+    assert jobs_api.submitter.submit({"model": "qwen/qwen3-8b"})[0]["model"] == "qwen3-8b"
+    assert jobs_api.submitter.submit({"model": "otherorg/qwen3-8b-ft"})[0]["model"] == "qwen3-8b-ft"
+
+
+def test_a_hub_id_clashing_with_an_uploaded_model_is_refused_at_submit(jobs_api, tmp_path):
+    """The same for a model the registry knows from an upload, not from the catalog."""
+    from oscar_zoo.zoo.bundle import Bundle, write
+    from oscar_zoo.zoo.geometry import ModelGeometry
+    from oscar_zoo.zoo.manifest import Geometry, ModelRef
+    from tests.utils.bundles import make_manifest, make_tensors
+
+    manifest = make_manifest("smollm2-135m").model_copy(update={
+        "model": ModelRef(name="tiny-llama", hub_id="someone/Tiny-Llama", architecture="Llama"),
+        "geometry": Geometry.of(ModelGeometry(4, 4, 2, 64))})
+    write(Bundle(manifest, *make_tensors(manifest)), tmp_path / "b")
+    jobs_api.server.registry.publish(tmp_path / "b", created_by="test")
+    with pytest.raises(InvalidInput, match="knows tiny-llama as someone/Tiny-Llama.*submit "
+                                           "'someone/Tiny-Llama'"):
+        jobs_api.submitter.submit({"model": "other/tiny-llama"})
+    assert _count(jobs_api.server, Job) == 0
+    assert jobs_api.submitter.submit({"model": "someone/tiny-llama"})[1]
+
+
 def test_a_path_inside_the_job_paths_is_taken_and_a_symlink_out_of_them_is_not(jobs_api, tmp_path):
     (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
     (tmp_path / "etc").symlink_to("/etc")

@@ -125,6 +125,49 @@ def test_a_cancel_pending_when_the_attempt_ends_cancels_the_job(registry, end):
         assert job.finished_at is not None and job.lease_token is None
 
 
+def _expire_lease(registry, job_id: str) -> list[tuple[str, str]]:
+    """The attempt's worker stops heartbeating; the sweep finds it."""
+    from datetime import timedelta
+
+    with registry.db.write() as s:
+        jobs.get(s, job_id).lease_expires_at = jobs.now_utc() - timedelta(seconds=1)
+        return jobs.sweep(s)
+
+
+def _end_by_sweep(registry, job_id, token):
+    _expire_lease(registry, job_id)
+
+
+def _end_by_fail(registry, job_id, token):
+    with registry.db.write() as s:
+        _fail_retryable(s, job_id, token)
+
+
+def _end_cancelled(registry, job_id, token):
+    with registry.db.write() as s:
+        jobs.fail(s, job_id, token, "cancelled during pass1", cancelled=True)
+
+
+@pytest.mark.parametrize("end", [None, _end_by_sweep, _end_by_fail, _end_cancelled],
+                         ids=["while-queued", "sweep", "fail", "fail-cancelled"])
+def test_a_cancelled_job_keeps_no_error_of_an_earlier_lost_attempt(registry, end):
+    """A job requeued after a lost attempt, then cancelled, still said "attempt 1 lost: ...;
+    requeued" as its error, while a job that succeeded after one had it cleared."""
+    job_id = submit(registry)
+    claim(registry)
+    assert _expire_lease(registry, job_id) == [(job_id, "queued")]
+    with registry.db.read() as s:
+        assert jobs.get(s, job_id).error.startswith("attempt 1 lost: w1 stopped heartbeating")
+    token = claim(registry, "w2")[1] if end else None
+    with registry.db.write() as s:
+        jobs.request_cancel(s, job_id, "token:ops", token_id=0, admin=True)
+    if end:                 # a running job: its attempt ends with the cancel pending
+        end(registry, job_id, token)
+    with registry.db.read() as s:
+        job = jobs.get(s, job_id)
+        assert (job.status, job.error) == ("cancelled", None)
+
+
 @pytest.mark.parametrize("end, attempts", [(_fail_retryable, 1), (_release, 0),
                                             (_release_held_by, 0)],
                          ids=["fail-retryable", "release", "release-held-by"])

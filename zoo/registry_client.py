@@ -29,6 +29,11 @@ from .errors import (Conflict, ConfigError, Forbidden, InvalidInput, JobCancelle
                      TRY_LATER, Unauthorized, VersionNotFound)
 
 TOKEN_FILE = "token"
+# Where a registry's tokens come from, for a client of it: not `oscar-zoo tokens create` run
+# here, which writes to this host's own database (zoo/cli/registry_cmds.py refuses that while
+# OSCAR_ZOO_ENDPOINT points elsewhere)
+TOKEN_ORIGIN = ("a registry's tokens are created on its host, by its admin, with "
+                "`oscar-zoo tokens create`")
 OFFLINE_HINT = ", or set OSCAR_ZOO_OFFLINE=1 to read only the local cache, without trying the registry"
 
 
@@ -100,12 +105,55 @@ def check_endpoint(endpoint: str, name: str = "OSCAR_ZOO_ENDPOINT") -> None:
                       f"{settings.redact_url(endpoint)!r} (e.g. http://127.0.0.1:8000)")
 
 
-def _ref(ref: str | int) -> str:
-    return quote(str(ref).strip(), safe="")
+# --- names in URL paths ------------------------------------------------------------------------
+# Checked before a URL is built, by the registry's own rules: httpx resolves dot segments, so a
+# name such as ../../x left the model's routes (`publish --name ../../etc/passwd` met the upload
+# size limit, `pull ../../x` "no endpoint at /x"), and a name the registry can never hold is
+# better refused here, saying why, than answered by whatever route it lands on.
+
+# A plain model name: registry_db/publish.py _MODEL_NAME (a test keeps the two equal; importing
+# it would load SQLAlchemy into every client command)
+MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+MODEL_NAME_RULE = ("a model is named by a plain name, 1-128 letters, digits, '.', '_' or '-' "
+                   "starting with a letter or digit (e.g. qwen3-8b), or by a hub id ORG/REPO "
+                   "(e.g. Qwen/Qwen3-8B)")
+# registry_db/aliases.py check_alias_name's words, for the same rule (catalog.ALIAS_NAME)
+ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter "
+              "(e.g. recommended, prod)")
 
 
 def _name(name: str) -> str:
-    return quote(name.strip(), safe="/")
+    """A model's name as a URL path: a name (any case), an `org--repo`, or a hub id (whose
+    slash stays: the routes take `{name:path}`); the registry's resolve_model reads the same."""
+    from .catalog import is_hub_id
+
+    name = name.strip()
+    if not (MODEL_NAME.fullmatch(name.lower()) or is_hub_id(name)
+            or is_hub_id(name.replace("--", "/"))):
+        raise InvalidInput(f"model name {name!r} is not valid: {MODEL_NAME_RULE}")
+    return quote(name, safe="/")
+
+
+def _ref(ref: str | int) -> str:
+    """A version number or an alias (any case: the registry looks aliases up in lower case)."""
+    from .catalog import ALIAS_NAME
+
+    text = str(ref).strip()
+    if not ((text.isascii() and text.isdigit()) or ALIAS_NAME.fullmatch(text.lower())):
+        raise InvalidInput(f"{text!r} is neither a version number nor an alias: give a number "
+                           f"(e.g. 3) or an alias; for an alias, {ALIAS_RULE}")
+    return quote(text, safe="")
+
+
+def _alias(alias: str) -> str:
+    """An alias to set or remove: exactly as the registry stores it (it does not lower-case
+    these, so `Prod` is refused there too)."""
+    from .catalog import ALIAS_NAME
+
+    alias = (alias or "").strip()
+    if not ALIAS_NAME.fullmatch(alias):
+        raise InvalidInput(f"alias {alias!r} is not valid: {ALIAS_RULE}")
+    return quote(alias, safe="")
 
 
 # --- what the cache could answer offline ---------------------------------------------------------
@@ -272,14 +320,7 @@ class RegistryClient:
             err.suggestions = list(body.get("suggestions") or []) if isinstance(body, dict) else []
             return err
         if code == 401:
-            if self.token_from_env:     # it overrides the stored one: `login` would change nothing
-                hint = ("the token in OSCAR_ZOO_TOKEN was refused; set it to a live token, or "
-                        "unset it to use the one `oscar-zoo login` stores")
-            elif self.token:
-                hint = "the token was refused; run `oscar-zoo login` again"
-            else:
-                hint = "this needs a token: run `oscar-zoo login` or set OSCAR_ZOO_TOKEN"
-            return Unauthorized(f"{where}: {detail} ({hint})")
+            return Unauthorized(f"{where}: {self._refusal(detail)}")
         if code == 403:
             return Forbidden(f"{where}: {detail}")
         if code == 409:
@@ -302,6 +343,23 @@ class RegistryClient:
 
             err.retry_after = retry_after_seconds(r.headers.get("Retry-After"))
         return err
+
+    def _refusal(self, detail: str) -> str:
+        """A 401 told once: why (the registry's reason), then what to do here. The registry's
+        detail ends in advice for whoever calls its API on its own host (send an Authorization
+        header, run `oscar-zoo tokens create`); said beside ours it was advice twice, and
+        `tokens create` run here makes a token in this host's database, which the registry
+        refuses again."""
+        # its reasons say "what; how to fix"; with no token sent, the reason can only be that
+        reason = detail.split("; ", 1)[0] if self.token else "this needs a token"
+        if self.token_from_env:     # it overrides the stored one: `login` would change nothing
+            fix = ("the token in OSCAR_ZOO_TOKEN was refused: set it to a live token, or unset "
+                   "it to use the one `oscar-zoo login` stores")
+        elif self.token:
+            fix = "run `oscar-zoo login` again with a live token"
+        else:
+            fix = "run `oscar-zoo login`, or set OSCAR_ZOO_TOKEN"
+        return f"{reason}; {fix} ({TOKEN_ORIGIN})"
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -375,11 +433,11 @@ class RegistryClient:
         name = name or manifest["model"]["name"]
         names = [MANIFEST] + [f["name"] for f in manifest.get("files", [])]
         data = {k: v for k, v in (("status", status), ("source_job", source_job)) if v}
+        path = f"/v1/models/{_name(name)}/versions"     # a bad name before any file is opened
         handles = [open(bundle_dir / n, "rb") for n in names]
         try:
             files = [(n, (n, h, "application/octet-stream")) for n, h in zip(names, handles)]
-            r = self.request("POST", f"/v1/models/{_name(name)}/versions", files=files,
-                             data=data, retry=False)
+            r = self.request("POST", path, files=files, data=data, retry=False)
         finally:
             for h in handles:
                 h.close()
@@ -387,11 +445,11 @@ class RegistryClient:
 
     def set_alias(self, name: str, alias: str, version: int, reason: str | None = None) -> dict:
         body = {"version": version, **({"reason": reason} if reason else {})}
-        return self.request("PUT", f"/v1/models/{_name(name)}/aliases/{_ref(alias)}",
+        return self.request("PUT", f"/v1/models/{_name(name)}/aliases/{_alias(alias)}",
                             json=body).json()
 
     def remove_alias(self, name: str, alias: str, reason: str | None = None) -> dict:
-        return self.request("DELETE", f"/v1/models/{_name(name)}/aliases/{_ref(alias)}",
+        return self.request("DELETE", f"/v1/models/{_name(name)}/aliases/{_alias(alias)}",
                             params={"reason": reason} if reason else None).json()
 
     def yank(self, name: str, ref: str | int, reason: str) -> dict:

@@ -48,3 +48,51 @@ def test_submit_warns_when_no_worker_seen_lately_can_run_the_job(tmp_path, monke
             "/v1/workers/claim", json={"worker": "w", "gpus": 2}).raise_for_status()
         shown = CliRunner().invoke(cli, ["jobs", "status", job_id, "--json"])
         assert "needs 8 GPUs" in json.loads(shown.stdout)["waiting"], shown.output
+
+
+@pytest.fixture
+def submitting(tmp_path, monkeypatch, hub):
+    """`oscar-zoo jobs submit ARGS` against a real registry, with a jobs:submit token."""
+    from tests.utils.databases import fresh_database
+    from tests.utils.registry_server import run_registry
+
+    with fresh_database("sqlite", tmp_path) as url, run_registry(url, tmp_path / "reg") as server:
+        monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", server.url)
+        monkeypatch.setenv("OSCAR_ZOO_TOKEN", server.token("jobs:submit"))
+        yield lambda *args: CliRunner().invoke(cli, ["jobs", "submit", *args])
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--tokens", "99999999999"], "--tokens: Input should be less than or equal to 1073741824"),
+    (["--context-len", "8"], "--context-len: Input should be greater than or equal to 16"),
+    (["--validation-windows", "0"], "--validation-windows: Input should be greater than or equal"),
+    (["--gpus", "65"], "--gpus: Input should be less than or equal to 64"),
+])
+def test_a_refused_option_is_named_as_the_user_typed_it(submitting, args, said):
+    """It was `body.tokens: Input should be ...`: the API's field path, for an option."""
+    result = submitting("smollm2-135m", *args)
+    assert result.exit_code == 1, result.output
+    assert said in result.stderr and "body." not in result.stderr, result.stderr
+    assert result.stderr.startswith("Error: registry http://127.0.0.1:")
+
+
+def test_a_refused_field_of_the_spec_file_keeps_the_registrys_words(submitting, tmp_path):
+    spec = tmp_path / "job.json"
+    spec.write_text('{"model": "smollm2-135m", "tokens": 99999999999}')
+    result = submitting("--spec", str(spec), "--seq-len", "512")
+    assert result.exit_code == 1, result.output
+    assert "body.tokens: Input should be less than or equal to 1073741824" in result.stderr
+
+
+def test_an_item_of_a_repeated_option_is_named_with_its_value():
+    from oscar_zoo.zoo.cli.jobs_cmds import _in_option_words
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    given = {"data": ["builtin:pydoc", "hf:x"], "tokens": 5}
+    told = _in_option_words(InvalidInput("registry http://r: body.data.1: bad source"), given)
+    assert str(told) == "registry http://r: --data 'hf:x': bad source"
+    told = _in_option_words(InvalidInput("registry http://r: body.tokens: too few"), given)
+    assert str(told) == "registry http://r: --tokens: too few"
+    for unchanged in ("registry http://r: body.seq_len: too long",      # not from an option
+                      "registry http://r: tokens must be at least seq_len"):
+        assert str(_in_option_words(InvalidInput(unchanged), given)) == unchanged

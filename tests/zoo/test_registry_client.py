@@ -158,3 +158,176 @@ def test_reads_only_the_registry_answers_never_suggest_the_cache(monkeypatch):
     assert not _hint_of(lambda: client.aliases("smollm2-135m"))
     assert not _hint_of(lambda: client.mirrors("smollm2-135m", 1))
     assert not _hint_of(client.whoami)
+
+
+# --- a 401, told once, without sending a remote registry's user to `tokens create` here ---------
+
+def _refusing(detail: str, token: str | None, asked: list | None = None) -> RegistryClient:
+    """A client whose registry answers every request 401 with `detail`, as the API does."""
+    def answer(request):
+        if asked is not None:
+            asked.append(request.url.path)
+        return httpx.Response(401, json={"type": "about:blank", "title": "Unauthorized",
+                                         "status": 401, "detail": detail})
+
+    client = RegistryClient("http://registry.test", token)
+    client._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(answer))
+    return client
+
+
+NO_TOKEN = ("this endpoint needs a token: send 'Authorization: Bearer ozk_...' (create one with "
+            "`oscar-zoo tokens create --scope ...`)")
+REVOKED = "unknown or revoked token; create a new one with `oscar-zoo tokens create`"
+
+
+def test_a_401_without_a_token_says_what_to_do_once():
+    """The registry's advice (send an Authorization header, create a token) and the client's
+    (run login) were both printed: the same thing twice, in two vocabularies."""
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    with _refusing(NO_TOKEN, token=None) as client, pytest.raises(Unauthorized) as e:
+        client.whoami()
+    said = str(e.value)
+    assert said.startswith("registry http://registry.test: this needs a token; "), said
+    assert "Authorization" not in said and "send" not in said
+    assert said.count("needs a token") == 1 and said.count("oscar-zoo login") == 1
+    assert said.count("tokens create") == 1 and "on its host" in said
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_a_refused_token_is_not_sent_to_make_a_new_one_on_this_host(monkeypatch, from_env):
+    """`unknown or revoked token; create a new one with oscar-zoo tokens create`: run on a
+    client's host, that made a token in the client's own database, which the registry refused
+    again."""
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    token = "ozk_" + "B" * 43
+    if from_env:
+        monkeypatch.setenv("OSCAR_ZOO_TOKEN", token)
+    with _refusing(REVOKED, token) as client, pytest.raises(Unauthorized) as e:
+        client.whoami()
+    said = str(e.value)
+    assert said.startswith("registry http://registry.test: unknown or revoked token; "), said
+    assert "create a new one" not in said and said.count("tokens create") == 1
+    assert "created on its host, by its admin" in said
+    fix = "token in OSCAR_ZOO_TOKEN was refused" if from_env else "run `oscar-zoo login` again"
+    assert said.count(fix) == 1 and token not in said
+
+
+def test_a_refusal_keeps_the_registrys_reason():
+    from oscar_zoo.zoo.errors import Unauthorized
+
+    expired = ("this token expired at 2026-01-01T00:00:00+00:00; create a new one with "
+               "`oscar-zoo tokens create --scope ... --expires-in 90d` (or ask the registry's "
+               "admin for one)")
+    with _refusing(expired, "ozk_" + "C" * 43) as client, pytest.raises(Unauthorized) as e:
+        client.whoami()
+    assert "this token expired at 2026-01-01T00:00:00+00:00; run `oscar-zoo login` again" \
+        in str(e.value)
+    assert "--expires-in" not in str(e.value)
+
+
+# --- names are checked before a URL is built from them -------------------------------------------
+
+BAD_NAMES = ["../../etc/passwd", "../x", "a/../b", "..", "x/y/z", "a b", "a/..", "/x", ""]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_model_name_no_registry_can_hold_is_refused_before_any_request(name):
+    """httpx resolves dot segments: `../../x` left the model routes for another endpoint, whose
+    answer ("no endpoint at /x", a 405, the upload size limit) said nothing of the name."""
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    asked: list = []
+    with _refusing(NO_TOKEN, None, asked) as client:
+        for read in (lambda: client.model(name), lambda: client.version(name, 1),
+                     lambda: list(client.versions(name)), lambda: client.aliases(name),
+                     lambda: client.set_alias(name, "prod", 1),
+                     lambda: client.yank(name, 1, "why")):
+            with pytest.raises(InvalidInput) as e:
+                read()
+            assert f"model name {name.strip()!r} is not valid" in str(e.value)
+            assert "hub id ORG/REPO" in str(e.value)
+    assert asked == []
+
+
+@pytest.mark.parametrize("name", ["glm-4.7-fp8", "GLM-4.7-FP8", "zai-org/GLM-4.7-FP8",
+                                  "zai-org--GLM-4.7-FP8", "smollm2", "Qwen/Qwen3-8B",
+                                  "o" * 90 + "--" + "r" * 90])
+def test_the_names_the_registry_resolves_pass(name):
+    """Catalog names, their aliases and hub ids, in any case, and `org--repo` (longer than a
+    plain name may be: it names a hub id)."""
+    from oscar_zoo.zoo.catalog import CATALOG
+
+    asked: list = []
+    with _refusing(NO_TOKEN, None, asked) as client, pytest.raises(Exception, match="401|token"):
+        client.model(name)
+    assert len(asked) == 1
+    entries = CATALOG.values() if isinstance(CATALOG, dict) else CATALOG
+    with _refusing(NO_TOKEN, None, asked) as client:
+        for entry in entries:       # every name the catalog answers to
+            for known in (entry.name, entry.hub_id, *entry.aliases):
+                with pytest.raises(Exception, match="needs a token"):
+                    client.model(known)
+
+
+def test_the_client_and_the_registry_share_the_model_name_rule():
+    """A copy (registry_db pulls SQLAlchemy into the client): the two must not drift."""
+    from oscar_zoo.registry_db.publish import _MODEL_NAME
+    from oscar_zoo.zoo.registry_client import MODEL_NAME
+
+    assert MODEL_NAME.pattern == _MODEL_NAME.pattern
+
+
+@pytest.mark.parametrize("ref", ["../x", "..", "0abc", "a b", "x/y", "-1", ""])
+def test_a_ref_that_is_neither_a_number_nor_an_alias_is_refused_before_any_request(ref):
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    asked: list = []
+    with _refusing(NO_TOKEN, None, asked) as client:
+        for read in (lambda: client.version("smollm2", ref), lambda: client.yank("smollm2", ref, "w"),
+                     lambda: client.promote("smollm2", ref), lambda: client.mirrors("smollm2", ref)):
+            with pytest.raises(InvalidInput, match="neither a version number nor an alias"):
+                read()
+    assert asked == []
+
+
+@pytest.mark.parametrize("alias", ["../x", "..", "Prod", "3", "a/b", "x" * 65])
+def test_an_alias_to_move_is_checked_by_the_registrys_rule_in_its_words(alias):
+    from oscar_zoo.registry_db.aliases import check_alias_name
+    from oscar_zoo.zoo.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as theirs:
+        check_alias_name(alias)
+    asked: list = []
+    with _refusing(NO_TOKEN, None, asked) as client:
+        for move in (lambda: client.set_alias("smollm2", alias, 1),
+                     lambda: client.remove_alias("smollm2", alias)):
+            with pytest.raises(InvalidInput) as ours:
+                move()
+            assert str(ours.value) == str(theirs.value)
+    assert asked == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (["publish", "{bundle}", "--name", "../../etc/passwd"], "model name '../../etc/passwd'"),
+    (["pull", "../../x"], "model name '../../x'"),
+    (["show", "a/../b@1"], "model name 'a/../b'"),
+    (["alias", "smollm2-135m@1", "../x"], "alias '../x'"),
+    (["unalias", "smollm2-135m", "../x"], "alias '../x'"),
+])
+def test_the_cli_refuses_a_bad_name_itself(tmp_path, monkeypatch, args, said):
+    """The walkthrough's commands: answered by the registry's upload size limit, "no endpoint
+    at /x" and a 405. Here the registry is not even listening: the name is refused first."""
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", DEAD)
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "0")
+    monkeypatch.setenv("OSCAR_ZOO_TOKEN", "ozk_" + "D" * 43)
+    bundle = make_bundle(tmp_path / "b").path if "{bundle}" in args else None
+    result = CliRunner().invoke(cli, [str(bundle) if a == "{bundle}" else a for a in args])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"Error: {said} is not valid"), result.stderr
+    assert "cannot reach" not in result.stderr

@@ -7,12 +7,25 @@ jobs' ids is refused, naming them)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
 
+from ..errors import InvalidInput
 from ..jobs_client import SHORT_ID, TERMINAL, JobsClient
 from .output import emit, info, json_option, warn
+
+# The job spec's field (as the registry's refusals name it: body.tokens, body.validation.windows)
+# that each option of `submit` sets, so that a refusal of what an option gave names the option
+OPTION_OF = {"model": "MODEL", "revision": "--revision", "publish_as": "--publish-as",
+             "data": "--data", "tokens": "--tokens", "seq_len": "--seq-len", "seed": "--seed",
+             "granularity": "--granularity", "group_size": "--group-size",
+             "clip_search": "--clip-search", "sink_tokens": "--sink-tokens",
+             "recent_tokens": "--recent-tokens", "aliases": "--alias", "mirror": "--mirror",
+             "gpus": "--gpus", "validation.context_len": "--context-len",
+             "validation.windows": "--validation-windows", "validation.enabled": "--no-validation",
+             "publish": "--draft"}
 
 
 def _client():
@@ -60,21 +73,25 @@ def submit(model, spec_file, revision, publish_as, data, tokens, seq_len, seed, 
                 group_size=group_size, clip_search=clip_search, sink_tokens=sink_tokens,
                 recent_tokens=recent_tokens, aliases=list(aliases) or None,
                 mirror=list(mirrors) or None, gpus=gpus)
-    spec.update({k: v for k, v in flat.items() if v is not None})
+    given = {k: v for k, v in flat.items() if v is not None}   # by field: what options set
+    spec.update(given)
     validation = dict(spec.get("validation") or {})
     for key, value in (("context_len", context_len), ("windows", validation_windows)):
         if value is not None:
-            validation[key] = value
+            validation[key] = given[f"validation.{key}"] = value
     if no_validation:
-        validation["enabled"] = False
+        validation["enabled"] = given["validation.enabled"] = False
     if validation:
         spec["validation"] = validation
     if draft:
-        spec["publish"] = False
+        spec["publish"] = given["publish"] = False
     if not spec.get("model"):
         raise click.UsageError("name a MODEL (or give --spec with a model)")
     with _client() as client:
-        job, created = client.submit(spec, idempotency_key)
+        try:
+            job, created = client.submit(spec, idempotency_key)
+        except InvalidInput as e:
+            raise _in_option_words(e, given) from None
         info(f"job {job['id']} {'submitted' if created else 'already submitted with this key'} "
              f"({job['model']}, {job['status']})")
         if job.get("waiting"):
@@ -135,6 +152,25 @@ def list_jobs(status, model, limit, as_json):
     with _client() as client:
         page = client.list(status, model, limit)
     emit(page["items"], as_json, _human_list)
+
+
+def _in_option_words(e: InvalidInput, given: dict) -> InvalidInput:
+    """The registry's refusal of a field an option set, naming the option the user typed
+    (`--tokens: Input should be ...`, not `body.tokens: ...`); one of a field from --spec, or of
+    no field, as the registry said it."""
+    said = str(e)
+    m = re.search(r"\bbody\.([\w.]+): ", said)
+    if m is None:
+        return e
+    field, _, index = m.group(1).rpartition(".")
+    if not index.isdigit():             # a list's item is named by its index: data.1
+        field, index = m.group(1), ""
+    if field not in given or field not in OPTION_OF:
+        return e
+    shown = OPTION_OF[field]
+    if index and isinstance(given[field], list) and int(index) < len(given[field]):
+        shown += f" {given[field][int(index)]!r}"      # which of the repeated option's values
+    return type(e)(said[:m.start()] + f"{shown}: " + said[m.end():])
 
 
 def _read_spec(path: Path) -> dict:

@@ -2,7 +2,9 @@
 
 All act on the registry database of the settings (OSCAR_ZOO_DATABASE_URL, else SQLite in
 OSCAR_ZOO_DATA_DIR). Tokens are bootstrapped here, straight against the database: the token
-is printed once on stdout and only its hash is stored.
+is printed once on stdout and only its hash is stored. So the tokens commands run on the
+registry's host: with OSCAR_ZOO_ENDPOINT pointing at another one they refuse (as `mirror`
+does), unless OSCAR_ZOO_DATABASE_URL names the database explicitly.
 """
 
 from __future__ import annotations
@@ -110,7 +112,59 @@ def db_gc(min_age: float):
 
 @click.group("tokens")
 def tokens_group():
-    """API tokens for writes (publish, jobs, admin)."""
+    """API tokens for writes (publish, jobs, admin), in this host's registry database: run
+    these on the registry's host (or with OSCAR_ZOO_DATABASE_URL set to its database)."""
+
+
+def _token_registry():
+    """The registry whose tokens the commands act on, named on stderr (password masked).
+
+    A client of a remote registry (OSCAR_ZOO_ENDPOINT) has no business with this host's
+    database: `tokens create` there made a new local SQLite registry and minted a token the
+    remote one refused, whose 401 then sent the user back to `tokens create`. Refused, as
+    `mirror` refuses, unless OSCAR_ZOO_DATABASE_URL says which database is meant. A registry
+    on this host (a loopback endpoint: `serve` here, the demo) keeps its data dir's database,
+    once that exists."""
+    from pathlib import Path
+
+    from ...registry_db.registry import open_registry
+    from ...registry_db.session import default_url
+
+    explicit = settings.raw("database_url")
+    local = None if explicit else Path(default_url(settings.get("data_dir"))[len("sqlite:///"):])
+    endpoint = settings.redact_url(settings.get("endpoint") or "")
+    if endpoint and not explicit:
+        if not _on_this_host(endpoint):
+            raise ConfigError(
+                f"OSCAR_ZOO_ENDPOINT points at the registry {endpoint}, but `oscar-zoo tokens` "
+                f"acts on this host's database ({local}), not on that registry's: a token made "
+                "here would be refused there. Tokens are created on the registry's host "
+                "(`oscar-zoo tokens create` there, without OSCAR_ZOO_ENDPOINT) or here with "
+                "OSCAR_ZOO_DATABASE_URL set to the registry's database; otherwise ask its admin "
+                "for one, then `oscar-zoo login`")
+        if not local.is_file():
+            raise ConfigError(
+                f"no registry database here ({local} does not exist) for the registry at "
+                f"{endpoint}: run this with the OSCAR_ZOO_DATA_DIR or OSCAR_ZOO_DATABASE_URL its "
+                "`oscar-zoo serve` uses")
+    new = local is not None and not local.is_file()
+    registry = open_registry()
+    info(f"{'new ' if new else ''}registry database: {settings.redact_url(registry.db.url)}")
+    return registry
+
+
+def _on_this_host(url: str) -> bool:
+    """The URL names a loopback address (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Duration(click.ParamType):
@@ -139,10 +193,9 @@ class Duration(click.ParamType):
 def tokens_create(scopes: tuple[str, ...], name: str, expires_in, as_json: bool):
     """Create a token and print it once (store it now: only its hash is kept). With --json:
     the token with its id, name, scopes and expiry."""
-    from ...registry_db.registry import open_registry
     from ...registry_db.tokens import create_token
 
-    registry = open_registry()
+    registry = _token_registry()
     with registry.db.write() as session:
         row, token = create_token(session, list(scopes), name, created_by="cli",
                                   expires_in=expires_in)
@@ -162,10 +215,9 @@ def tokens_create(scopes: tuple[str, ...], name: str, expires_in, as_json: bool)
 def tokens_list(as_json: bool):
     """Tokens with their scopes, expiry and state: live, expired or revoked (never the tokens
     themselves)."""
-    from ...registry_db.registry import open_registry
     from ...registry_db.tokens import list_tokens, state_of
 
-    with open_registry().db.read() as session:
+    with _token_registry().db.read() as session:
         rows = [{"id": t.id, "name": t.name, "prefix": t.prefix, "scopes": t.scopes,
                  "created_at": t.created_at.isoformat(),
                  "expires_at": t.expires_at.isoformat() if t.expires_at else None,
@@ -197,10 +249,9 @@ def _state_shown(row: dict) -> str:
 def tokens_revoke(ident: str):
     """Revoke a token by id, name or prefix (shown by `tokens list`), or by the token itself
     (a leaked one: it is matched by its hash and never printed)."""
-    from ...registry_db.registry import open_registry
     from ...registry_db.tokens import revoke_token
 
-    with open_registry().db.write() as session:
+    with _token_registry().db.write() as session:
         row = revoke_token(session, ident, by="cli")
     info(f"revoked token {row.id} ({row.name})")
 

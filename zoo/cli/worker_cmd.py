@@ -3,8 +3,10 @@
     OSCAR_ZOO_TOKEN=ozk_... oscar-zoo worker --registry http://registry:8000
     oscar-zoo worker --registry URL --executor ray --ray-address 10.0.0.1:6379
 
-The token needs scope jobs:work (`oscar-zoo tokens create --scope jobs:work`). `serve` starts
-workers itself unless told not to (--no-workers); this command is for other hosts.
+The token needs scope jobs:work (`oscar-zoo tokens create --scope jobs:work`, on the registry's
+host). `serve` starts workers itself unless told not to (--no-workers); this command is for other
+hosts. It says on stderr, once, where it waits and as whom: a worker with an empty queue is
+otherwise silent until a job comes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import click
 
 from .. import settings
+from .output import info, plural
 
 
 @click.command("worker")
@@ -29,10 +32,13 @@ from .. import settings
 @click.option("--worker-id", help="Name in job leases [default: host:pid:random].")
 @click.option("--exit-with-parent", is_flag=True, hidden=True,
               help="Exit (after the current job) when the process that started this one is gone.")
-@click.option("--once", is_flag=True, help="Run at most one job, then exit.")
+@click.option("--once", is_flag=True, help="Wait for one job, run it, then exit.")
 def worker_command(registry, gpus, executor, ray_address, worker_id, exit_with_parent, once):
     """Claim calibration jobs from the registry at --registry and run them until stopped (Ctrl-C
-    gives the current job back to the queue)."""
+    gives the current job back to the queue).
+
+    Needs a token with scope jobs:work: OSCAR_ZOO_TOKEN, or the one `oscar-zoo login` stored
+    (the registry's admin makes one with `oscar-zoo tokens create --scope jobs:work`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
     token = settings.get("token")
@@ -54,13 +60,32 @@ def worker_command(registry, gpus, executor, ray_address, worker_id, exit_with_p
 
         stop = threading.Event()
         install_stop_signals(stop)
+        address = ray_address or settings.get("ray_address")
+        if address:     # without one, dispatch refuses to start: nothing to announce
+            info(f"oscar-zoo worker: waiting for jobs at {settings.redact_url(registry)}, to run "
+                 f"on the Ray cluster at {address}")
         with JobsClient(registry, token) as client:
-            dispatch(client, ray_address or settings.get("ray_address"), stop, worker_id,
-                     exit_with_parent)
+            dispatch(client, address, stop, worker_id, exit_with_parent)
         return
-    from ...calibrate.executors.worker import main_loop
+    from ...calibrate.executors.worker import main_loop, new_worker_id, runner_devices
 
+    runner_devices(gpus)    # a --gpus this host cannot give is refused before the line below
+    worker_id = worker_id or new_worker_id()
+    info(f"oscar-zoo worker: waiting for {'one job' if once else 'jobs'} at "
+         f"{settings.redact_url(registry)} as worker {worker_id}, {_gpus_shown(gpus)}")
     main_loop(registry, token, gpus, worker_id, exit_with_parent, once)
+
+
+def _gpus_shown(gpus: int | None) -> str:
+    """with 2 GPUs (--gpus 2), with every visible GPU (4), on the CPU (no GPU visible)."""
+    from ...calibrate.executors.worker import visible_gpus
+
+    if gpus == 0:
+        return "on the CPU (--gpus 0)"
+    if gpus is not None:
+        return f"with {plural(gpus, 'GPU')} (--gpus {gpus})"
+    seen = len(visible_gpus())
+    return f"with every visible GPU ({seen})" if seen else "on the CPU (no GPU visible)"
 
 
 def register(cli: click.Group) -> None:

@@ -62,9 +62,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("modelscope_zoo_repo", "OSCAR_ZOO_MODELSCOPE_ZOO_REPO",
             "togethercomputer/OSCAR-RotationZoo", "Public RotationZoo mirror on ModelScope.", "str"),
     Setting("hf_mirror_repo", "OSCAR_ZOO_HF_MIRROR_REPO", None,
-            "Our own mirror repo on the Hugging Face Hub (pull source and mirror target).", "str"),
+            "An oscar-zoo mirror repo on the Hugging Face Hub (ORG/REPO) to pull from, tried "
+            "first among the hub sources; `mirror` writes to the targets of --to or "
+            "OSCAR_ZOO_MIRROR_TARGETS, not to this.", "str"),
     Setting("modelscope_mirror_repo", "OSCAR_ZOO_MODELSCOPE_MIRROR_REPO", None,
-            "Our own mirror repo on ModelScope (pull source and mirror target).", "str"),
+            "An oscar-zoo mirror repo on ModelScope (ORG/REPO) to pull from, tried first among "
+            "the hub sources; `mirror` writes to the targets of --to or "
+            "OSCAR_ZOO_MIRROR_TARGETS, not to this.", "str"),
     Setting("lock_timeout", "OSCAR_ZOO_LOCK_TIMEOUT", "120",
             "Seconds to wait for a cache lock before giving up.", "float", bound=">=0"),
     Setting("http_timeout", "OSCAR_ZOO_HTTP_TIMEOUT", "30",

@@ -46,6 +46,9 @@ class JobsRuntime:
         self.orphans: dict[int, int] = {}   # a killed server's tokens its workers still use
 
     def start(self) -> None:
+        # a serve with --no-workers too: a killed server's token must not outlive it
+        with self.registry.db.write() as session:
+            self.orphans = _revoke_orphaned_tokens(session)
         self.sweep()   # leases that ran out while the service was down
         self.thread = threading.Thread(target=self._loop, daemon=True, name="job-sweeper")
         self.thread.start()
@@ -102,8 +105,11 @@ class JobsRuntime:
 
     def sweep(self) -> None:
         if self.orphans:
-            with self.registry.db.write() as session:
-                _revoke_finished(session, self.orphans)
+            try:
+                with self.registry.db.write() as session:
+                    _revoke_finished(session, self.orphans)
+            except Exception:  # noqa: BLE001 - never in the way of requeueing expired leases
+                log.exception("job sweeper: revoking a gone server's token failed; retrying")
         now = jobs_db.now_utc()
         with self.registry.db.read() as session:
             due = session.scalar(select(exists().where(Job.status == "running",
@@ -123,7 +129,6 @@ class JobsRuntime:
                               "`oscar-zoo serve` sets it")
         kind = settings.get("executor")
         with self.registry.db.write() as session:
-            self.orphans = _revoke_orphaned_tokens(session)
             row, token = create_token(session, ["jobs:work"], f"{kind} executor of serve pid "
                                       f"{os.getpid()} on {_host()}", created_by="serve")
             self.token_id = row.id
@@ -209,8 +214,11 @@ def _workers_hold_a_lease(session, pid: int) -> bool:
 def _revoke_finished(session, kept: dict[int, int]) -> None:
     """Revoke the kept tokens whose server's workers hold no live lease any more (their job
     ended, or its lease ran out and the sweep requeued it)."""
+    live = {t.id for t in list_tokens(session) if t.revoked_at is None}
     for token_id, pid in list(kept.items()):
-        if not _workers_hold_a_lease(session, pid):
+        if token_id not in live:        # revoked meanwhile (`tokens revoke`, another serve)
+            del kept[token_id]
+        elif not _workers_hold_a_lease(session, pid):
             revoke_token(session, str(token_id), by="serve")
             log.warning("revoked token %s: the workers of gone serve pid %s hold no job", token_id, pid)
             del kept[token_id]

@@ -257,6 +257,11 @@ def check_paths(spec: JobSpec) -> None:
         _check_dataset_name(d)
     if not paths:
         return
+    relative = [p for p in paths if not Path(p).expanduser().is_absolute()]
+    if relative:    # checked against this server's directory, read from the runner's own
+        raise InvalidInput(f"{relative[0]!r} is a relative path: a job runs on a worker, in a "
+                           "directory of its own, so give the absolute path (inside "
+                           "OSCAR_ZOO_JOB_PATHS)")
     roots = [Path(r).expanduser().resolve() for r in settings.get("job_paths") or ()]
     for p in paths:
         if not any(Path(p).expanduser().resolve().is_relative_to(r) for r in roots):

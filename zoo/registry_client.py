@@ -130,16 +130,21 @@ def _name(name: str) -> str:
     name = name.strip()
     if not (MODEL_NAME.fullmatch(name.lower()) or is_hub_id(name)
             or is_hub_id(name.replace("--", "/"))):
-        raise InvalidInput(f"model name {name!r} is not valid: {MODEL_NAME_RULE}")
+        from .catalog import suggest
+
+        # not found, as the registry would answer, so that pull's hints (and other sources) apply
+        raise ModelNotFound(f"model name {name!r} is not valid: {MODEL_NAME_RULE}",
+                            suggestions=suggest(name))
     return quote(name, safe="/")
 
 
 def _ref(ref: str | int) -> str:
-    """A version number or an alias (any case: the registry looks aliases up in lower case)."""
-    from .catalog import ALIAS_NAME
+    """A version number or an alias (any case: the registry looks aliases up in lower case), as
+    pull's NAME@REF reads them (sources.base.ALIAS_REF)."""
+    from .sources.base import ALIAS_REF
 
     text = str(ref).strip()
-    if not ((text.isascii() and text.isdigit()) or ALIAS_NAME.fullmatch(text.lower())):
+    if not ((text.isascii() and text.isdigit()) or ALIAS_REF.fullmatch(text.lower())):
         raise InvalidInput(f"{text!r} is neither a version number nor an alias: give a number "
                            f"(e.g. 3) or an alias; for an alias, {ALIAS_RULE}")
     return quote(text, safe="")

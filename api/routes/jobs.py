@@ -134,9 +134,8 @@ def _check_name_free(session: Session, spec: jobspec.JobSpec, name: str, hub_id:
         raise InvalidInput(
             f"{spec.publish_as or spec.model!r} would be published as model {name!r}, but "
             f"{clash}: its result would be refused after the calibration. If you meant that "
-            f"model, submit {model.hub_id!r}; to publish {hub_id} here, calibrate it with "
-            f"`oscar-zoo calibrate {hub_id} --out DIR` and `oscar-zoo publish DIR --name NAME` "
-            "with a name the registry does not hold")
+            f"model, submit {model.hub_id!r}; this registry cannot hold a second model under "
+            f"that name, so {hub_id} is calibrated outside it (`oscar-zoo calibrate {hub_id}`)")
 
 
 def _known_geometry(session: Session, name: str, entry) -> ModelGeometry | None:

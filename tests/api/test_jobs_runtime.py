@@ -11,7 +11,7 @@ import pytest
 
 from oscar_zoo.api.jobs_runtime import _host, _revoke_orphaned_tokens
 from oscar_zoo.registry_db.registry import open_registry
-from oscar_zoo.registry_db.tokens import authenticate, create_token, list_tokens
+from oscar_zoo.registry_db.tokens import authenticate, create_token, list_tokens, revoke_token
 
 
 def _gone_pid() -> int:
@@ -88,6 +88,16 @@ def test_a_killed_servers_token_stays_while_its_worker_finishes_a_job_then_goes(
         with registry.db.write() as session:
             _revoke_finished(session, kept)                           # still running: kept
         assert kept == {row.id: pid}
+        # revoked meanwhile by an admin (its warning invites that): dropped, not a NotFound on
+        # every sweep from then on, which kept expired leases from ever being requeued
+        admins_too = dict(kept)
+        with registry.db.write() as session:
+            revoke_token(session, str(row.id), by="cli")
+        with registry.db.write() as session:
+            _revoke_finished(session, admins_too)
+        assert admins_too == {}
+        with registry.db.write() as session:
+            session.get(type(row), row.id).revoked_at = None          # live again, for the rest
         with registry.db.write() as session:
             jobs_db.get(session, job.id).status = "succeeded"         # the job ended
             _revoke_finished(session, kept)

@@ -115,8 +115,13 @@ def test_a_retry_that_leaves_out_a_field_the_first_request_set_is_another_reques
     # a jobs:submit token made the workers read any file of the host
     ({"model": "/etc/models/x.gguf", "publish_as": "smollm2-135m"}, Forbidden, "OSCAR_ZOO_JOB_PATHS"),
     ({"model": "smollm2-135m", "data": ["/etc/passwd.txt"]}, Forbidden, "outside the directories"),
-    ({"model": "smollm2-135m", "validation": {"data": ["../../../../etc/x.jsonl"]}}, Forbidden,
+    ({"model": "smollm2-135m", "validation": {"data": ["/../../../../etc/x.jsonl"]}}, Forbidden,
      "outside the directories"),
+    # relative paths were checked against the server's directory and read from the runner's
+    ({"model": "smollm2-135m", "validation": {"data": ["../../../../etc/x.jsonl"]}}, InvalidInput,
+     "relative path"),
+    ({"model": "./models/x.gguf", "publish_as": "smollm2-135m"}, InvalidInput, "relative path"),
+    ({"model": "smollm2-135m", "data": ["data/calib.txt"]}, InvalidInput, "absolute path"),
     # datasets.load_dataset reads a local directory by the same argument as a dataset id
     ({"model": "smollm2-135m", "data": ["hf:../../srv/x"]}, Forbidden, "not a Hugging Face dataset id"),
     ({"model": "smollm2-135m", "data": ["hf:/srv/x@train"]}, Forbidden, "not a Hugging Face dataset id"),

@@ -144,8 +144,13 @@ def _kv_shared_notes(bundle, config: Path | None) -> list[str]:
         return []
     from oscar_zoo.calibrate.cache_bits import drift_text, kv_shared_drift, kv_sources
 
+    from ..errors import UnsupportedModelError
+
     path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-    sources = kv_sources(json.loads(path.read_text()))     # resolve() has read it already
+    try:
+        sources = kv_sources(json.loads(path.read_text()))     # resolve() has read it already
+    except UnsupportedModelError as e:      # an assistant model: every layer reads another's cache
+        return [str(e)]
     drift = kv_shared_drift(bundle, sources)
     if not drift:
         return []

@@ -170,7 +170,9 @@ def _in_option_words(e: InvalidInput, given: dict) -> InvalidInput:
     shown = OPTION_OF[field]
     if index and isinstance(given[field], list) and int(index) < len(given[field]):
         shown += f" {given[field][int(index)]!r}"      # which of the repeated option's values
-    return type(e)(said[:m.start()] + f"{shown}: " + said[m.end():])
+    worded = type(e)(said[:m.start()] + f"{shown}: " + said[m.end():])
+    worded.__dict__.update(e.__dict__)      # its suggestions, status, retry_after
+    return worded
 
 
 def _read_spec(path: Path) -> dict:

@@ -3,11 +3,12 @@
 All act on the registry database of the settings (OSCAR_ZOO_DATABASE_URL, else SQLite in
 OSCAR_ZOO_DATA_DIR). Tokens are bootstrapped here, straight against the database: the token
 is printed once on stdout and only its hash is stored. So the tokens commands run on the
-registry's host: with OSCAR_ZOO_ENDPOINT pointing at another one they refuse (as `mirror`
-does), unless OSCAR_ZOO_DATABASE_URL names the database explicitly.
+registry's host: with OSCAR_ZOO_ENDPOINT set they do not make a new database (_token_registry).
 """
 
 from __future__ import annotations
+
+import os
 
 import logging
 
@@ -15,7 +16,7 @@ import click
 
 from .. import settings
 from ..errors import ConfigError
-from .output import emit, info, json_option
+from .output import emit, info, json_option, warn
 
 
 @click.command("serve")
@@ -121,50 +122,35 @@ def _token_registry():
 
     A client of a remote registry (OSCAR_ZOO_ENDPOINT) has no business with this host's
     database: `tokens create` there made a new local SQLite registry and minted a token the
-    remote one refused, whose 401 then sent the user back to `tokens create`. Refused, as
-    `mirror` refuses, unless OSCAR_ZOO_DATABASE_URL says which database is meant. A registry
-    on this host (a loopback endpoint: `serve` here, the demo) keeps its data dir's database,
-    once that exists."""
+    remote one refused, whose 401 then sent the user back to `tokens create`. So with an
+    endpoint set and neither OSCAR_ZOO_DATABASE_URL nor OSCAR_ZOO_DATA_DIR naming a database, a
+    database that does not exist yet is not made (refused), and one that does is acted on with
+    a warning that it is this host's (the registry's own host, an env file naming its LAN
+    address or service name, is the common case and must keep working)."""
     from pathlib import Path
 
     from ...registry_db.registry import open_registry
     from ...registry_db.session import default_url
 
-    explicit = settings.raw("database_url")
-    local = None if explicit else Path(default_url(settings.get("data_dir"))[len("sqlite:///"):])
+    url_set, dir_set = (bool(os.environ.get(settings.setting(n).env)) for n in ("database_url", "data_dir"))
+    local = None if url_set else Path(default_url(settings.get("data_dir"))[len("sqlite:///"):])
     endpoint = settings.redact_url(settings.get("endpoint") or "")
-    if endpoint and not explicit:
-        if not _on_this_host(endpoint):
-            raise ConfigError(
-                f"OSCAR_ZOO_ENDPOINT points at the registry {endpoint}, but `oscar-zoo tokens` "
-                f"acts on this host's database ({local}), not on that registry's: a token made "
-                "here would be refused there. Tokens are created on the registry's host "
-                "(`oscar-zoo tokens create` there, without OSCAR_ZOO_ENDPOINT) or here with "
-                "OSCAR_ZOO_DATABASE_URL set to the registry's database; otherwise ask its admin "
-                "for one, then `oscar-zoo login`")
+    if endpoint and not (url_set or dir_set):
         if not local.is_file():
             raise ConfigError(
-                f"no registry database here ({local} does not exist) for the registry at "
-                f"{endpoint}: run this with the OSCAR_ZOO_DATA_DIR or OSCAR_ZOO_DATABASE_URL its "
-                "`oscar-zoo serve` uses")
+                f"OSCAR_ZOO_ENDPOINT points at the registry {endpoint}, and `oscar-zoo tokens` "
+                f"acts on a registry database on this host, of which there is none ({local}): a "
+                "token made in a new one would be refused there. Tokens are created on the "
+                "registry's host (`oscar-zoo tokens create` there) or here with "
+                "OSCAR_ZOO_DATABASE_URL set to the registry's database; otherwise ask its admin "
+                "for one, then `oscar-zoo login`")
+        warn(f"acting on this host's registry database ({local}), not through "
+             f"OSCAR_ZOO_ENDPOINT ({endpoint}): its tokens work for the registry that serves "
+             "this database")
     new = local is not None and not local.is_file()
     registry = open_registry()
     info(f"{'new ' if new else ''}registry database: {settings.redact_url(registry.db.url)}")
     return registry
-
-
-def _on_this_host(url: str) -> bool:
-    """The URL names a loopback address (localhost, 127.0.0.0/8, ::1)."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Duration(click.ParamType):

@@ -12,7 +12,10 @@ from .download import RemoteFile
 
 DEFAULT_ALIASES = ("recommended", "latest")
 _VERSION = re.compile(r"^v?(\d+)$")
-_ALIAS = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# what may follow `@` as an alias (lower-cased first): wider than the registry's rule for new
+# aliases (catalog.ALIAS_NAME), so that a ref no alias can match is the registry's "not found,
+# these exist" rather than a parse error
+ALIAS_REF = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def parse_spec(spec: str) -> tuple[str, Ref]:
     m = _VERSION.match(ref)
     if m:
         return name, Ref(version=int(m.group(1)), typed=ref)
-    if not _ALIAS.match(ref.lower()):
+    if not ALIAS_REF.match(ref.lower()):
         raise InvalidInput(f"{ref!r} is neither a version number nor an alias (e.g. "
                            f"{name}@3, {name}@recommended)")
     return name, Ref(alias=ref.lower())

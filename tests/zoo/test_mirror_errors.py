@@ -27,7 +27,7 @@ def test_the_hubs_own_reason_is_kept(hub, tmp_path):
     assert "injected 400" in r.error   # the emulator's message, as the Hub would give its reason
 
 
-def test_a_permanent_4xx_is_not_retried_a_5xx_is(hub, tmp_path, monkeypatch):
+def test_a_permanent_4xx_is_not_retried_a_5xx_is(hub, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", "5")
     hub.tokens = {"hf_test", "ms_test"}
     b = make_bundle(tmp_path / "b")
@@ -38,7 +38,10 @@ def test_a_permanent_4xx_is_not_retried_a_5xx_is(hub, tmp_path, monkeypatch):
     hub.fail("POST", r"/commit/", status=503, times=1)
     r = mirror_bundle(b.path, 1, HF)
     assert (r.status, r.tag) == ("done", TAG)
-    assert len(hub.requests("POST", r"/commit/")) == 3
+    assert len(hub.requests("POST", r"/commit/")) == 4   # 422; 503, retried; the index
+    # each retry said (a warning: stderr), as a hub that is down kept `mirror` silent for minutes
+    retries = [r for r in caplog.records if "retry 1 of 5 in" in r.getMessage()]
+    assert len(retries) == 1 and retries[0].levelname == "WARNING", caplog.text
 
 
 def test_mirror_json_to_modelscope_is_json(registry, hub, tmp_path):

@@ -172,12 +172,13 @@ def retry_after_seconds(value) -> float | None:
 
 
 def retry_transient(call: Callable, retries: int,
-                    wait: Callable[[int, float | None], float] = backoff):
+                    wait: Callable[[int, float | None], float] = backoff, loud: bool = False):
     """call() again after wait(attempt, retry_after) seconds while it fails with an error that
     may heal (errors.is_transient: connection errors, TRY_LATER and 5xx), at most `retries` times.
     retry_after: the seconds the server asked for (the error's `.retry_after`, from a
     Retry-After header), or None. An error asking for more than RETRY_AFTER_CAP is raised at
-    once: the caller's message can then say how long to wait, rather than hang that long."""
+    once: the caller's message can then say how long to wait, rather than hang that long.
+    loud: each retry is a warning (stderr), for callers whose retries add up to minutes."""
     for attempt in range(retries + 1):
         try:
             return call()
@@ -186,7 +187,8 @@ def retry_transient(call: Callable, retries: int,
             if attempt == retries or not is_transient(e) or asks_too_long(asked):
                 raise
             delay = wait(attempt, asked)
-            log.info("transient error (%s); retrying in %.1f s", e, delay)
+            log.log(logging.WARNING if loud else logging.INFO, "%s; retry %d of %d in %s", e,
+                    attempt + 1, retries, duration(delay))
             time.sleep(delay)
 
 

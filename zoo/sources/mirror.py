@@ -40,20 +40,43 @@ class MirrorSource:
         if slot is None:
             raise BundleNotFound(f"{where}: the mirror has no {name}")
         model, info = slot
-        number = _number(where, model, info, ref)
-        e = _versions(info).get(number)
-        if e is None:
-            raise VersionNotFound(f"{where}: {model} v{number} is not mirrored; mirrored: "
-                                  f"{', '.join(f'v{n}' for n in sorted(_versions(info)))}")
-        if not _usable(e):
-            raise RemoteError(f"{where}: the index's entry for {model} v{number} is not one "
-                              "oscar-zoo wrote (no tag, folder, digest or file list)")
+        numbers = _candidates(where, model, info, ref)
+        skipped: list[int] = []
+        for number in numbers:
+            e = _versions(info).get(number)
+            if e is None:
+                raise VersionNotFound(f"{where}: {model} v{number} is not mirrored; mirrored: "
+                                      f"{', '.join(f'v{n}' for n in sorted(_versions(info)))}")
+            if not _usable(e):
+                raise RemoteError(f"{where}: the index's entry for {model} v{number} is not "
+                                  "one oscar-zoo wrote (no tag, folder, digest or file list)")
+            names = [n for n in e["files"] if not n.endswith(".pt")]
+            paths = [f"{e['path']}/{n}" for n in names]
+            at_tag = self._at_tag(paths, e["tag"])
+            if at_tag is not None:
+                break
+            if ref.version is not None:
+                raise VersionNotFound(
+                    f"{where}: {model} v{number} is listed in the mirror's {INDEX}, but its tag "
+                    f"{e['tag']} does not exist: the mirror's last run did not finish. Run "
+                    f"`oscar-zoo mirror {model}@{number}` again to complete it, or pull it "
+                    "from another source (OSCAR_ZOO_SOURCES)")
+            skipped.append(number)
+        else:
+            raise VersionNotFound(
+                f"{where}: the mirror's {INDEX} lists {model} "
+                f"{', '.join(f'v{n}' for n in skipped)}, but not one of their tags exists: "
+                "the mirror's last runs did not finish. Run `oscar-zoo mirror` on them again "
+                "to complete them, or pull from another source (OSCAR_ZOO_SOURCES)")
         status = "yanked" if e.get("yanked") else "published"
         reason = (e.get("yank_reason") or None) if e.get("yanked") else None
         note = status_note(model, number, status, reason)
-        names = [n for n in e["files"] if not n.endswith(".pt")]
-        paths = [f"{e['path']}/{n}" for n in names]
-        at_tag = self.hub.listing(self.repo, paths, e["tag"])
+        notes = [note] if note else []
+        if skipped:
+            shown = ", ".join(f"v{n}" for n in skipped)
+            notes.append(f"{where}: {model} {shown} is listed but not tagged (the mirror's "
+                         f"last run did not finish; `oscar-zoo mirror {model}@{skipped[0]}` "
+                         f"completes it), so this is v{number}, the newest one it serves")
         missing = [p for p in paths if p not in at_tag.files]
         if missing:
             raise BundleNotFound(f"{where}@{e['tag']}: missing {', '.join(missing)}")
@@ -67,24 +90,41 @@ class MirrorSource:
         refs = [f"v{number}"] + (["latest"] if ref.version is None else [])
         return Plan(source=self.name, model=model, origin=f"{where}/{e['path']}@{e['tag']}",
                     kind="bundle", digest=e["digest"], version=number, refs=refs,
-                    status=status, yank_reason=reason, notes=[note] if note else [],
+                    status=status, yank_reason=reason, notes=notes,
                     validated=e.get("validated"), manifest=locate(MANIFEST, e["digest"], None),
                     locate=locate)
 
+    def _at_tag(self, paths: list[str], tag: str):
+        """The listing of `paths` at `tag`; None when the tag does not exist (a mirror run
+        that stopped between committing a version and tagging it, as older oscar-zoo
+        releases indexed a version before tagging it)."""
+        try:
+            return self.hub.listing(self.repo, paths, tag)
+        except (VersionNotFound, NotFound):
+            if tag in self.hub.tags(self.repo):
+                raise
+            return None
 
-def _number(where: str, model: str, info: dict, ref: Ref) -> int:
-    """The version a ref names; `latest` is the newest that is not yanked (the index's own
-    `latest` is not trusted for that: indexes written before yanks were recorded lack it)."""
+
+def _candidates(where: str, model: str, info: dict, ref: Ref) -> list[int]:
+    """The versions that may answer a ref, in order: the one it names, or for the default and
+    `latest` every version not yanked, newest first (the first whose tag exists is served; the
+    index's own `latest` is not trusted for that: indexes written before yanks were recorded
+    lack it). Aliases other than `latest` are the registry's (`recommended` included): a
+    mirror does not keep them, and answering one with its latest would hand out another
+    version than the registry's without a word, and record it in the cache under that alias."""
     if ref.version is not None:
-        return ref.version
-    if ref.alias not in (None, "latest", "recommended"):
-        raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, "
-                              f"not {ref.alias!r}")
+        return [ref.version]
+    if ref.alias not in (None, "latest"):
+        raise VersionNotFound(f"{where}: mirrors keep version numbers and `latest` only, not "
+                              f"aliases such as {ref.alias!r}, which live in the registry: "
+                              f"pull {model}@{ref.alias} from the registry (OSCAR_ZOO_SOURCES="
+                              f"registry), or pull {model} (latest) or {model}@N from the mirror")
     versions = _versions(info)
-    live = [n for n, e in versions.items() if not e.get("yanked")]
+    live = sorted((n for n, e in versions.items() if not e.get("yanked")), reverse=True)
     if not live:
         raise VersionNotFound(_all_yanked(where, model, versions))
-    return max(live)
+    return live
 
 
 def _all_yanked(where: str, model: str, versions: dict[int, dict]) -> str:

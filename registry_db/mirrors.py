@@ -208,8 +208,8 @@ def mirror_yank(registry, model: str, version: str | int,
             raise Conflict(f"{m.name} v{v.number} is {v.status}, not yanked")
         records = queries.mirrors(session, v)
         held = [f"{r.target}:{r.repo}" for r in records if r.status == "done"]
-        # any record, not only done ones: a mirror that failed late (at its index commit) may
-        # have put the version's files and tag on the hub already
+        # any record, not only done ones: a mirror that failed late (at its tag) may have
+        # committed the version to the hub's index already
         tried = {_repo_key(f"{r.target}:{r.repo}", strict=False) for r in records}
         model, number, version_id, reason = m.name, v.number, v.id, v.yank_reason or "yanked"
     results = []

@@ -97,7 +97,7 @@ def _results_text(rows: list[dict]) -> str:
             what = "yank recorded, main branch updated" if r["committed"] else "nothing to change"
             lines.append(f"{r['target']}:{r['repo']}  {what}")
         elif r["status"] == "done":
-            what = "committed" if r["committed"] else "already there, nothing uploaded"
+            what = (r.get("note") or "committed") if r["committed"] else "already there, nothing uploaded"
             lines.append(f"{r['target']}:{r['repo']}  {r['path']}  tag {r['tag']}  "
                          f"commit {str(r['revision'])[:12]}  ({what})")
         else:

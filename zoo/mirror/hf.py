@@ -1,6 +1,5 @@
-"""The Hugging Face Hub as a mirror target: create_commit (with parent_commit, so a concurrent
-writer makes us re-read and retry instead of overwriting) and tags, in the order runner._push
-takes them (a version's files, its tag, then the index).
+"""The Hugging Face Hub as a mirror target: one create_commit per version (with parent_commit,
+so a concurrent writer makes us re-read and retry instead of overwriting), then a tag.
 
 Uploads go over plain LFS, never xet: HF_HUB_DISABLE_XET is forced on here so production takes
 the same code path the loopback tests cover (bundles are a few MB; hubs.md 1.3).

@@ -8,9 +8,8 @@
         bundle.json, rotations.safetensors    our canonical bundle beside them
         README.md                             its model card
 
-A version's files go up in a commit tagged `<model>-v<N>`, then the index listing it in another
-(runner._push); the folder on the main branch holds the newest version mirrored to it, older
-ones stay reachable by their tags. A yank takes its
+One commit per mirrored version, tagged `<model>-v<N>`; the folder on the main branch holds
+the newest version mirrored to it, older ones stay reachable by their tags. A yank takes its
 version off the main branch (engine scripts fetch folders from main and never read the index):
 the folder gets back the newest version of it that is not yanked (`main_holder`), or is emptied
 when none is left; the yanked version's tag keeps its files. Everything here is deterministic

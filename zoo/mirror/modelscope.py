@@ -1,6 +1,5 @@
-"""ModelScope as a mirror target, through modelscope-hub's HubApi: commits (of only the files
-that differ, and the deletions, in one request; see `commit`) and tags, in the order
-runner._push takes them (a version's files, its tag, then the index).
+"""ModelScope as a mirror target, through modelscope-hub's HubApi: one commit per version (of
+only the files that differ, and the deletions, in one request; see `commit`), then a tag.
 
 ModelScope has no parent-commit check, so concurrent writers of one repo are serialized by the
 registry's mirror runner (a lock per repo on the registry host, zoo/mirror/runner.py), not by

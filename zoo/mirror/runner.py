@@ -5,14 +5,11 @@
 The registry side (resolve a version, record the outcome, mirror after publish) is in
 registry_db/mirrors.py: `mirror_version`, `mirror_after_publish`.
 
-Per target, a version goes up in three steps: its files in a commit, the tag on that commit,
-then the index (oscar-zoo.json, which pulls go by) and root README in a second commit, so the
-hub never lists a version whose tag does not exist yet (`_push`). A run is idempotent: it first
-compares the hub's file hashes (and tags) with what it would upload, so a re-run after a crash
-commits only what is missing, tags only if the tag is missing, and a finished version is left
-alone (no new commit, no new tag). Transient hub errors (429, 5xx, connection errors) are
-retried with backoff; a failing hub never blocks the other, and every outcome lands in the
-registry's mirror records (GET .../mirrors).
+Per target, a run is idempotent: it first compares the hub's file hashes (and tags) with what
+it would upload, so a re-run after a crash commits only what is missing, tags only if the tag
+is missing, and a finished version is left alone (no new commit, no new tag). Transient hub
+errors (429, 5xx, connection errors) are retried with backoff; a failing hub never blocks the
+other, and every outcome lands in the registry's mirror records (GET .../mirrors).
 
 Targets: `--to` arguments, else the mirror_targets setting (OSCAR_ZOO_MIRROR_TARGETS), whose
 entries are `hf:ORG/REPO` or `modelscope:ORG/REPO` for every model, or `GLOB=hf:ORG/REPO` for
@@ -25,7 +22,7 @@ import fnmatch
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -50,7 +47,7 @@ class MirrorResult:
     revision: str | None = None  # the hub commit of this version (its tag points at it)
     tag: str | None = None
     url: str | None = None
-    committed: bool = False     # True: this run changed the hub (a commit, or a tag alone)
+    committed: bool = False     # False: the hub already had it (nothing uploaded)
     error: str | None = None
     note: str | None = None
 
@@ -274,25 +271,10 @@ def _same(remote: tuple[str | None, str | None] | None, f: layout.RepoFile) -> b
 
 def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
           model: str, created: bool) -> MirrorResult:
-    """Three steps, so that the hub never advertises a version before its tag exists:
-
-      1. the version's files on main, in a commit of their own (in a repo with no index yet,
-         with an index listing nothing and the root README, marking the repo as a mirror);
-      2. the tag, on that commit;
-      3. the index (and root README) listing the version, in a second commit.
-
-    A run that stops anywhere leaves main's index as it was (a pull gets the versions it
-    listed), and a re-run goes on from where it stopped: files already on main are not
-    committed again, an existing tag is checked (never moved), an index that lists the
-    version is left alone. `committed` in the result: this run changed the hub (a commit or a
-    tag), whichever step it was.
-
-    created: this run made the repo (or hub.unfinished(): an earlier run did, and was killed
+    """created: this run made the repo (or hub.unfinished(): an earlier run did, and was killed
     before its first commit), so whatever it holds is the hub's starter content (ModelScope may
     add a model card), which the mirror's own README.md replaces."""
     tag = layout.tag_name(model, number)
-    message = f"oscar-zoo: {model} v{number} (sha256:{digest[:12]})"
-    changed_hub, note = False, None
     for _ in range(CONFLICT_RETRIES):
         head = hub.head()
         index_bytes = hub.read(layout.INDEX, head)
@@ -300,97 +282,57 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
             _refuse_foreign(hub, head)
         index = _loaded(hub, index_bytes)
         folder = _folder_for(index, manifest, number, model)
-        files = layout.version_files(bundle_dir, manifest, folder)
         tags = hub.tags()
-        if tag in tags:  # mirrored before (perhaps by a run that stopped before its index)
-            # Where the tag put it: an older version re-mirrored after a newer one took its
-            # folder would otherwise be looked for in a v<N> subfolder it never had.
-            folder, files = _tagged_folder(hub, tags[tag], tag, index, model, number, folder,
-                                           files)
-            revision, base = tags[tag], head
-            if _indexed(index, model, number, digest):
-                return MirrorResult(hub.kind, hub.repo, "done", folder, revision, tag,
-                                    hub.url(folder, tag), changed_hub, note=note)
-            # the index lacks it: record it, leave main's folder as it is
-        else:
-            # 1. the files
-            remote = hub.hashes([f.path for f in files], head)
-            changed = [f for f in files if not _same(remote.get(f.path), f)]
-            stale = _stale_rotations(hub.listdir(folder, head), folder, files)
-            if index_bytes is None:
-                changed += _index_files(index, hub.repo)
-            files_committed = bool(changed or stale)
-            if files_committed:
-                try:
-                    revision = hub.commit(changed, f"{message}: files", parent=head,
-                                          delete=stale)
-                except Conflict:
-                    continue  # the branch moved under us: re-read the index and try again
-                changed_hub = True
-                # where main is now: the commit (the Hub names it), or the branch (ModelScope
-                # lists by branch name only, and has no parent check to pass it to)
-                base = revision if hub.kind == "hf" else head
-            else:
-                revision = base = head  # a previous run committed them, then stopped
-            # 2. the tag
-            hub.tag(tag, revision, f"{model} v{number}, bundle sha256:{digest}")
-            changed_hub = True
-            if not files_committed:
-                note = "tagged only: its files were already on the main branch"
-            if revision in ("master", "main"):  # ModelScope's upload may not name its commit
-                revision = hub.tags().get(tag, revision)
-        # 3. the index
+        if tag in tags:
+            # Compare where the tag put it: an older version re-mirrored after a newer one took
+            # its folder would otherwise be looked for in a v<N> subfolder it never had.
+            folder = _recorded_folder(_tag_index(hub, tags[tag]), model, number) or folder
+        files = layout.version_files(bundle_dir, manifest, folder)
         entry = layout.index_entry(manifest, digest, number, files, folder, model)
+        if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
+            _check_tagged(hub, tags[tag], tag, files)
+            if _indexed(index, model, number, digest):
+                return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
+                                    hub.url(folder, tag))
+            files = []  # the index lost it: record it again, leave main's folder as it is
         index = layout.updated_index(index_bytes, manifest, entry, model)
-        wanted = _index_files(index, hub.repo)
-        remote = hub.hashes([f.path for f in wanted], base)
+        wanted = files + [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
+                          layout.RepoFile.of(layout.ROOT_README,
+                                             layout.render_root_readme(index, hub.repo))]
+        remote = hub.hashes([f.path for f in wanted], head)
         changed = [f for f in wanted if not _same(remote.get(f.path), f)]
-        if changed:
+        stale = _stale_rotations(hub.listdir(folder, head), folder, wanted) if files else []
+        committed = bool(changed or stale)
+        if committed:
             try:
-                hub.commit(changed, f"{message}: index", parent=base)
+                revision = hub.commit(changed, f"oscar-zoo: {model} v{number} "
+                                               f"(sha256:{digest[:12]})", parent=head,
+                                      delete=stale)
             except Conflict:
-                continue  # re-read: the tag is there now, so only the index is left to do
-            changed_hub, note = True, None
+                continue  # the branch moved under us: re-read the index and try again
+        else:
+            revision = head  # a previous run committed, then stopped before tagging
+        if tag in tags:
+            return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
+                                hub.url(folder, tag), committed)
+        hub.tag(tag, revision, f"{model} v{number}, bundle sha256:{digest}")
+        if revision in ("master", "main"):  # ModelScope's upload may not name its commit
+            revision = hub.tags().get(tag, revision)
+        # the tag alone changed the hub too: a run that finishes an earlier one stopped before
+        # its tag (whose index already listed the version) is not "already there"
         return MirrorResult(hub.kind, hub.repo, "done", folder, revision, tag,
-                            hub.url(folder, tag), changed_hub, note=note)
+                            hub.url(folder, tag), True,
+                            note=None if committed else "tagged only: its files were already on the main branch")
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
 
 
-def _index_files(index: dict, repo: str) -> list[layout.RepoFile]:
-    return [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
-            layout.RepoFile.of(layout.ROOT_README, layout.render_root_readme(index, repo))]
-
-
-def _tagged_folder(hub, revision: str, tag: str, index: dict, model: str, number: int,
-                   folder: str, files: list[layout.RepoFile]) -> tuple[str, list[layout.RepoFile]]:
-    """The folder where tag `tag` holds this version's files, and the files there. Looked for
-    where main's index records the version, where this run would put it, the folder above or
-    the v<N> subfolder of that (a newer version took the folder since, or gave it back), and
-    where the tag's own index records it (tags made before the index got a commit of its own).
-    Raises Conflict when the tag holds other files: tags are never moved."""
-    names = [f.path.rsplit("/", 1)[1] for f in files]
-    plain = folder[:-len(f"/v{number}")] if folder.endswith(f"/v{number}") else folder
-    candidates = [_recorded_folder(index, model, number), folder, plain, f"{plain}/v{number}"]
-
-    def holds(where: str) -> list[layout.RepoFile] | None:
-        moved = [replace(f, path=f"{where}/{n}") for f, n in zip(files, names)]
-        remote = hub.hashes([f.path for f in moved], revision)
-        return moved if all(_same(remote.get(f.path), f) for f in moved) else None
-
-    tried = set()
-    for where in candidates + [lambda: _recorded_folder(_tag_index(hub, revision), model,
-                                                        number)]:
-        where = where() if callable(where) else where
-        if not isinstance(where, str) or where in tried:
-            continue
-        tried.add(where)
-        found = holds(where)
-        if found is not None:
-            return where, found
-    raise Conflict(f"{hub.kind}:{hub.repo}: tag {tag} exists but holds other files "
-                   "than this version; tags are never moved, so delete it on the hub "
-                   "if it is wrong and mirror again")
+def _check_tagged(hub, revision: str, tag: str, files: list[layout.RepoFile]) -> None:
+    remote = hub.hashes([f.path for f in files], revision)
+    if not all(_same(remote.get(f.path), f) for f in files):
+        raise Conflict(f"{hub.kind}:{hub.repo}: tag {tag} exists but holds other files "
+                       "than this version; tags are never moved, so delete it on the hub "
+                       "if it is wrong and mirror again")
 
 
 def _indexed(index: dict, model: str, number: int, digest: str) -> bool:

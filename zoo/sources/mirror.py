@@ -58,25 +58,27 @@ class MirrorSource:
             if ref.version is not None:
                 raise VersionNotFound(
                     f"{where}: {model} v{number} is listed in the mirror's {INDEX}, but its tag "
-                    f"{e['tag']} does not exist: the mirror's last run did not finish. Run "
-                    f"`oscar-zoo mirror {model}@{number}` again to complete it, or pull it "
-                    "from another source (OSCAR_ZOO_SOURCES)")
+                    f"{e['tag']} does not exist: the mirror's last run did not finish (its "
+                    f"maintainer's `oscar-zoo mirror {model}@{number}` completes it); pull it "
+                    "from another source (OSCAR_ZOO_SOURCES) meanwhile")
             skipped.append(number)
         else:
             raise VersionNotFound(
                 f"{where}: the mirror's {INDEX} lists {model} "
                 f"{', '.join(f'v{n}' for n in skipped)}, but not one of their tags exists: "
-                "the mirror's last runs did not finish. Run `oscar-zoo mirror` on them again "
-                "to complete them, or pull from another source (OSCAR_ZOO_SOURCES)")
+                "the mirror's last runs did not finish (its maintainer's `oscar-zoo mirror` "
+                "completes them); pull from another source (OSCAR_ZOO_SOURCES) meanwhile")
         status = "yanked" if e.get("yanked") else "published"
         reason = (e.get("yank_reason") or None) if e.get("yanked") else None
         note = status_note(model, number, status, reason)
         notes = [note] if note else []
         if skipped:
             shown = ", ".join(f"v{n}" for n in skipped)
-            notes.append(f"{where}: {model} {shown} is listed but not tagged (the mirror's "
-                         f"last run did not finish; `oscar-zoo mirror {model}@{skipped[0]}` "
-                         f"completes it), so this is v{number}, the newest one it serves")
+            verb = "is" if len(skipped) == 1 else "are"
+            notes.append(f"{where}: {model} {shown} {verb} listed but not tagged (the mirror's "
+                         f"last run did not finish; its maintainer's `oscar-zoo mirror "
+                         f"{model}@{skipped[0]}` completes it), so this is v{number}, the "
+                         "newest one it serves")
         missing = [p for p in paths if p not in at_tag.files]
         if missing:
             raise BundleNotFound(f"{where}@{e['tag']}: missing {', '.join(missing)}")

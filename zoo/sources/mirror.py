@@ -98,8 +98,7 @@ class MirrorSource:
 
     def _at_tag(self, paths: list[str], tag: str):
         """The listing of `paths` at `tag`; None when the tag does not exist (a mirror run
-        that stopped between committing a version and tagging it, as older oscar-zoo
-        releases indexed a version before tagging it)."""
+        that stopped between its commit, which indexes the version, and the tag)."""
         try:
             return self.hub.listing(self.repo, paths, tag)
         except (VersionNotFound, NotFound):

@@ -143,7 +143,7 @@ def test_a_hub_id_whose_name_the_registry_gives_another_model_is_refused_at_subm
     detail = r.json()["detail"]
     assert "published as model 'qwen3-8b'" in detail, detail
     assert "the registry knows qwen3-8b as Qwen/Qwen3-8B" in detail, detail   # as model_for says
-    assert "submit 'Qwen/Qwen3-8B'" in detail and "oscar-zoo publish" in detail, detail
+    assert "submit 'Qwen/Qwen3-8B'" in detail and "cannot hold a second model" in detail, detail
     with pytest.raises(InvalidInput, match="knows qwen3-8b as Qwen/Qwen3-8B"):
         jobs_api.submitter.submit({"model": "OtherOrg/Qwen3-8B", "publish": False})
     assert _count(jobs_api.server, Job) == 0

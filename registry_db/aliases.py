@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session, lazyload
 
-from ..zoo.catalog import ALIAS_NAME
+from ..zoo.catalog import ALIAS_NAME, ALIAS_RULE
 from ..zoo.errors import Conflict, InvalidInput
 from . import audit
 from .models import Alias, AliasEvent, BundleVersion, Model
@@ -24,8 +24,7 @@ LATEST = "latest"
 def check_alias_name(name: str) -> str:
     """Raises InvalidInput unless the name is a lower-case word that cannot be a version number."""
     if not ALIAS_NAME.fullmatch(name or ""):
-        raise InvalidInput(f"alias {name!r} is not valid: use 1-64 lower-case letters, digits, "
-                           "'.', '_' or '-', starting with a letter (e.g. recommended, prod)")
+        raise InvalidInput(f"alias {name!r} is not valid: {ALIAS_RULE}")
     return name
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo.bundle import require_whole, verify_bundle
-from ..zoo.catalog import is_hub_id
+from ..zoo.catalog import MODEL_NAME, is_hub_id
 from ..zoo.errors import BundleFormatError, Conflict, InvalidInput, ModelNotFound, YankedVersion
 from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
@@ -37,7 +37,6 @@ from .tensors import head_span, read_spans
 
 RETRIES = 64
 ARCHITECTURE_MAX = 200
-_MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -184,7 +183,7 @@ def _resolve_or_none(session: Session, name: str) -> Model | None:
 
 def _check_new_model(manifest: Manifest) -> None:
     ref = manifest.model
-    if not _MODEL_NAME.fullmatch(ref.name.lower()) or not is_hub_id(ref.hub_id):
+    if not MODEL_NAME.fullmatch(ref.name.lower()) or not is_hub_id(ref.hub_id):
         raise InvalidInput(f"a new model needs a plain name (letters, digits, '.', '_', '-') and a "
                            f"hub id like org/repo; got {ref.name!r} and {ref.hub_id!r}")
     if "--" in ref.name:    # `org--repo` is how URLs spell the hub id org/repo

@@ -17,9 +17,15 @@ from .errors import InvalidInput, ModelNotFound
 from .geometry import ModelGeometry, geometry_from_config_file
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-# A registry alias (recommended, prod): the registry's rule, which a job spec's aliases meet
-# before the job is queued. Starting with a letter, it is never a version number.
+# The registry's naming rules, here (torch- and SQLAlchemy-free) so that the client checks a
+# name before it builds a URL with it, a job spec before it is queued, and the registry on write,
+# all by the same rule in the same words.
+# A plain model name (compared in lower case; a hub id org/repo is the other way to name one)
+MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+# A registry alias (recommended, prod). Starting with a letter, it is never a version number.
 ALIAS_NAME = re.compile(r"[a-z][a-z0-9._-]{0,63}")
+ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter "
+              "(e.g. recommended, prod)")
 
 
 def is_hub_id(model: str) -> bool:

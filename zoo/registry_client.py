@@ -111,21 +111,15 @@ def check_endpoint(endpoint: str, name: str = "OSCAR_ZOO_ENDPOINT") -> None:
 # size limit, `pull ../../x` "no endpoint at /x"), and a name the registry can never hold is
 # better refused here, saying why, than answered by whatever route it lands on.
 
-# A plain model name: registry_db/publish.py _MODEL_NAME (a test keeps the two equal; importing
-# it would load SQLAlchemy into every client command)
-MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 MODEL_NAME_RULE = ("a model is named by a plain name, 1-128 letters, digits, '.', '_' or '-' "
                    "starting with a letter or digit (e.g. qwen3-8b), or by a hub id ORG/REPO "
                    "(e.g. Qwen/Qwen3-8B)")
-# registry_db/aliases.py check_alias_name's words, for the same rule (catalog.ALIAS_NAME)
-ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter "
-              "(e.g. recommended, prod)")
 
 
 def _name(name: str) -> str:
     """A model's name as a URL path: a name (any case), an `org--repo`, or a hub id (whose
     slash stays: the routes take `{name:path}`); the registry's resolve_model reads the same."""
-    from .catalog import is_hub_id
+    from .catalog import MODEL_NAME, is_hub_id
 
     name = name.strip()
     if not (MODEL_NAME.fullmatch(name.lower()) or is_hub_id(name)
@@ -141,6 +135,7 @@ def _name(name: str) -> str:
 def _ref(ref: str | int) -> str:
     """A version number or an alias (any case: the registry looks aliases up in lower case), as
     pull's NAME@REF reads them (sources.base.ALIAS_REF)."""
+    from .catalog import ALIAS_RULE
     from .sources.base import ALIAS_REF
 
     text = str(ref).strip()
@@ -153,7 +148,7 @@ def _ref(ref: str | int) -> str:
 def _alias(alias: str) -> str:
     """An alias to set or remove: exactly as the registry stores it (it does not lower-case
     these, so `Prod` is refused there too)."""
-    from .catalog import ALIAS_NAME
+    from .catalog import ALIAS_NAME, ALIAS_RULE
 
     alias = (alias or "").strip()
     if not ALIAS_NAME.fullmatch(alias):

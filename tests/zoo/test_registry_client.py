@@ -272,14 +272,6 @@ def test_the_names_the_registry_resolves_pass(name):
                     client.model(known)
 
 
-def test_the_client_and_the_registry_share_the_model_name_rule():
-    """A copy (registry_db pulls SQLAlchemy into the client): the two must not drift."""
-    from oscar_zoo.registry_db.publish import _MODEL_NAME
-    from oscar_zoo.zoo.registry_client import MODEL_NAME
-
-    assert MODEL_NAME.pattern == _MODEL_NAME.pattern
-
-
 @pytest.mark.parametrize("ref", ["../x", "..", "a b", "x/y", "-1", "", "_x"])
 def test_a_ref_that_is_neither_a_number_nor_an_alias_is_refused_before_any_request(ref):
     from oscar_zoo.zoo.errors import InvalidInput

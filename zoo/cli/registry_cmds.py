@@ -8,8 +8,6 @@ registry's host: with OSCAR_ZOO_ENDPOINT set they do not make a new database (_t
 
 from __future__ import annotations
 
-import os
-
 import logging
 
 import click
@@ -132,7 +130,7 @@ def _token_registry():
     from ...registry_db.registry import open_registry
     from ...registry_db.session import default_url
 
-    url_set, dir_set = (bool(os.environ.get(settings.setting(n).env)) for n in ("database_url", "data_dir"))
+    url_set, dir_set = (bool(settings.raw(n)) for n in ("database_url", "data_dir"))  # no defaults
     local = None if url_set else Path(default_url(settings.get("data_dir"))[len("sqlite:///"):])
     endpoint = settings.redact_url(settings.get("endpoint") or "")
     if endpoint and not (url_set or dir_set):

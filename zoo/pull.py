@@ -176,6 +176,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
     failures: list[_Failure] = []
     for source in sources:
         try:
+            _check_alias_still_open(source, ref, failures)
             plan = source.plan(entry, name, ref)
             _learn_statuses(cache, source)
             if ref.alias and ref.alias not in plan.refs:
@@ -203,6 +204,20 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
         if fix := _parts_fix(cache, model, ref):
             cache_said += f". To fix: {fix}"
     raise _combine(failures, entry, name, ref, cache_said)
+
+
+def _check_alias_still_open(source, ref: Ref, failures: list[_Failure]) -> None:
+    """The RotationZoo answers @recommended and @latest with its one shipped calibration, which
+    is right only where nobody holds versions of ours. Once a source that does (the registry, a
+    mirror) has refused the alias, the RotationZoo answering it would hand out another bundle
+    than the one asked for, under that alias, and the user would never see the refusal."""
+    if ref.alias is None or not getattr(source, "answers_from_catalog", False):
+        return
+    refused = next((f for f in failures if isinstance(f.error, VersionNotFound)), None)
+    if refused is not None:
+        raise VersionNotFound(f"{source.name}: not answering @{ref.alias} with the RotationZoo's "
+                              f"shipped calibration, as {refused.where}, which holds versions of "
+                              f"this model, refused the alias")
 
 
 @dataclass(frozen=True)

@@ -477,3 +477,20 @@ def test_layers_past_the_last_layer_are_refused_not_clamped(registry, glm_bundle
     r = CliRunner().invoke(cli, ["export", "glm-4.7-fp8@v1", "--layers", "0-99", "--format", "sglang",
                                  "--out", str(cache.root.parent / "out")])
     assert r.exit_code == 1 and "the model has 92 layers (0-91)" in r.stderr, r.output
+
+
+def test_an_alias_the_registry_refused_is_not_answered_by_the_rotationzoo(registry, glm_bundles,
+                                                                          seed_zoo):
+    """The registry holds glm-4.7-fp8 v1 and no `recommended`; the RotationZoo answers
+    @recommended from the catalog with its shipped calibration, and did so here: the user got
+    another bundle than any of ours, cached as `recommended`, and never saw the refusal."""
+    seed_zoo()
+    registry.publish_dir(glm_bundles[0].path)
+    with pytest.raises(VersionNotFound) as e:
+        pull("glm-4.7-fp8@recommended")
+    said = str(e.value)
+    assert "not answering @recommended with the RotationZoo's shipped calibration" in said, said
+    assert "has no alias 'recommended'" in said.split("not answering")[0], said   # why, first
+    assert "recommended" not in Cache().refs("glm-4.7-fp8")
+    assert pull("glm-4.7-fp8").version == 1          # the default still falls to latest
+    assert pull("glm-4.7-fp8@latest").source == "registry"

@@ -50,7 +50,19 @@ async def domain_error(request: Request, exc: OscarZooError) -> ProblemResponse:
                   where)
     suggestions = exc.suggestions if isinstance(exc, NotFound) and exc.suggestions else None
     return problem(exc.http_status, exc.title, str(exc), request.url.path, headers or None,
-                   suggestions=suggestions)
+                   suggestions=suggestions, **extensions_of(exc))
+
+
+# the standard members, and the names problem() and domain_error take for themselves
+_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "headers", "suggestions"})
+
+
+def extensions_of(exc: OscarZooError) -> dict:
+    """RFC 9457 extension members an error carries (`exc.extensions`, set where it is raised):
+    facts a client acts on without parsing the detail, such as the scope a token lacks. None
+    may replace a standard member, which the status and title of the error decide."""
+    extensions = getattr(exc, "extensions", None) or {}
+    return {k: v for k, v in extensions.items() if k not in _MEMBERS}
 
 
 JSON_BODY = "send Content-Type: application/json with a JSON object"

@@ -187,8 +187,9 @@ class BlobStore:
         finally:
             os.close(fd)
 
-    def verified_path(self, sha256: str) -> Path:
-        """The blob's path after checking its bytes still hash to its name.
+    def verified_path(self, sha256: str, of: str | None = None) -> Path:
+        """The blob's path after checking its bytes still hash to its name. `of`: what refers
+        to it (`file 'x' of model version 3`), for the message of a blob that is missing.
 
         Raises StorageCorrupt when they do not (the blob is not deleted: an operator looks at it;
         storing the good bytes again replaces it) or when the blob is missing: every caller asks
@@ -198,8 +199,7 @@ class BlobStore:
         try:
             st = p.stat()
         except FileNotFoundError:
-            raise StorageCorrupt(f"stored blob {sha256[:12]}... is missing from the registry's "
-                                 "store; restore it from a mirror") from None
+            raise missing_blob(sha256, of) from None
         if self._known_sound(sha256, st):
             return p
         actual = sha256_file(p)
@@ -262,6 +262,19 @@ class BlobStore:
                 return True
             finally:
                 os.close(fd)
+
+
+# No server path: the API answers with this (the operator knows where OSCAR_ZOO_DATA_DIR is).
+RESTORE = ("the registry's operator must publish the bundle it belongs to again (storing the "
+           "bundle's files puts the blob back; the version keeps its number) or restore the blob "
+           "store (blobs/ in OSCAR_ZOO_DATA_DIR) from a backup")
+
+
+def missing_blob(sha256: str, of: str | None = None) -> StorageCorrupt:
+    """A blob that a row references and the store lacks (a lost disk, a manual delete)."""
+    what = f"the registry's blob of {of}" if of else "stored blob"
+    return StorageCorrupt(f"{what} (sha256:{sha256[:12]}...) is missing from the registry's "
+                          f"store; {RESTORE}")
 
 
 def _unlink_missing_ok(path: Path) -> None:

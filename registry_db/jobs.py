@@ -26,8 +26,9 @@ Claims: PostgreSQL takes queued rows `FOR UPDATE SKIP LOCKED`, so concurrent cla
 block on, or both get, one job; SQLite has a single writer (session.py), which serializes them.
 
 Ownership: a job records the id of the token that submitted it (a revoked token's name may be
-taken again); only that token or an admin token may cancel it. A retry with the job's
-idempotency key by another token gets the job, not its ownership.
+taken again); only that token or an admin token may cancel it. An idempotency key is the
+submitting token's own (migration 0013): another token sending the same key submits a job of
+its own, and learns nothing of the first one.
 
 Naming a job: the user's side (read, follow, cancel) takes the whole id or a unique prefix of at
 least SHORT_ID characters, as `jobs list` shows them (resolve); the worker side, whose ids come
@@ -86,8 +87,8 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
            given: dict | None = None) -> tuple[Job, bool]:
     """A new queued job, or the one this idempotency key made before: (job, created).
 
-    `created_by_token_id`: the submitting token, which may cancel the job. The job a key made
-    before keeps its own, whoever retries with the key.
+    `created_by_token_id`: the submitting token, which may cancel the job; the key is looked up
+    among its jobs only (keys are per token: clients pick them, and two may pick the same).
 
     `given`: the fields the user set ({field: True, or the same for a nested section}), stored
     with the job. A retry is compared with the key's job on the fields either request set (the
@@ -97,7 +98,7 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
     Raises Conflict, naming the fields that differ, when the key was used for a different spec.
     """
     if idempotency_key:
-        existing = _by_key(session, idempotency_key)
+        existing = _by_key(session, idempotency_key, created_by_token_id)
         if existing is not None:
             return _same_spec(existing, spec, given), False
     job = Job(spec=spec, model=model, gpus=gpus, status="queued", phase="queued",
@@ -110,7 +111,8 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
             session.add(job)
             session.flush()
     except DBIntegrityError:  # the same key, submitted concurrently
-        existing = _by_key(session, idempotency_key) if idempotency_key else None
+        existing = (_by_key(session, idempotency_key, created_by_token_id) if idempotency_key
+                    else None)
         if existing is None:
             raise
         return _same_spec(existing, spec, given), False
@@ -118,8 +120,13 @@ def submit(session: Session, spec: dict, *, model: str, gpus: int, max_attempts:
     return job, True
 
 
-def _by_key(session: Session, key: str) -> Job | None:
-    return session.scalar(select(Job).where(Job.idempotency_key == key))
+def _by_key(session: Session, key: str, token_id: int | None) -> Job | None:
+    """The job this token submitted with this key (None: a job of no token, as submitted
+    before migration 0008 and by callers in-process)."""
+    owner = Job.created_by_token_id.is_(None) if token_id is None \
+        else Job.created_by_token_id == token_id
+    return session.scalar(select(Job).where(Job.idempotency_key == key, owner)
+                          .order_by(Job.created_at).limit(1))
 
 
 def _same_spec(job: Job, spec: dict, given: dict | None) -> Job:

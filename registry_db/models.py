@@ -191,9 +191,11 @@ class Job(Base):
     """A calibration job; the registry owns its state (leases, attempts, cancel). See the jobs API."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index(None, "status", "created_at"),)
+    # Migration 0013: a key is the submitting token's own (registry_db/jobs.py submit)
+    __table_args__ = (Index(None, "status", "created_at"),
+                      UniqueConstraint("created_by_token_id", "idempotency_key"))
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     spec: Mapped[dict[str, Any]]
     status: Mapped[str] = mapped_column(String(20), default="queued")
     phase: Mapped[str | None] = mapped_column(String(40))

@@ -167,10 +167,20 @@ def authenticate(session: Session, token: str | None, scope: str) -> ApiToken:
     """
     row = identify(session, token)
     if scope not in row.scopes and "admin" not in row.scopes:
-        # named as its writes are (actor_of): a legacy default name holds characters of the secret
-        raise Forbidden(f"token {actor_of(row)} has scopes {row.scopes}; this needs {scope!r}: "
-                        f"use a token with it (`oscar-zoo tokens create --scope {scope}`)")
+        raise missing_scope(row, scope)
     return row
+
+
+def missing_scope(row: ApiToken, scope: str) -> Forbidden:
+    """The refusal of a live token that lacks `scope`. Its problem body carries `required_scope`
+    and `token_scopes`, so that a client can tell its user what to ask for without parsing the
+    detail; the detail is for whoever calls the API by hand. Names the token as its writes do
+    (actor_of: a legacy default name holds characters of the secret), never the token."""
+    err = Forbidden(f"token {actor_of(row)} has scopes {list(row.scopes)}; this needs {scope!r}: "
+                    f"ask the registry's operator for a token with it (on the registry's host: "
+                    f"`oscar-zoo tokens create --scope {scope} ...`)")
+    err.extensions = {"required_scope": scope, "token_scopes": list(row.scopes)}
+    return err
 
 
 def identify(session: Session, token: str | None) -> ApiToken:

@@ -86,6 +86,17 @@ def store_token(token: str) -> Path:
     return path
 
 
+def remove_stored_token() -> Path | None:
+    """Delete the token `oscar-zoo login` stored: its path, or None where none was stored.
+    OSCAR_ZOO_TOKEN is the caller's to report: a process cannot unset its shell's variable."""
+    path = stored_token_path()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return path
+
+
 def check_endpoint(endpoint: str, name: str = "OSCAR_ZOO_ENDPOINT") -> None:
     """Raise ConfigError unless `endpoint` is an http(s) URL with a host: without its scheme
     (127.0.0.1:8000) httpx refused it as UnsupportedProtocol, told as a network problem."""
@@ -322,7 +333,7 @@ class RegistryClient:
         if code == 401:
             return Unauthorized(f"{where}: {self._refusal(detail)}")
         if code == 403:
-            return Forbidden(f"{where}: {detail}")
+            return Forbidden(f"{where}: {self._lacking(body) or detail}")
         if code == 409:
             cls = JobCancelled if title == JobCancelled.title else Conflict
             return cls(f"{where}: {detail}")
@@ -360,6 +371,23 @@ class RegistryClient:
         else:
             fix = "run `oscar-zoo login`, or set OSCAR_ZOO_TOKEN"
         return f"{reason}; {fix} ({TOKEN_ORIGIN})"
+
+    def _lacking(self, body: Any) -> str | None:
+        """A 403 for a scope the token lacks (the registry's `required_scope`), told as what to
+        ask for and from whom; None for any other 403 (another token's job, a path outside the
+        job dirs), whose detail says why. The registry's own advice, `tokens create`, is its
+        host operator's command: run here, it makes a token in this host's database."""
+        scope = body.get("required_scope") if isinstance(body, dict) else None
+        if not isinstance(scope, str) or not scope:
+            return None
+        held = body.get("token_scopes")
+        has = (f" (its scopes: {', '.join(map(str, held))})" if isinstance(held, list) and held
+               else "")
+        then = ("then set OSCAR_ZOO_TOKEN to it (it overrides the token `oscar-zoo login` "
+                "stores)" if self.token_from_env else "then `oscar-zoo login` with it")
+        return (f"the token lacks scope {scope}{has}; ask the registry's operator for a token "
+                f"with {scope} (on the registry host: `oscar-zoo tokens create --scope {scope} "
+                f"...`), {then}")
 
     # --- reads -------------------------------------------------------------------------------
 

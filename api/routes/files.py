@@ -7,10 +7,12 @@ browser would run on the registry's origin.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, Request
 
 from ...registry_db import queries
-from ...zoo.errors import FileNotInBundle
+from ...zoo.errors import FileNotInBundle, StorageCorrupt
 from ..deps import reading
 from ..ranges import file_response
 
@@ -38,10 +40,22 @@ def download(name: str, ref: str, filename: str, request: Request):
             names = ", ".join(f.name for f in version.files)
             raise FileNotInBundle(f"version {version.number} of {model.name} has no file "
                                   f"{filename!r}; its files are {names}")
-        path = request.app.state.registry.blobs.verified_path(entry.sha256)
+        path = _blob(request, model.name, version.number, entry)
         suffix = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
         media = MEDIA.get(suffix)
         return file_response(request, path, entry.size, entry.sha256,
                              media or "application/octet-stream",
                              immutable=ref.strip().isascii() and ref.strip().isdigit(),
                              filename=None if media else filename)
+
+
+def _blob(request: Request, model: str, number: int, entry) -> Path:
+    """The verified blob of a version's file. A blob missing or corrupt is named by model,
+    version and file in the answer (problem members `model`, `version`, `file`), which the
+    operator who must restore it goes by; the blob's hash alone named nothing they know."""
+    try:
+        return request.app.state.registry.blobs.verified_path(
+            entry.sha256, of=f"file {entry.name!r} of {model} version {number}")
+    except StorageCorrupt as e:
+        e.extensions = {"model": model, "version": number, "file": entry.name}
+        raise

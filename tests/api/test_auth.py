@@ -107,6 +107,26 @@ def test_a_wrong_scope_says_how_to_get_it_without_the_tokens_characters(registry
     assert "oscar-zoo tokens create --scope bundles:publish" in detail, detail
 
 
+def test_a_wrong_scope_names_the_scope_needed_and_the_tokens_scopes_in_the_body(registry_server,
+                                                                              tmp_path):
+    """The 403 said which scope was missing in prose only: a client could not tell its user what
+    to ask the registry's operator for without parsing the detail. The body names the token's
+    scopes, never the token."""
+    token = registry_server.token("jobs:submit", "jobs:work", name="ci")
+    make_bundle(tmp_path / "b")
+    with registry_server.client(token) as http:
+        r = upload_bundle(http, tmp_path / "b")
+        moved = http.put("/v1/models/smollm2-135m/aliases/recommended", json={"version": 1})
+    assert r.status_code == 403 and r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert body["required_scope"] == "bundles:publish", body
+    assert body["token_scopes"] == ["jobs:submit", "jobs:work"], body
+    assert "on the registry's host: `oscar-zoo tokens create --scope bundles:publish ...`" \
+        in body["detail"], body
+    assert token[4:] not in r.text and token[4:12] not in r.text
+    assert moved.status_code == 403 and moved.json()["required_scope"] == "bundles:publish"
+
+
 def test_an_expired_token_is_refused_with_401_saying_when_and_what_to_do(registry_server,
                                                                          tmp_path):
     """Tokens never expired. Refused, the holder is told when it expired and how to get a new

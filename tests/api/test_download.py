@@ -114,6 +114,36 @@ def test_a_missing_blob_is_a_clear_500_on_every_route_and_the_connection_lives(s
     assert http.get("/v1/health").status_code == 200     # the same connection
 
 
+def test_a_missing_blob_names_the_file_and_version_and_how_to_restore_it(served, tmp_path,
+                                                                         caplog):
+    """The answer named the blob by a piece of its hash and said "restore it from a mirror": the
+    operator could not tell which version's file was lost, nor that publishing the bundle again
+    puts it back. Logged once per request, at error level."""
+    import logging
+
+    server, http, data = served
+    server.registry.blobs.path(hashlib.sha256(data).hexdigest()).unlink()
+    with caplog.at_level(logging.ERROR, logger="oscar_zoo.api"):
+        r = http.get(URL)
+    assert r.status_code == 500 and r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert (body["model"], body["version"], body["file"]) == ("smollm2-135m", 1,
+                                                             "rotations.safetensors"), body
+    detail = body["detail"]
+    assert detail.startswith("the registry's blob of file 'rotations.safetensors' of "
+                             "smollm2-135m version 1 (sha256:"), detail
+    assert "missing from the registry's store" in detail
+    assert "publish the bundle it belongs to again" in detail and "restore the blob store" in detail
+    assert str(server.data_dir) not in r.text and "Traceback" not in r.text
+    logged = [rec for rec in caplog.records
+              if rec.levelno == logging.ERROR and URL in rec.getMessage()]
+    assert len(logged) == 1 and "rotations.safetensors" in logged[0].getMessage(), logged
+    # the advice holds: the same bundle published again puts the blob back, as version 1
+    server.publish_dir(tmp_path / "b")      # the bundle `served` published
+    again = http.get(URL)
+    assert again.status_code == 200 and again.content == data
+
+
 def test_an_unexpected_error_is_a_500_problem_and_the_connection_lives(served, monkeypatch):
     from oscar_zoo.registry_db import queries
 

@@ -60,14 +60,16 @@ def test_a_running_job_is_refused_to_another_token_too(jobs_api):
     assert api.submitter.cancel(job["id"])["cancel_requested"] is True
 
 
-def test_a_retry_with_the_key_by_another_token_does_not_take_the_job_over(jobs_api):
+def test_the_same_key_from_another_token_is_another_job_and_does_not_take_the_first_over(jobs_api):
+    """Keys are each token's own: another token's `nightly` was answered with the owner's job."""
     api = jobs_api
     spec = {"model": "smollm2-135m", "tokens": 4096}
     job, created = api.submitter.submit(spec, idempotency_key="nightly")
     assert created
     with JobsClient(api.server.url, api.server.token("jobs:submit", name="other")) as other:
         again, created = other.submit(spec, idempotency_key="nightly")
-        assert not created and again["id"] == job["id"]
+        assert created and again["id"] != job["id"]
+        assert other.submit(spec, idempotency_key="nightly")[0]["id"] == again["id"]
         assert _job_row(api, job["id"]) == (_token_id(api, api.submitter.registry.token),
                                              "token:owner")
         with pytest.raises(Forbidden, match="submitted by token:owner"):

@@ -48,3 +48,11 @@ def test_options_say_what_they_do_and_their_default(command, option, says):
     text = _option(_help(command), option)
     assert says in text, text
     assert not re.fullmatch(rf"{re.escape(option)} \S+ \[default: \S+\]", text), text  # not bare
+
+
+def test_logout_is_listed_beside_login_and_says_what_it_cannot_undo():
+    commands = _help().split("Commands:")[1]
+    assert re.search(r"^  login\b", commands, re.M) and re.search(r"^  logout\b", commands, re.M)
+    text = " ".join(_help("logout").split())
+    assert "OSCAR_ZOO_TOKEN" in text and "until its operator revokes it" in text
+    assert "--json" in text

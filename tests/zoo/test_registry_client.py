@@ -227,6 +227,25 @@ def test_a_refusal_keeps_the_registrys_reason():
     assert "--expires-in" not in str(e.value)
 
 
+def test_a_403_for_anything_but_a_scope_keeps_the_registrys_reason():
+    """Only a refusal naming `required_scope` is told as a scope to ask for: another token's
+    job, a path outside the job dirs, say why in their detail."""
+    from oscar_zoo.zoo.errors import Forbidden
+
+    detail = ("job 1234 was submitted by token:owner (id 1); cancel it with that token or an "
+              "admin token")
+
+    def answer(request):
+        return httpx.Response(403, json={"type": "about:blank", "title": "Forbidden",
+                                         "status": 403, "detail": detail})
+
+    client = RegistryClient("http://registry.test", "ozk_" + "D" * 43)
+    client._http = httpx.Client(base_url=client.endpoint, transport=httpx.MockTransport(answer))
+    with client, pytest.raises(Forbidden) as e:
+        client.whoami()
+    assert str(e.value) == f"registry http://registry.test: {detail}"
+
+
 # --- names are checked before a URL is built from them -------------------------------------------
 
 BAD_NAMES = ["../../etc/passwd", "../x", "a/../b", "..", "x/y/z", "a b", "a/..", "/x", ""]
@@ -324,3 +343,41 @@ def test_the_cli_refuses_a_bad_name_itself(tmp_path, monkeypatch, args, said):
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith(f"Error: {said}"), result.stderr
     assert "cannot reach" not in result.stderr
+
+
+# --- a version whose blob the registry lost ------------------------------------------------------
+
+def _pull_with_a_lost_blob(registry, tmp_path, monkeypatch, retries: int = 0):
+    """`oscar-zoo pull` of a version whose rotations blob is gone from the registry's store."""
+    import json
+
+    from click.testing import CliRunner
+
+    from oscar_zoo.zoo.cli.main import cli
+
+    monkeypatch.setenv("OSCAR_ZOO_SOURCES", "registry")
+    monkeypatch.setenv("OSCAR_ZOO_HTTP_RETRIES", str(retries))
+    bundle = make_bundle(tmp_path / "b")
+    registry.publish_dir(bundle.path)
+    files = json.loads((bundle.path / "bundle.json").read_text())["files"]
+    sha = next(f["sha256"] for f in files if f["name"] == "rotations.safetensors")
+    registry.registry.blobs.path(sha).unlink()
+    return CliRunner().invoke(cli, ["pull", "smollm2-135m"])
+
+
+def test_a_pull_of_a_lost_blob_fails_in_one_line_not_a_traceback(registry, tmp_path, monkeypatch):
+    result = _pull_with_a_lost_blob(registry, tmp_path, monkeypatch)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert "Error: could not pull smollm2-135m: rotations.safetensors from registry: 500" \
+        in result.stderr, result.stderr
+
+
+def test_a_pull_of_a_lost_blob_says_what_the_registry_said_without_retrying(registry, tmp_path,
+                                                                             monkeypatch):
+    """The registry's detail was dropped (a bare "500 Internal Server Error"), after retries
+    that a lost blob cannot heal."""
+    result = _pull_with_a_lost_blob(registry, tmp_path, monkeypatch, retries=3)
+    assert "the registry's blob of file 'rotations.safetensors' of smollm2-135m version 1" \
+        in result.stderr and "publish the bundle it belongs to again" in result.stderr, result.stderr
+    assert "retr" not in result.stderr, result.stderr

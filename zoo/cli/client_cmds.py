@@ -1,5 +1,5 @@
-"""The client commands: pull, list|ls, show|info, verify, prune, cache ls|rm, login, export,
-publish.
+"""The client commands: pull, list|ls, show|info, verify, prune, cache ls|rm, login, logout,
+whoami, export, publish.
 
 Data goes to stdout (a launch recipe that can be piped into a script, or JSON with --json);
 progress, summaries and warnings go to stderr. Nothing here imports torch.
@@ -714,7 +714,7 @@ def _rm_plan_text(plan) -> str:
     return "\n".join(lines)
 
 
-# --- login, export, publish --------------------------------------------------------------------
+# --- login, logout, export, publish ------------------------------------------------------------
 
 @click.command("login")
 @click.option("--token", help="The registry token (default: prompt for it, hidden).")
@@ -741,6 +741,39 @@ def login_command(token):
     if not client.configured:   # nothing to ask: said, so "stored" is not read as "accepted"
         warn("no registry configured (OSCAR_ZOO_ENDPOINT), so the token was stored unverified; "
              "set OSCAR_ZOO_ENDPOINT and run `oscar-zoo whoami` to check it")
+
+
+@click.command("logout")
+@json_option
+def logout_command(as_json):
+    """Forget the registry token `oscar-zoo login` stored in the user config dir
+    (OSCAR_ZOO_CONFIG_DIR). Nothing stored is not an error. The token stays valid on the
+    registry until its operator revokes it, and OSCAR_ZOO_TOKEN, if set, is still sent: logout
+    warns, as it cannot unset a variable of your shell."""
+    from ..registry_client import remove_stored_token, stored_token_path
+
+    removed = remove_stored_token()
+    path = removed or stored_token_path()
+    if removed:
+        info(f"logged out: removed the token stored in {path} (it stays valid on the registry "
+             "until its operator revokes it)")
+    else:
+        info(f"not logged in: no token stored in {path}; nothing to remove")
+    warnings = _token_env_warnings()
+    warn_unless_json(warnings, as_json)
+    if as_json:
+        emit({"removed": removed is not None, "path": str(path), "warnings": warnings}, True)
+
+
+def _token_env_warnings() -> list[str]:
+    """What logout leaves sending a token: the environment's (named, never its value)."""
+    from .. import settings
+
+    if not (settings.raw("token") or "").strip():
+        return []
+    env = settings.setting("token").env
+    return [f"{env} is set, and its token is still sent with every request (it overrides the "
+            f"stored one); logout cannot unset it: run `unset {env}` in your shell"]
 
 
 def _check_token_shape(token: str) -> None:
@@ -836,7 +869,8 @@ def publish_command(bundle_dir, status, name, as_json):
 
 def register(cli: click.Group) -> None:
     for cmd in (pull_command, list_command, show_command, verify_command, prune_command,
-                cache_group, login_command, whoami_command, export_command, publish_command):
+                cache_group, login_command, logout_command, whoami_command, export_command,
+                publish_command):
         cli.add_command(cmd)
     cli.add_command(_alias(list_command, "ls"))
     cli.add_command(_alias(show_command, "info"))

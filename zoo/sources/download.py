@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 from .. import settings
 from ..cache import Cache
 from ..errors import (BundleNotFound, Forbidden, IntegrityError, OfflineError, RemoteError,
-                      TRY_LATER, Unauthorized, is_no_space, is_transient)
+                      StorageCorrupt, TRY_LATER, Unauthorized, is_no_space, is_transient)
 from ..files import CHUNK, sha256_file
 
 log = logging.getLogger("oscar_zoo.download")
@@ -389,8 +389,9 @@ def _check_status(remote: RemoteFile, r) -> None:
         return
     r.read()
     where = f"{remote.name} from {remote.source or r.request.url.host}"
-    if code in RETRY_STATUS:
-        raise _Retry(f"{code} {r.reason_phrase}",
+    said = _problem_detail(r)
+    if code in RETRY_STATUS and not _lost_for_good(r):
+        raise _Retry(f"{code} {r.reason_phrase}{said}",
                      retry_after=retry_after_seconds(r.headers.get("Retry-After")), status=code)
     if code == 401:
         raise Unauthorized(f"{where}: 401 Unauthorized; {_auth_hint(remote.source)}")
@@ -398,7 +399,28 @@ def _check_status(remote: RemoteFile, r) -> None:
         raise Forbidden(f"{where}: 403 Forbidden; {_auth_hint(remote.source)}")
     if code == 404:
         raise BundleNotFound(f"{where}: 404 Not Found at {_public(r.request.url)}")
-    raise _with_status(RemoteError(f"{where}: {code} {r.reason_phrase}"), code)
+    raise _with_status(RemoteError(f"{where}: {code} {r.reason_phrase}{said}"), code)
+
+
+def _problem_detail(r) -> str:
+    """`: <detail>` of an RFC 9457 problem answer (the registry's errors say what to do), else
+    nothing: a hub's or a proxy's HTML page is not worth quoting."""
+    if "json" not in r.headers.get("Content-Type", ""):
+        return ""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {detail[:500]}" if isinstance(detail, str) and detail else ""
+
+
+def _lost_for_good(r) -> bool:
+    """The registry's blob is missing or corrupt (StorageCorrupt): a 500 that asking again
+    cannot heal, so its message is shown at once rather than after every retry's backoff."""
+    try:
+        return r.json().get("title") == StorageCorrupt.title
+    except (ValueError, AttributeError):
+        return False
 
 
 def _with_status(error: RemoteError, status: int | None) -> RemoteError:

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from ..zoo import settings
 from ..zoo.errors import ConfigError, Conflict, StorageFull
 from ..zoo.files import out_of_space
-from ..zoo.mirror.runner import (MirrorResult, configured_targets, mark_yanked, mirror_bundle,
-                                 parse_target)
+from ..zoo.mirror.runner import (MirrorPlan, MirrorResult, configured_targets, mark_yanked,
+                                 mirror_bundle, parse_target, plan_bundle, plan_yank)
 from . import queries
 from .models import BundleVersion, Job, MirrorRecord
 
@@ -100,14 +100,7 @@ def mirror_version(registry, model: str, version: str | int,
     """
     vf = version_files(registry, model, version)
     _require_published(vf)
-    # the registry's name, not the one typed (an alias or hub id), is what the globs match
-    targets = list(targets) if targets else configured_targets(vf.model)
-    if not targets:
-        raise ConfigError(f"no mirror target for {vf.model}: pass --to hf:ORG/REPO or "
-                          "modelscope:ORG/REPO, or set OSCAR_ZOO_MIRROR_TARGETS (an entry "
-                          f"for every model, or GLOB=hf:ORG/REPO with a GLOB matching {vf.model})")
-    for t in targets:
-        parse_target(t)
+    targets = _targets_of(vf, targets)
     results = []
     with ExitStack() as staged:
         try:
@@ -125,6 +118,32 @@ def mirror_version(registry, model: str, version: str | int,
                               result.revision, result.url, result.error)
             results.append(result)
     return results
+
+
+def plan_version(registry, model: str, version: str | int,
+                 targets: list[str] | None = None) -> list[MirrorPlan]:
+    """What mirror_version would do on each target (`oscar-zoo mirror --dry-run`): the same
+    refusals and targets, the files staged as for a run, each hub only read; nothing is
+    recorded."""
+    vf = version_files(registry, model, version)
+    _require_published(vf)
+    targets = _targets_of(vf, targets)
+    with ExitStack() as staged:
+        bundle_dir = _stage(registry, vf, staged)
+        return [plan_bundle(bundle_dir, vf.number, t, vf.model) for t in targets]
+
+
+def _targets_of(vf: VersionFiles, targets: list[str] | None) -> list[str]:
+    """--to, else the configured targets; checked, and at least one."""
+    # the registry's name, not the one typed (an alias or hub id), is what the globs match
+    targets = list(targets) if targets else configured_targets(vf.model)
+    if not targets:
+        raise ConfigError(f"no mirror target for {vf.model}: pass --to hf:ORG/REPO or "
+                          "modelscope:ORG/REPO, or set OSCAR_ZOO_MIRROR_TARGETS (an entry "
+                          f"for every model, or GLOB=hf:ORG/REPO with a GLOB matching {vf.model})")
+    for t in targets:
+        parse_target(t)
+    return targets
 
 
 def _stage(registry, vf: VersionFiles, staged: ExitStack) -> Path:
@@ -201,21 +220,12 @@ def mirror_yank(registry, model: str, version: str | int,
     version was never mirrored to (no record of it there, as `mirror --status` shows) is
     skipped without asking its hub: there is no yank to record, and a yanked version is not
     mirrored anywhere new."""
-    with registry.db.read() as session:
-        m = queries.resolve_model(session, model)
-        v = queries.resolve_version(session, m, version)
-        if v.status != "yanked":
-            raise Conflict(f"{m.name} v{v.number} is {v.status}, not yanked")
-        records = queries.mirrors(session, v)
-        held = [f"{r.target}:{r.repo}" for r in records if r.status == "done"]
-        # any record, not only done ones: a mirror that failed late (at its tag) may have
-        # committed the version to the hub's index already
-        tried = {_repo_key(f"{r.target}:{r.repo}", strict=False) for r in records}
-        model, number, version_id, reason = m.name, v.number, v.id, v.yank_reason or "yanked"
+    y = _yanked(registry, model, version)
+    model, number, reason, held = y.model, y.number, y.reason, y.held
     results = []
     for target in list(targets) if targets else held:
         kind, repo = parse_target(target)
-        if _repo_key(target) not in tried:
+        if _repo_key(target) not in y.tried:
             results.append(_never_mirrored(kind, repo, model, number))
             continue
         with _repo_lock(registry, kind, repo):
@@ -225,9 +235,50 @@ def mirror_yank(registry, model: str, version: str | int,
                 f"the yank has not reached this mirror yet ({result.error}); run `oscar-zoo "
                 f"mirror {model}@{number}` to try again")
             with registry.db.write() as session:
-                record_mirror(session, version_id, kind, repo, "done", error=error)
+                record_mirror(session, y.version_id, kind, repo, "done", error=error)
         results.append(result)
     return results
+
+
+def plan_yank_version(registry, model: str, version: str | int,
+                      targets: list[str] | None = None) -> list[MirrorPlan]:
+    """What mirror_yank would change on each target (`--dry-run`): each hub only read."""
+    y = _yanked(registry, model, version)
+    plans = []
+    for target in list(targets) if targets else y.held:
+        kind, repo = parse_target(target)
+        if _repo_key(target) in y.tried:
+            plans.append(plan_yank(target, y.model, y.number, y.reason))
+        else:
+            plans.append(MirrorPlan(kind, repo, y.model, y.number, "skip",
+                                    note=_never_mirrored(kind, repo, y.model, y.number).note))
+    return plans
+
+
+@dataclass(frozen=True)
+class _Yanked:
+    """A yanked version and the mirrors that may hold it, read in one short transaction."""
+
+    model: str
+    number: int
+    version_id: int
+    reason: str
+    held: list[str]                 # targets whose record says done
+    tried: set                      # _repo_key of every target with a record
+
+
+def _yanked(registry, model: str, version: str | int) -> _Yanked:
+    with registry.db.read() as session:
+        m = queries.resolve_model(session, model)
+        v = queries.resolve_version(session, m, version)
+        if v.status != "yanked":
+            raise Conflict(f"{m.name} v{v.number} is {v.status}, not yanked")
+        records = queries.mirrors(session, v)
+        # any record, not only done ones: a mirror that failed late (at its tag) may have
+        # committed the version to the hub's index already
+        return _Yanked(m.name, v.number, v.id, v.yank_reason or "yanked",
+                       [f"{r.target}:{r.repo}" for r in records if r.status == "done"],
+                       {_repo_key(f"{r.target}:{r.repo}", strict=False) for r in records})
 
 
 def _never_mirrored(kind: str, repo: str, model: str, number: int) -> MirrorResult:

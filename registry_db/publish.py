@@ -11,7 +11,6 @@ concurrent publishers get 32 distinct numbers, and the same content twice gets o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path

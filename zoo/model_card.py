@@ -20,13 +20,37 @@ def front_matter(m: Manifest) -> dict:
         "base_model": m.model.hub_id,
         "tags": ["oscar", "kv-cache", "int2", "kv-cache-quantization", "rotation"],
     }
+    ours = {}
+    if m.model.revision:
+        # base_model takes a bare repo id on the Hub (an @revision there breaks its link), so
+        # the revision the rotations were fitted to goes beside it
+        ours["base_model_revision"] = m.model.revision
     if m.validation is not None:
         bundle = next((v for v in m.validation.variants if v.name == "bundle"), None)
         if bundle is not None:
-            meta["oscar_zoo"] = {"validated": m.validation.passed,
-                                 "delta_nll": round(bundle.delta_nll, 4),
-                                 "context_len": m.validation.context_len}
+            ours.update(validated=m.validation.passed, delta_nll=round(bundle.delta_nll, 4),
+                        context_len=m.validation.context_len)
+    if ours:
+        meta["oscar_zoo"] = ours
     return meta
+
+
+def base_model_line(m: Manifest) -> str:
+    """Which revision of the base model the rotations were calibrated on, linked: rotations fit
+    one set of weights, and a model repo's main branch may move on."""
+    hub_id, rev = m.model.hub_id, m.model.revision
+    if not rev:
+        return (f"Calibrated on [{hub_id}](https://huggingface.co/{hub_id}); which revision "
+                "was not recorded (the calibration dates from "
+                f"{m.calibration.created_at}), so this card cannot say which weights they fit.")
+    pinned = "" if _is_commit(rev) else (" (a branch or tag name, as asked for at calibration; "
+                                        "its files may have changed since)")
+    return (f"Calibrated on [{hub_id}](https://huggingface.co/{hub_id}/tree/{rev}) at revision "
+            f"`{rev}`{pinned}.")
+
+
+def _is_commit(rev: str) -> bool:
+    return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev.lower())
 
 
 def render_card(m: Manifest) -> str:
@@ -38,6 +62,7 @@ def render_card(m: Manifest) -> str:
         f"# OSCAR INT2 KV-cache rotations for {m.model.hub_id}", "",
         "Orthogonal rotations and clip thresholds for serving this model with a 2-bit KV cache "
         "(OSCAR, arXiv 2605.17757). Made with [oscar-zoo](https://github.com/oscar-zoo/oscar-zoo).",
+        "", base_model_line(m),
         "", "## Get it", "", "```bash", f"oscar-zoo pull {m.model.name} --format sglang", "```", "",
         "## What is inside", "",
         "| | |", "|---|---|",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from click.testing import CliRunner
 
@@ -37,8 +38,10 @@ def test_promote_alias_and_yank_drive_what_pull_gets(registry, glm_bundles, monk
 
     r = zoo("yank", f"{MODEL}@2", "--reason", "clip search bug", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["status"] == "yanked"
+    row = json.loads(r.stdout)
+    assert (row["status"], row["action"], row["mirrors"]) == ("yanked", "yanked", [])
     assert "removed aliases: stable" in r.stderr         # a deploy pinned to it learns it now
+    assert "mirrors" not in r.stderr                     # it was never mirrored
     r = zoo("pull", f"{MODEL}@stable")                   # and later, why it is gone
     assert r.exit_code == 1 and "alias 'stable' was removed" in r.stderr
     assert "version 2 yanked: clip search bug" in r.stderr
@@ -75,3 +78,47 @@ def test_bad_calls_say_how_to_fix_them_and_change_nothing(registry, glm_bundles,
     assert r.exit_code == 1 and "published versions only" in r.stderr, r.output
     with RegistryClient() as client:
         assert client.version(MODEL, 1)["status"] == "draft" and not client.aliases(MODEL)["items"]
+
+
+def test_yank_says_what_stays_on_the_mirrors_and_a_second_yank_is_a_no_op(registry, hub, tmp_path,
+                                                                         monkeypatch):
+    """A yanked version stayed on the hub mirrors it was mirrored to (its tag keeps its files)
+    and `yank` said nothing of them. It names them now, with what the registry does there and
+    what is left to the user; and yanking it again says "already yanked" rather than fail."""
+    from oscar_zoo.registry_db.mirrors import mirror_version
+    from tests.utils.bundles import make_bundle
+
+    model, repo, tag = "smollm2-135m", "oscar-zoo/rotations", "smollm2-135m-v1"
+    registry.publish_dir(make_bundle(tmp_path / "b").path)
+    assert [r.status for r in mirror_version(registry.registry, model, 1, [f"hf:{repo}"])] == ["done"]
+    monkeypatch.setenv("OSCAR_ZOO_TOKEN", registry.token("bundles:publish"))
+
+    r = zoo("yank", f"{model}@latest", "--reason", "bad clips", "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)
+    assert (row["version"], row["status"], row["action"]) == (1, "yanked", "yanked")
+    assert [(m["target"], m["repo"], m["tag"]) for m in row["mirrors"]] == [("hf", repo, tag)]
+    note = " ".join(r.stderr.split())
+    assert f"{model} v1 stays on its mirrors (hf:{repo}) under its tag {tag}" in note
+    assert f"`oscar-zoo mirror {model}@1 --status`" in note and "delete the tag there" in note
+    # what it says the registry does: the hub's index marks it yanked, the tag stays
+    deadline = time.monotonic() + 30
+    while not _yanked_on_hub(hub, repo, model, 1):
+        assert time.monotonic() < deadline, "the registry never recorded the yank on the hub"
+        time.sleep(0.1)
+    assert tag in hub.repo("hf", repo).tags
+
+    r = zoo("yank", f"{model}@1", "--reason", "something else")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == f"{model} v1 was already yanked: bad clips"
+    assert "keeps the reason it was yanked with (bad clips)" in r.stderr
+    assert "stays on its mirrors" not in r.stderr        # said when it was yanked
+    r = zoo("yank", f"{model}@1", "--reason", "bad clips", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["action"] == "already yanked", r.output
+    assert r.stderr == ""
+
+
+def _yanked_on_hub(hub, repo: str, model: str, number: int) -> bool:
+    index = hub.repo("hf", repo).files().get("oscar-zoo.json")
+    entry = json.loads(index[0])["models"][model]["versions"][str(number)] if index else {}
+    return bool(entry.get("yanked"))

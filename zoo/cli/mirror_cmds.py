@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .output import emit, json_option
+from .output import emit, info, json_option
 
 
 @click.command("mirror")
@@ -16,8 +16,12 @@ from .output import emit, json_option
               help="Where to (repeatable). Default: the mirror_targets setting.")
 @click.option("--status", "show_status", is_flag=True,
               help="Only show where this version is mirrored (the registry's records).")
+@click.option("--dry-run", is_flag=True,
+              help="Only show what a run would do on each hub (repo, folder, tag, the files it "
+                   "would upload or delete): the hubs are read, nothing is written to them or "
+                   "recorded in the registry.")
 @json_option
-def mirror_command(spec, targets, show_status, as_json):
+def mirror_command(spec, targets, show_status, dry_run, as_json):
     """Mirror a registry version to hub repos in the RotationZoo layout, tagged <model>-v<N>.
 
     Runs against the local registry (the data dir or OSCAR_ZOO_DATABASE_URL, like `serve`).
@@ -30,6 +34,7 @@ def mirror_command(spec, targets, show_status, as_json):
 
     \b
     oscar-zoo mirror glm-4.7-fp8@3 --to hf:oscar-zoo/rotations --to modelscope:oscar-zoo/rotations
+    oscar-zoo mirror glm-4.7-fp8@3 --dry-run
     oscar-zoo mirror glm-4.7-fp8@3 --status
     """
     from ..sources.base import parse_spec
@@ -37,27 +42,101 @@ def mirror_command(spec, targets, show_status, as_json):
     name, ref = parse_spec(spec)
     if ref.is_default:
         raise click.UsageError("name the version: NAME@VERSION (a number or an alias)")
+    if show_status and dry_run:
+        raise click.UsageError("--status shows the records of past runs and --dry-run plans the "
+                               "next one: use one of them")
     version = ref.version if ref.version is not None else ref.alias
     if show_status:
         emit(_records(name, version), as_json, _records_text)
         return
-    from ...registry_db.mirrors import NotPublished, mirror_version, mirror_yank
-
     registry = _registry_here()
     try:
+        # resolved once: an alias that moves during the run must not change the version
+        model, number, status = _resolved(registry, name, version)
+        if dry_run:
+            rows = [p.to_dict() for p in _plans(registry, model, number, status, list(targets))]
+        else:
+            rows = [r.to_dict() for r in _run(registry, model, number, list(targets))]
+    finally:
+        registry.close()
+    if dry_run:
+        info("dry run: the hubs were only read; nothing was uploaded, tagged or recorded")
+    emit(rows, as_json, _plans_text if dry_run else _results_text)
+    failed = [f"{r['target']}:{r['repo']}" for r in rows
+              if r.get("status") == "failed" or r.get("action") == "fail"]
+    if failed:
+        _fail(f"{model}@{number}", failed, len(rows), status == "yanked", dry_run, as_json)
+
+
+def _resolved(registry, name: str, version) -> tuple[str, int, str]:
+    """(the registry's name of the model, the version's number, its status)."""
+    from ...registry_db import queries
+
+    with registry.db.read() as session:
+        m = queries.resolve_model(session, name)
+        v = queries.resolve_version(session, m, version)
+        return m.name, v.number, v.status
+
+
+def _run(registry, model: str, number: int, targets: list[str]) -> list:
+    from ...registry_db.mirrors import NotPublished, mirror_version, mirror_yank
+    from ..mirror.runner import outcomes_reported_by_caller
+
+    with outcomes_reported_by_caller():     # each target's outcome is a row of the output
         try:
-            results = mirror_version(registry, name, version, list(targets) or None)
+            return mirror_version(registry, model, number, targets or None)
         except NotPublished as e:
             if e.status != "yanked":
                 raise
             # a yanked version goes nowhere new; the mirrors holding it get the yank again
-            click.echo(f"{e}; recording the yank on the mirrors that hold it", err=True)
-            results = mirror_yank(registry, name, version, list(targets) or None)
-    finally:
-        registry.close()
-    emit([r.to_dict() for r in results], as_json, _results_text)
-    if any(r.status == "failed" for r in results):
-        sys.exit(1)
+            info(f"{e}; recording the yank on the mirrors that hold it")
+            return mirror_yank(registry, model, number, targets or None)
+
+
+def _fail(spec: str, failed: list[str], total: int, yanked: bool, dry_run: bool,
+          as_json: bool) -> None:
+    """The one line saying the run did not succeed everywhere and what to do; each target's
+    reason is in its own row already (stdout), so it is not repeated here."""
+    where = "in its row of the JSON" if as_json else "on its line above"
+    again = " ".join(f"--to {t}" for t in failed)
+    if dry_run:
+        said = (f"{len(failed)} of {total} targets would fail (the reason is {where}); fix "
+                f"that, then `oscar-zoo mirror {spec} {again} --dry-run` checks again")
+    else:
+        does = "records the yank there" if yanked else "uploads only what the hub lacks"
+        said = (f"{len(failed)} of {total} targets failed (the reason is {where}); once it is "
+                f"fixed, run `oscar-zoo mirror {spec} {again}` again (it {does})")
+    click.echo(click.style("Error: ", fg="red") + said, err=True)
+    sys.exit(1)
+
+
+# --- --dry-run ----------------------------------------------------------------------------------
+
+def _plans(registry, model: str, number: int, status: str, targets: list[str]) -> list:
+    """What `mirror` would do on each target (MirrorPlans), as a run would choose them."""
+    from ...registry_db.mirrors import plan_version, plan_yank_version
+
+    plan = plan_yank_version if status == "yanked" else plan_version
+    return plan(registry, model, number, targets or None)
+
+
+def _plans_text(rows: list[dict]) -> str:
+    if not rows:
+        return "no mirror holds this version: no yank to record"
+    return "\n".join(_plan_text(r) for r in rows)
+
+
+def _plan_text(r: dict) -> str:
+    where, what = f"{r['target']}:{r['repo']}", f"{r['model']} v{r['version']}"
+    if r["action"] == "fail":
+        return f"{where}  {what}  would FAIL: {r['error']}"
+    if r["action"] in ("nothing", "skip"):
+        return f"{where}  {what}  {r['action']}: {r['note']}"
+    created = ", creating the repo" if r["create_repo"] else ""
+    lines = [f"{where}  {what} -> {r['folder']}  tag {r['tag']}  (would {r['action']}{created})"]
+    lines += [f"  upload  {p}" for p in r["upload"]]
+    lines += [f"  delete  {p}" for p in r["delete"]]
+    return "\n".join(lines)
 
 
 def _registry_here():

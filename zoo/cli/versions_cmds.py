@@ -47,17 +47,81 @@ def promote_command(spec, as_json):
 @json_option
 def yank_command(spec, reason, as_json):
     """Withdraw a version: it leaves `latest` and every alias, pulls of it warn, it stays
-    downloadable by number."""
+    downloadable by number. On the hub mirrors that hold it, the registry records the yank, and
+    its tag there keeps its files (see the note it prints). Yanking a yanked version changes
+    nothing and says so (action "already yanked" in --json)."""
     from ..registry_client import RegistryClient
 
     name, ref = _version_spec(spec)
     with RegistryClient() as client:
-        before = client.version(name, ref, cache_hint=False).get("aliases") or []
-        emit(client.yank(name, ref, reason), as_json, _line)
-    removed = [a for a in before if a != "latest"]
+        before = client.version(name, ref, cache_hint=False)
+        row = _yank(client, name, ref, reason, before)
+        row["mirrors"] = _mirrors_of(client, row["model"], row["version"])
+    emit(row, as_json, _yank_line)
+    if row["action"] == "already yanked":
+        if (before.get("yank_reason") or "") != reason:
+            warn(f"it keeps the reason it was yanked with ({before.get('yank_reason')}); a "
+                 "yank's reason is not changed afterwards")
+        return
+    removed = [a for a in before.get("aliases") or [] if a != "latest"]
     if removed:     # a deploy pinned to one of them stops resolving: say so now
         warn(f"removed aliases: {', '.join(removed)} (they pointed at this version); point "
              f"them elsewhere with `oscar-zoo alias {name}@VERSION ALIAS`")
+    if row["mirrors"]:
+        warn(_mirrors_note(row["model"], row["version"], row["mirrors"]))
+
+
+def _yank(client, name: str, ref, reason: str, before: dict) -> dict:
+    """The version after the yank, with `action`: "yanked", or "already yanked" where it was
+    (then nothing is sent: the registry refuses a second yank, and the state asked for holds)."""
+    from ..errors import Conflict
+
+    if before.get("status") == "yanked":
+        return {**before, "action": "already yanked"}
+    try:
+        return {**client.yank(name, ref, reason), "action": "yanked"}
+    except Conflict:
+        # yanked by someone else since `before` was read: the same outcome for this call
+        now = client.version(name, before["version"], cache_hint=False)
+        if now.get("status") != "yanked":
+            raise
+        return {**now, "action": "already yanked"}
+
+
+def _mirrors_of(client, model: str, number: int) -> list[dict] | None:
+    """The hub repos the registry mirrored this version to (records with status done), each
+    with the tag that keeps its files there; None when the registry cannot say."""
+    from ..errors import OscarZooError
+    from ..mirror.layout import tag_name
+
+    try:
+        records = client.mirrors(model, number)
+    except OscarZooError as e:
+        warn(f"could not list the mirrors of {model} v{number} ({e}); `oscar-zoo mirror "
+             f"{model}@{number} --status` shows them, and the hubs they are on keep its tag")
+        return None
+    return [{"target": r["target"], "repo": r["repo"], "path": r.get("path"),
+             "tag": tag_name(model, number), "url": r.get("url")}
+            for r in records if r.get("status") == "done"]
+
+
+def _mirrors_note(model: str, number: int, mirrors: list[dict]) -> str:
+    where = ", ".join(f"{m['target']}:{m['repo']}" for m in mirrors)
+    return (f"{model} v{number} stays on its mirrors ({where}) under its tag "
+            f"{mirrors[0]['tag']}: oscar-zoo never moves or deletes a tag. The registry records "
+            "the yank there in the background: their oscar-zoo.json marks it yanked (a pull "
+            "from them warns and no longer picks it as latest) and their main branch drops it "
+            "(its folder gets the newest version not yanked, if any). `oscar-zoo mirror "
+            f"{model}@{number} --status` shows "
+            "whether each got it; where one did not, `oscar-zoo mirror "
+            f"{model}@{number}` on the registry's host records it again. To take its files "
+            "down from a hub, delete the tag there")
+
+
+def _yank_line(d: dict) -> str:
+    if d["action"] == "already yanked":
+        return f"{d['model']} v{d['version']} was already yanked: {d.get('yank_reason')}"
+    return _line(d)
 
 
 @click.command("alias")

@@ -24,12 +24,16 @@ class HFTarget:
         constants.HF_HUB_DISABLE_XET = True  # read at call time (hubs.md 1.3)
         return self.hub.api()
 
+    def exists(self) -> bool:
+        with self.hub.errors(self.repo, None):
+            return self.api().repo_exists(self.repo, repo_type="model")
+
     def ensure_repo(self) -> bool:
         """Create the repo if it is missing; True when this call created it."""
+        # asked first: a token that may write to this repo need not be allowed to create
+        if self.exists():
+            return False
         with self.hub.errors(self.repo, None):
-            # asked first: a token that may write to this repo need not be allowed to create
-            if self.api().repo_exists(self.repo, repo_type="model"):
-                return False
             self.api().create_repo(self.repo, repo_type="model", exist_ok=True)
         return True
 

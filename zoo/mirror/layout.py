@@ -221,8 +221,9 @@ def dump_index(index: dict) -> bytes:
     return json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"
 
 
-def render_root_readme(index: dict, repo: str) -> bytes:
-    """The repo's landing page: one row per mirrored version, newest first per model."""
+def render_root_readme(index: dict, repo: str, kind: str = "hf") -> bytes:
+    """The repo's landing page: how to get a version from this hub (`kind`: hf or modelscope),
+    and one row per mirrored version, newest first per model."""
     lines = [
         "---", "library_name: oscar-zoo", "license: apache-2.0",
         "tags: [oscar, kv-cache, int2, kv-cache-quantization, rotation]", "---", "",
@@ -234,14 +235,11 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         "`v_rotation_*.pt`), next to the canonical bundle (`bundle.json`, "
         "`rotations.safetensors`) and its model card. Every version is also a tag, "
         "`<model>-v<N>`; the folder on the main branch holds the newest that is not yanked "
-        "(a yanked version is reachable by its tag only).",
+        "(a yanked version is reachable by its tag only), and an older version mirrored after "
+        "it sits in a `v<N>/` subfolder of it.",
         "",
         "```bash",
-        "# with oscar-zoo, this repo as a pull source (from the Hugging Face Hub, or ModelScope):",
-        f"OSCAR_ZOO_HF_MIRROR_REPO={repo} oscar-zoo pull <model>",
-        f"OSCAR_ZOO_MODELSCOPE_MIRROR_REPO={repo} oscar-zoo pull <model>",
-        "# or one version's files from the Hub, by its tag and folder (columns below):",
-        f"hf download {repo} --revision <tag> --include '<folder>/*' --local-dir <dir>",
+        *_get_it(repo, kind),
         "```",
         "",
         "| model | version | folder | tag | source | validated | extra loss vs BF16 (nats/token) | Hadamard baseline |",
@@ -254,6 +252,30 @@ def render_root_readme(index: dict, repo: str) -> bytes:
         for number in sorted(slot["versions"], key=int, reverse=True):
             lines.append(_readme_row(name, number, slot["versions"]))
     return ("\n".join(lines) + "\n").encode()
+
+
+def _get_it(repo: str, kind: str) -> list[str]:
+    """The landing page's commands, in this hub's own tools: oscar-zoo with this repo as its
+    pull source, and the hub's CLI fetching one version by its tag and folder."""
+    if kind == "modelscope":
+        pull = f"OSCAR_ZOO_MODELSCOPE_MIRROR_REPO={repo} oscar-zoo pull <model>"
+        get = (f"modelscope download --model {repo} --revision <tag> {version_patterns()} "
+               "--local_dir <dir>")
+        hub = "ModelScope"
+    else:
+        pull = f"OSCAR_ZOO_HF_MIRROR_REPO={repo} oscar-zoo pull <model>"
+        get = f"hf download {repo} --revision <tag> {version_patterns()} --local-dir <dir>"
+        hub = "the Hugging Face Hub"
+    return [f"# with oscar-zoo, this repo on {hub} as a pull source:", pull,
+            "# or one version's files, by its tag and folder (columns below):", get]
+
+
+def version_patterns(folder: str = "<folder>") -> str:
+    """--include/--exclude selecting exactly the files of the version in `folder`. Both hubs'
+    CLIs match them with fnmatch, whose `*` crosses `/`: `<folder>/*` alone also takes the
+    older versions kept in its v<N>/ subfolders. The exclude matches only paths below such a
+    subfolder; a version's own files lie directly in its folder."""
+    return f"--include '{folder}/*' --exclude '{folder}/v[0-9]*/*'"
 
 
 def _readme_row(name: str, number: str, versions: dict) -> str:

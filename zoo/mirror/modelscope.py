@@ -29,14 +29,18 @@ class ModelScopeTarget:
         self.repo = repo
         self.hub = MSHub()
 
+    def exists(self) -> bool:
+        with self.hub.errors(self.repo, None):
+            return self.hub.api().repo_exists(self.repo, "model")
+
     def ensure_repo(self) -> bool:
         """Create the repo if it is missing; True when this call created it."""
         import modelscope_hub.errors as ms
 
+        # asked first: a token that may write to this repo need not be allowed to create
+        if self.exists():
+            return False
         with self.hub.errors(self.repo, None):
-            # asked first: a token that may write to this repo need not be allowed to create
-            if self.hub.api().repo_exists(self.repo, "model"):
-                return False
             try:
                 self.hub.api().create_repo(self.repo, "model", visibility="public",
                                            description=CREATED_BY)

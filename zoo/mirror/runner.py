@@ -1,6 +1,7 @@
 """Mirror published versions to the Hugging Face Hub and ModelScope, and record where they went.
 
     mirror_bundle(bundle_dir, number=3, target="hf:org/rotations")   # one bundle dir, one hub
+    plan_bundle(bundle_dir, number=3, target="hf:org/rotations")     # what it would do there
 
 The registry side (resolve a version, record the outcome, mirror after publish) is in
 registry_db/mirrors.py: `mirror_version`, `mirror_after_publish`.
@@ -9,7 +10,9 @@ Per target, a run is idempotent: it first compares the hub's file hashes (and ta
 it would upload, so a re-run after a crash commits only what is missing, tags only if the tag
 is missing, and a finished version is left alone (no new commit, no new tag). Transient hub
 errors (429, 5xx, connection errors) are retried with backoff; a failing hub never blocks the
-other, and every outcome lands in the registry's mirror records (GET .../mirrors).
+other, and every outcome lands in the registry's mirror records (GET .../mirrors). A plan
+(`oscar-zoo mirror --dry-run`) reads the hub exactly as a run does, through the same step
+function, and writes nothing.
 
 Targets: `--to` arguments, else the mirror_targets setting (OSCAR_ZOO_MIRROR_TARGETS), whose
 entries are `hf:ORG/REPO` or `modelscope:ORG/REPO` for every model, or `GLOB=hf:ORG/REPO` for
@@ -22,7 +25,9 @@ import fnmatch
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass
+import threading
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -36,6 +41,7 @@ KINDS = ("hf", "modelscope")
 CONFLICT_RETRIES = 3
 _OSCAR_PT = re.compile(r"^[kv]_rotation.*\.pt$")
 SEED_FILES = {".gitattributes"}   # what a hub puts in a new repo (hubs.md 1.5)
+OUTCOME = "oscar_zoo_mirror_outcome"   # marks a log record that reports a target's outcome
 
 
 @dataclass
@@ -53,6 +59,52 @@ class MirrorResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class MirrorPlan:
+    """What a mirror run would do on one target (`--dry-run`): read from the hub, not done."""
+    target: str                 # hf | modelscope
+    repo: str
+    model: str
+    version: int
+    action: str                 # commit and tag | commit | tag | record yank | nothing | skip | fail
+    folder: str | None = None   # the version's folder in the repo
+    tag: str | None = None
+    create_repo: bool = False   # the repo does not exist yet: the run would create it
+    upload: list[str] = field(default_factory=list)   # paths it would commit (new or changed)
+    delete: list[str] = field(default_factory=list)   # paths that commit would remove
+    note: str | None = None     # why nothing (or skip)
+    error: str | None = None    # why it would fail
+
+    def of(self, step: _Step, commit: str, tag_only: str | None) -> "MirrorPlan":
+        """Filled in from a step: `commit` where it has files to commit or delete, else
+        `tag_only` where only the tag is missing, else nothing."""
+        self.folder, self.tag = step.folder, step.tag
+        self.upload, self.delete = [f.path for f in step.changed], list(step.stale)
+        if step.changed or step.stale:
+            self.action = commit
+        elif tag_only and not step.finished:
+            self.action = tag_only
+        else:
+            self.action, self.note = "nothing", "the hub already has all of it"
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Step:
+    """What one attempt at mirroring a version must do, as read from the hub (nothing written):
+    a push carries it out, a dry run shows it."""
+    head: str
+    folder: str | None
+    tag: str
+    tagged: str | None          # the commit the tag points at, when the tag exists
+    changed: list[layout.RepoFile] = field(default_factory=list)   # to commit
+    stale: list[str] = field(default_factory=list)                 # to delete in that commit
+    finished: bool = False      # tagged, and main's index lists it: nothing left to do
 
 
 def parse_target(spec: str) -> tuple[str, str]:
@@ -98,11 +150,7 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
     """
     kind, repo = parse_target(target)
     bundle_dir = Path(bundle_dir)
-    raw = (bundle_dir / "bundle.json").read_bytes()
-    manifest = json.loads(raw)
-    import hashlib
-
-    digest = hashlib.sha256(raw).hexdigest()
+    manifest, digest = _read_manifest(bundle_dir)
     hub = open_target(kind, repo)
     model = model or manifest["model"]["name"]
     try:
@@ -112,7 +160,8 @@ def mirror_bundle(bundle_dir: str | Path, number: int, target: str,
         return _with_retries(lambda: _push(hub, bundle_dir, manifest, digest, number, model, created))
     except Exception as e:  # one hub's failure is recorded, never raised to the other
         reason = _reason(e, model, number)
-        log.warning("mirroring %s v%s to %s failed: %s", model, number, target, reason)
+        log.warning("mirroring %s v%s to %s failed: %s", model, number, target, reason,
+                    extra={OUTCOME: True})
         return MirrorResult(kind, repo, "failed", error=reason)
 
 
@@ -130,8 +179,104 @@ def mark_yanked(target: str, model: str, number: int, reason: str) -> MirrorResu
     except Exception as e:
         reason_ = _reason(e, model, number)
         log.warning("recording the yank of %s v%s on %s failed: %s", model, number, target,
-                    reason_)
+                    reason_, extra={OUTCOME: True})
         return MirrorResult(kind, repo, "failed", error=reason_)
+
+
+def _read_manifest(bundle_dir: Path) -> tuple[dict, str]:
+    """bundle.json parsed, and its sha256 (the bundle's digest)."""
+    import hashlib
+
+    raw = (bundle_dir / "bundle.json").read_bytes()
+    return json.loads(raw), hashlib.sha256(raw).hexdigest()
+
+
+# --- the same, planned: read from the hub, nothing written (`oscar-zoo mirror --dry-run`) -------
+
+def plan_bundle(bundle_dir: str | Path, number: int, target: str,
+                model: str | None = None) -> MirrorPlan:
+    """What mirror_bundle would do on one target now: the hub's repo, index and tags are read
+    (a repo that does not exist is planned as the empty one it would create), and nothing is
+    written. A hub that cannot be read, or a run that would be refused, comes back as action
+    "fail" with the reason."""
+    kind, repo = parse_target(target)
+    bundle_dir = Path(bundle_dir)
+    manifest, digest = _read_manifest(bundle_dir)
+    model = model or manifest["model"]["name"]
+    hub = open_target(kind, repo)
+    plan = MirrorPlan(kind, repo, model, number, "fail", tag=layout.tag_name(model, number))
+    try:
+        exists = _with_retries(hub.exists)
+        seen = hub if exists else _NewRepo(hub)
+        step = _with_retries(lambda: _next_step(seen, bundle_dir, manifest, digest, number,
+                                                model, created=not exists))
+    except Exception as e:  # planned like the run would have ended: a reason, not a traceback
+        plan.error = _reason(e, model, number)
+        return plan
+    plan.create_repo = not exists
+    return plan.of(step, "commit and tag" if not step.tagged else "commit",
+                   None if step.tagged else "tag")
+
+
+def plan_yank(target: str, model: str, number: int, reason: str) -> MirrorPlan:
+    """What mark_yanked would change on one target now (read from the hub, nothing written)."""
+    kind, repo = parse_target(target)
+    hub = open_target(kind, repo)
+    plan = MirrorPlan(kind, repo, model, number, "fail", tag=layout.tag_name(model, number))
+    try:
+        step = _with_retries(lambda: _yank_step(hub, model, number, reason))
+    except Exception as e:
+        plan.error = _reason(e, model, number)
+        return plan
+    if step is None:
+        plan.action, plan.note = "nothing", f"its {layout.INDEX} does not list this version"
+        return plan
+    return plan.of(step, "record yank", None)
+
+
+class _NewRepo:
+    """A repo a mirror run would create, as a dry run sees it: empty, with no tags."""
+
+    def __init__(self, hub):
+        self.kind, self.repo = hub.kind, hub.repo
+
+    def head(self) -> str:
+        return "main"
+
+    def read(self, path: str, revision: str) -> None:
+        return None
+
+    def tags(self) -> dict:
+        return {}
+
+    def hashes(self, paths: list[str], revision: str) -> dict:
+        return {}
+
+    def listdir(self, folder: str, revision: str) -> list[str]:
+        return []
+
+    def unfinished(self) -> bool:
+        return True
+
+
+# --- run outcomes in the log ------------------------------------------------------------------
+
+@contextmanager
+def outcomes_reported_by_caller():
+    """While inside, on this thread, a target's failure is not logged: the caller (the CLI)
+    prints every target's outcome itself, and the same reason twice, once as a log warning
+    on stderr and once in its own line, read as two failures. Background mirrors on the
+    server, which nobody else reports, keep logging theirs."""
+    thread = threading.get_ident()
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (getattr(record, OUTCOME, False) and record.thread == thread)
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def _reason(e: Exception, model: str, number: int) -> str:
@@ -153,41 +298,52 @@ def _reason(e: Exception, model: str, number: int) -> str:
 
 def _push_yank(hub, model: str, number: int, reason: str) -> MirrorResult:
     for _ in range(CONFLICT_RETRIES):
-        head = hub.head()
-        index = _loaded(hub, hub.read(layout.INDEX, head))
-        slot = index["models"].get(model)
-        if slot is not None and not layout.readable_slot(slot):
-            # a yank reported done that took nothing off main would be worse than a failure
-            raise Conflict(f"{hub.kind}:{hub.repo}: {layout.INDEX} lists {model} in a form "
-                           "oscar-zoo does not write (another tool's keys or entries among its "
-                           "versions), so the yank was not recorded; mirror a version of the "
-                           "model there again (that rewrites its entry), then yank again")
-        entry = layout.mark_yanked(index, model, number, reason)
-        if entry is None:   # never mirrored here: nothing to take back
+        step = _yank_step(hub, model, number, reason)
+        if step is None:   # never mirrored here: nothing to take back
             return MirrorResult(hub.kind, hub.repo, "done")
-        # Compared with main on every run, not only the first: a re-run after a failure (or
-        # after a yank recorded by an older oscar-zoo) finishes what is missing. Its own folder,
-        # and the one above a v<N> folder: an earlier yank may have put this version back there
-        restored, removed = [], []
-        for folder in layout.folders_of(entry.get("path")):
-            got, gone = _folder_after_yank(hub, _index_versions(index, model), folder, head,
-                                           f"{model} v{number}")
-            restored, removed = restored + got, removed + gone
-        wanted = [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
-                  layout.RepoFile.of(layout.ROOT_README,
-                                     layout.render_root_readme(index, hub.repo))]
-        remote = hub.hashes([f.path for f in wanted], head)
-        changed = restored + [f for f in wanted if not _same(remote.get(f.path), f)]
-        committed = bool(changed or removed)
+        committed = bool(step.changed or step.stale)
         if committed:
             try:
-                hub.commit(changed, f"oscar-zoo: {model} v{number} yanked: {reason}"[:200],
-                           parent=head, delete=removed)
+                hub.commit(step.changed, f"oscar-zoo: {model} v{number} yanked: {reason}"[:200],
+                           parent=step.head, delete=step.stale)
             except Conflict:
                 continue
         return MirrorResult(hub.kind, hub.repo, "done", committed=committed)
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _yank_step(hub, model: str, number: int, reason: str) -> _Step | None:
+    """What recording the yank still needs on the hub (read, nothing written): the index and
+    landing page, and the version's folder on main restored or emptied; None where the index
+    does not hold the version."""
+    head = hub.head()
+    index = _loaded(hub, hub.read(layout.INDEX, head))
+    slot = index["models"].get(model)
+    if slot is not None and not layout.readable_slot(slot):
+        # a yank reported done that took nothing off main would be worse than a failure
+        raise Conflict(f"{hub.kind}:{hub.repo}: {layout.INDEX} lists {model} in a form "
+                       "oscar-zoo does not write (another tool's keys or entries among its "
+                       "versions), so the yank was not recorded; mirror a version of the "
+                       "model there again (that rewrites its entry), then yank again")
+    entry = layout.mark_yanked(index, model, number, reason)
+    if entry is None:
+        return None
+    # Compared with main on every run, not only the first: a re-run after a failure (or
+    # after a yank recorded by an older oscar-zoo) finishes what is missing. Its own folder,
+    # and the one above a v<N> folder: an earlier yank may have put this version back there
+    restored, removed = [], []
+    for folder in layout.folders_of(entry.get("path")):
+        got, gone = _folder_after_yank(hub, _index_versions(index, model), folder, head,
+                                       f"{model} v{number}")
+        restored, removed = restored + got, removed + gone
+    wanted = _index_files(index, hub)
+    remote = hub.hashes([f.path for f in wanted], head)
+    changed = restored + [f for f in wanted if not _same(remote.get(f.path), f)]
+    path, tag = entry.get("path"), entry.get("tag")
+    return _Step(head, path if isinstance(path, str) else None,
+                 tag if isinstance(tag, str) else layout.tag_name(model, number), None,
+                 changed, removed)
 
 
 def _folder_after_yank(hub, versions: dict, folder, head: str,
@@ -274,46 +430,24 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
     """created: this run made the repo (or hub.unfinished(): an earlier run did, and was killed
     before its first commit), so whatever it holds is the hub's starter content (ModelScope may
     add a model card), which the mirror's own README.md replaces."""
-    tag = layout.tag_name(model, number)
     for _ in range(CONFLICT_RETRIES):
-        head = hub.head()
-        index_bytes = hub.read(layout.INDEX, head)
-        if index_bytes is None and not (created or hub.unfinished()):
-            _refuse_foreign(hub, head)
-        index = _loaded(hub, index_bytes)
-        folder = _folder_for(index, manifest, number, model)
-        tags = hub.tags()
-        if tag in tags:
-            # Compare where the tag put it: an older version re-mirrored after a newer one took
-            # its folder would otherwise be looked for in a v<N> subfolder it never had.
-            folder = _recorded_folder(_tag_index(hub, tags[tag]), model, number) or folder
-        files = layout.version_files(bundle_dir, manifest, folder)
-        entry = layout.index_entry(manifest, digest, number, files, folder, model)
-        if tag in tags:  # mirrored before (perhaps by a run that crashed after tagging)
-            _check_tagged(hub, tags[tag], tag, files)
-            if _indexed(index, model, number, digest):
-                return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
-                                    hub.url(folder, tag))
-            files = []  # the index lost it: record it again, leave main's folder as it is
-        index = layout.updated_index(index_bytes, manifest, entry, model)
-        wanted = files + [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
-                          layout.RepoFile.of(layout.ROOT_README,
-                                             layout.render_root_readme(index, hub.repo))]
-        remote = hub.hashes([f.path for f in wanted], head)
-        changed = [f for f in wanted if not _same(remote.get(f.path), f)]
-        stale = _stale_rotations(hub.listdir(folder, head), folder, wanted) if files else []
-        committed = bool(changed or stale)
+        step = _next_step(hub, bundle_dir, manifest, digest, number, model, created)
+        folder, tag = step.folder, step.tag
+        if step.finished:
+            return MirrorResult(hub.kind, hub.repo, "done", folder, step.tagged, tag,
+                                hub.url(folder, tag))
+        committed = bool(step.changed or step.stale)
         if committed:
             try:
-                revision = hub.commit(changed, f"oscar-zoo: {model} v{number} "
-                                               f"(sha256:{digest[:12]})", parent=head,
-                                      delete=stale)
+                revision = hub.commit(step.changed, f"oscar-zoo: {model} v{number} "
+                                                    f"(sha256:{digest[:12]})", parent=step.head,
+                                      delete=step.stale)
             except Conflict:
                 continue  # the branch moved under us: re-read the index and try again
         else:
-            revision = head  # a previous run committed, then stopped before tagging
-        if tag in tags:
-            return MirrorResult(hub.kind, hub.repo, "done", folder, tags[tag], tag,
+            revision = step.head  # a previous run committed, then stopped before tagging
+        if step.tagged:
+            return MirrorResult(hub.kind, hub.repo, "done", folder, step.tagged, tag,
                                 hub.url(folder, tag), committed)
         hub.tag(tag, revision, f"{model} v{number}, bundle sha256:{digest}")
         if revision in ("master", "main"):  # ModelScope's upload may not name its commit
@@ -325,6 +459,45 @@ def _push(hub, bundle_dir: Path, manifest: dict, digest: str, number: int,
                             note=None if committed else "tagged only: its files were already on the main branch")
     raise Conflict(f"{hub.kind}:{hub.repo}: the main branch kept moving during "
                    f"{CONFLICT_RETRIES} attempts; try again")
+
+
+def _next_step(hub, bundle_dir: Path, manifest: dict, digest: str, number: int, model: str,
+               created: bool) -> _Step:
+    """Read the hub's main branch, index and tags, and work out what mirroring this version
+    still needs there. Raises ConfigError for someone else's repo, Conflict for a tag holding
+    other files."""
+    tag = layout.tag_name(model, number)
+    head = hub.head()
+    index_bytes = hub.read(layout.INDEX, head)
+    if index_bytes is None and not (created or hub.unfinished()):
+        _refuse_foreign(hub, head)
+    index = _loaded(hub, index_bytes)
+    folder = _folder_for(index, manifest, number, model)
+    tagged = hub.tags().get(tag)
+    if tagged:
+        # Compare where the tag put it: an older version re-mirrored after a newer one took
+        # its folder would otherwise be looked for in a v<N> subfolder it never had.
+        folder = _recorded_folder(_tag_index(hub, tagged), model, number) or folder
+    files = layout.version_files(bundle_dir, manifest, folder)
+    entry = layout.index_entry(manifest, digest, number, files, folder, model)
+    if tagged:  # mirrored before (perhaps by a run that crashed after tagging)
+        _check_tagged(hub, tagged, tag, files)
+        if _indexed(index, model, number, digest):
+            return _Step(head, folder, tag, tagged, finished=True)
+        files = []  # the index lost it: record it again, leave main's folder as it is
+    index = layout.updated_index(index_bytes, manifest, entry, model)
+    wanted = files + _index_files(index, hub)
+    remote = hub.hashes([f.path for f in wanted], head)
+    changed = [f for f in wanted if not _same(remote.get(f.path), f)]
+    stale = _stale_rotations(hub.listdir(folder, head), folder, wanted) if files else []
+    return _Step(head, folder, tag, tagged, changed, stale)
+
+
+def _index_files(index: dict, hub) -> list[layout.RepoFile]:
+    """The index and the landing page rendered from it, in that hub's words."""
+    return [layout.RepoFile.of(layout.INDEX, layout.dump_index(index)),
+            layout.RepoFile.of(layout.ROOT_README,
+                               layout.render_root_readme(index, hub.repo, hub.kind))]
 
 
 def _check_tagged(hub, revision: str, tag: str, files: list[layout.RepoFile]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from urllib.parse import quote
 
@@ -12,6 +13,20 @@ def iso(dt: datetime | None) -> str | None:
     if dt is None:
         return None
     return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# What workers appended to a job's error before they kept it to their log: the runner's
+# traceback, or the end of its output. Both name the worker host's paths and code.
+_TRACEBACK = re.compile(r"\n\nTraceback \(most recent call last\):.*", re.S)
+_OUTPUT = re.compile(r"(ended without a result \([^)\n]*\))\n\n.*", re.S)
+
+
+def public_error(error: str | None) -> str | None:
+    """A job's error as anyone may read it: its one line, without the traceback or runner
+    output a job stored before workers stopped sending them."""
+    if not error:
+        return error
+    return _OUTPUT.sub(r"\1", _TRACEBACK.sub("", error))
 
 
 def model_item(m: Model, stats: dict) -> dict:

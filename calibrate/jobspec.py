@@ -11,6 +11,12 @@ every default from the catalog, so the stored spec says exactly what ran.
 absolute path the workers can read (a model directory or a .gguf file); a path needs
 `publish_as` unless it is a catalog model's. `data` entries are `builtin:pydoc`, a .txt/.jsonl
 path, or `hf:ORG/NAME[:CONFIG][@SPLIT]` (see calibrate/data.py).
+
+A model only the registry knows (someone uploaded its bundles: no catalog name, no hub id) may
+be named too, as `model` or `publish_as`: submit, which has the registry, writes it into the
+stored spec as the workers need it (api/routes/jobs.py), since they have no registry to ask:
+`publish_as` its registry name, `publish_hub_id` its hub id, and `model` (when named there) its
+hub id, which they load.
 """
 
 from __future__ import annotations
@@ -53,7 +59,11 @@ class JobSpec(Strict):
     model: str = Field(min_length=1, max_length=500)
     revision: str | None = Field(None, max_length=200)
     publish_as: str | None = Field(None, max_length=200,
-                                   description="catalog name or hub id to publish under")
+                                   description="catalog name, hub id, or registry model name to "
+                                               "publish under")
+    publish_hub_id: str | None = Field(None, max_length=200,
+                                       description="hub id of a publish_as only the registry "
+                                                   "knows; filled in at submit")
     data: list[str] = Field(default_factory=lambda: [BUILTIN_DATA], min_length=1, max_length=16)
     text_field: str = Field("text", max_length=100)
     tokens: int | None = Field(None, ge=1, le=1 << 30)
@@ -116,18 +126,22 @@ def identity(spec: JobSpec) -> tuple[str, str, catalog.CatalogEntry | None]:
     """(registry name, hub id, catalog entry) the bundle is published under.
 
     Raises ModelNotFound (with suggestions) for a bare name nobody knows, InvalidInput for a
-    path without `publish_as`.
+    path without `publish_as`. Needs no registry: a registry-only `publish_as` comes with the
+    `publish_hub_id` submit found for it.
     """
     named = spec.publish_as or spec.model
     if spec.publish_as is None and is_path(spec.model):
         entry = _entry_for_path(spec.model)
         if entry is None:
             raise InvalidInput(f"model {spec.model!r} is a path: say which model it is with "
-                               "publish_as (a catalog name or a hub id like org/name)")
+                               "publish_as (a catalog name, a hub id like org/name, or a model "
+                               "the registry holds)")
         return entry.name, entry.hub_id, entry
     found = named_identity(named)
     if found is not None:
         return found
+    if spec.publish_as is not None and spec.publish_hub_id is not None:
+        return spec.publish_as, spec.publish_hub_id, None
     raise ModelNotFound(f"unknown model {named!r}: use a catalog name, a hub id (org/name) or "
                         "an absolute path the workers can read.", suggestions=catalog.suggest(named))
 
@@ -251,8 +265,7 @@ def check_paths(spec: JobSpec) -> None:
     """Raises Forbidden for a model or data path outside OSCAR_ZOO_JOB_PATHS: a jobs:submit
     token must not make the workers read any file of the host (symlinks resolved, `..` too)."""
     paths = [spec.model] if is_path(spec.model) else []
-    paths += [d for d in (*spec.data, *spec.validation.data)
-              if not d.startswith(("builtin:", "hf:"))]
+    paths += data_files((*spec.data, *spec.validation.data))
     for d in (*spec.data, *spec.validation.data):
         _check_dataset_name(d)
     if not paths:
@@ -269,6 +282,11 @@ def check_paths(spec: JobSpec) -> None:
                             f"({', '.join(map(str, roots)) or 'none: OSCAR_ZOO_JOB_PATHS is unset'}); "
                             "put it there, name a catalog model or hub id, or ask the operator "
                             "to add its directory to OSCAR_ZOO_JOB_PATHS")
+
+
+def data_files(entries) -> list[str]:
+    """The `data` entries that are files of the workers' hosts (not builtin: or hf:)."""
+    return [d for d in entries if not d.startswith(("builtin:", "hf:"))]
 
 
 # a Hugging Face dataset id as the hub spells them (wikitext, org/name): datasets.load_dataset

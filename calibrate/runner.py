@@ -5,8 +5,10 @@ process of a worker (calibrate/executors/worker.py), which does all the talking 
 
 JOB.json is {"id", "spec"}. Events go to stdout as JSON lines ({"event": "progress", phase,
 done, total, layer, ...}, then one of done | error | cancelled); anything else the libraries
-print goes to stderr. SIGTERM asks for a stop: it is honoured at the next progress step
-(between layers), so the process exits on its own and its GPU memory goes with it.
+print goes to stderr. An error's one line (`error`) becomes the job's public error; its
+`traceback`, which names the host's paths, goes to the worker's log only. SIGTERM asks for a
+stop: it is honoured at the next progress step (between layers), so the process exits on its
+own and its GPU memory goes with it.
 
 Exit codes: 0 done, 1 error worth retrying (I/O, CUDA), 2 error a retry would repeat, 3 cancelled.
 """
@@ -22,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from oscar_zoo.zoo.errors import JobCancelled, ModelNotFound, OscarZooError
+from oscar_zoo.zoo.errors import InvalidInput, JobCancelled, ModelNotFound, OscarZooError
 
 from . import jobspec
 
@@ -60,6 +62,50 @@ def stamp(manifest, job: dict, spec: jobspec.JobSpec):
     return manifest.model_copy(update={"model": model, "calibration": calibration})
 
 
+def check_files(spec: jobspec.JobSpec) -> None:
+    """The spec's model and data files, again on the host that runs it, before the model loads:
+    submit checks only where they are (jobspec.check_paths), and a file may vanish or lose its
+    permissions while the job waits. An unreadable data file was an OSError, retried on every
+    attempt; a model directory's missing or unreadable weights failed deep inside the load.
+    Raises ModelNotFound or InvalidInput, which are not retried: every attempt would meet the
+    same file."""
+    import socket
+
+    host = socket.gethostname()
+    if jobspec.is_path(spec.model):
+        _check_readable(spec.model, "model path", host, ModelNotFound)
+    held_out = spec.validation.data if spec.validation.enabled else []
+    for data in jobspec.data_files((*spec.data, *held_out)):
+        _check_readable(data, "data file", host, InvalidInput)
+
+
+def _check_readable(given: str, what: str, host: str, error: type[OscarZooError]) -> None:
+    path = Path(given).expanduser()
+    fix = "give a path every worker can read"
+    if not path.exists():
+        raise error(f"{what} {given} does not exist on worker host {host}; {fix}")
+    for f in _with_entries(path):
+        problem = _unreadable(f)
+        if problem:
+            raise error(f"{what} {given} on worker host {host}: {problem}; {fix}")
+
+
+def _with_entries(path: Path):
+    """The path, then a directory's entries (the loader's files; not hidden ones such as .git or
+    .cache, which it never reads), listed only once the directory itself passed."""
+    yield path
+    if path.is_dir():
+        yield from sorted(f for f in path.iterdir() if not f.name.startswith("."))
+
+
+def _unreadable(f: Path) -> str | None:
+    if not f.exists():       # a symlink whose target is gone (a pruned Hugging Face cache)
+        return f"{f.name} links to a file that no longer exists (restore it)"
+    if not os.access(f, os.R_OK | (os.X_OK if f.is_dir() else 0)):
+        return f"{f} is not readable by the workers' user (make it readable: chmod, chown)"
+    return None
+
+
 def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> dict:
     """The whole job short of publishing; returns what the `done` event carries."""
     from oscar_zoo.zoo.bundle import write
@@ -71,11 +117,8 @@ def run(job: dict, out_dir: Path, emit: Emit, cancelled: Callable[[], bool]) -> 
     from .validate import eval_windows, validate
 
     spec = jobspec.parse_spec(job["spec"])
-    if jobspec.is_path(spec.model) and not Path(spec.model).expanduser().exists():
-        import socket
-
-        raise ModelNotFound(f"model path {spec.model} does not exist on worker host "
-                            f"{socket.gethostname()}; give a path every worker can read")
+    jobspec.identity(spec)      # what stamp() needs: refused now, not after the calibration
+    check_files(spec)
 
     def progress(phase: str, done: int = 0, total: int = 0, layer: int | None = None, **extra):
         if cancelled():
@@ -148,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     except OscarZooError as e:
         emit("error", error=f"{type(e).__name__}: {e}", traceback=_summary(), retryable=False)
         return 2
-    except Exception as e:  # noqa: BLE001 - reported to the registry with its traceback
+    except Exception as e:  # noqa: BLE001 - reported to the registry, its traceback logged
         if _is_oom(e):
             emit("error", error="out of memory: lower tokens, seq_len or batch_size (calibration) "
                  "or validation.context_len, or give the job more GPUs (gpus)",

@@ -2,8 +2,8 @@
 
     POST /v1/jobs                    {spec}, scope jobs:submit (and bundles:publish for a spec
                                      that moves aliases); `Idempotency-Key` header (or
-                                     "idempotency_key" in the body): same key -> same job (and
-                                     its submitting token: a retry by another token owns nothing)
+                                     "idempotency_key" in the body): same key from the same
+                                     token -> same job (keys are each token's own)
     GET  /v1/jobs?status=&model=&limit=&cursor=
     GET  /v1/jobs/{id}
     GET  /v1/jobs/{id}/events        text/event-stream: `event: job` + `data: <job JSON>` on
@@ -39,7 +39,7 @@ from ...registry_db.publish import hub_id_clash, known_model
 from ...zoo.errors import Forbidden, InvalidInput, ModelNotFound
 from ...zoo.geometry import ModelGeometry
 from ..auth import Caller, caller
-from ..serialize import iso
+from ..serialize import iso, public_error
 
 router = APIRouter(tags=["jobs"])
 POLL_S = 0.3
@@ -67,7 +67,7 @@ def job_detail(job: Job, result: BundleVersion | None) -> dict[str, Any]:
         lease = {"holder": job.lease_holder, "expires_at": iso(job.lease_expires_at),
                  "heartbeat_at": iso(job.heartbeat_at), "seconds": job.lease_seconds}
     return {**job_summary(job, result), "spec": job.spec, "timings": job.timings or {},
-            "error": job.error, "gpus": job.gpus, "lease": lease,
+            "error": public_error(job.error), "gpus": job.gpus, "lease": lease,
             "started_at": iso(job.started_at), "finished_at": iso(job.finished_at),
             "created_by": job.created_by,
             "result": None if result is None else {
@@ -104,24 +104,48 @@ def read_detail(request: Request, job_id: str) -> dict[str, Any]:
 def prepare_spec(session: Session, body: dict) -> tuple[jobspec.JobSpec, str]:
     """The completed spec and the registry name its bundle goes under. Raises InvalidInput,
     ModelNotFound (with suggestions)."""
-    spec = jobspec.parse_spec(body)
-    name, hub_id, entry = _identity(session, spec)
+    spec = _spell_out_registry_models(session, jobspec.parse_spec(body))
+    name, hub_id, entry = jobspec.identity(spec)
     _check_name_free(session, spec, name, hub_id)
     spec = jobspec.complete(spec, entry)
     jobspec.check(spec, _known_geometry(session, name, entry))
     return spec, name
 
 
-def _identity(session: Session, spec: jobspec.JobSpec):
+def _spell_out_registry_models(session: Session, spec: jobspec.JobSpec) -> jobspec.JobSpec:
+    """The spec with a model only this registry knows (someone uploaded its bundles: no catalog
+    name, no hub id) written as the workers need it, who have no registry to ask: `publish_as`
+    its registry name with `publish_hub_id`, and `model` its hub id (the weights they load).
+    Taken as given, the runner could load no such `model`, and stamped no bundle for such a
+    `publish_as` (jobspec.identity): the job failed after the whole calibration.
+
+    Raises ModelNotFound (with suggestions) for a name nobody knows, InvalidInput for a
+    publish_hub_id that is not the registry's."""
+    upd: dict = {"publish_hub_id": None}    # the registry's word, not the caller's
+    if not jobspec.is_path(spec.model) and jobspec.named_identity(spec.model) is None:
+        row = _registry_model(session, spec.model)
+        upd.update(model=row.hub_id, publish_as=spec.publish_as or row.name)
+    publish_as = upd.get("publish_as", spec.publish_as)
+    if publish_as is not None and jobspec.named_identity(publish_as) is None:
+        row = _registry_model(session, publish_as)
+        upd.update(publish_as=row.name, publish_hub_id=row.hub_id)
+    given, found = spec.publish_hub_id, upd["publish_hub_id"]
+    if given is not None and given.lower() != (found or "").lower():
+        raise InvalidInput(f"publish_hub_id {given!r}: "
+                           + (f"this registry knows {upd['publish_as']!r} as {found}" if found
+                              else "it is only for a publish_as that names a model this "
+                                   "registry holds from an upload")
+                           + "; leave publish_hub_id out, submit fills it in")
+    return spec.model_copy(update=upd)
+
+
+def _registry_model(session: Session, name: str):
     try:
-        return jobspec.identity(spec)
-    except ModelNotFound as e:
-        # A model someone published before (not in the catalog) is known too.
-        try:
-            row = queries.resolve_model(session, spec.publish_as or spec.model)
-        except ModelNotFound:
-            raise e from None  # the catalog's error, with its suggestions
-        return row.name, row.hub_id, None
+        return queries.resolve_model(session, name)
+    except ModelNotFound:
+        raise ModelNotFound(f"unknown model {name!r}: use a catalog name, a hub id (org/name), "
+                            "a model this registry holds, or an absolute path the workers can "
+                            "read.", suggestions=queries.suggest_models(session, name)) from None
 
 
 def _check_name_free(session: Session, spec: jobspec.JobSpec, name: str, hub_id: str) -> None:
@@ -149,7 +173,7 @@ def _known_geometry(session: Session, name: str, entry) -> ModelGeometry | None:
 
 class SubmitBody(jobspec.JobSpec):
     idempotency_key: str | None = Field(None, min_length=1, max_length=200,
-                                        description="same key, same job (or the header)")
+                                        description="same key from the same token, same job (or the header)")
 
 
 @router.post("/v1/jobs", status_code=201, summary="Submit a calibration job",
@@ -183,8 +207,8 @@ def _check_alias_scope(spec: jobspec.JobSpec, who: Caller) -> None:
     if spec.aliases and not who.holds("bundles:publish"):
         raise Forbidden(f"moving aliases {spec.aliases} needs scope 'bundles:publish' beside "
                         f"'jobs:submit', which {who.actor} lacks: submit with a token that has "
-                        "both (`oscar-zoo tokens create --scope jobs:submit --scope "
-                        "bundles:publish`), or leave the aliases out and move them after the job "
+                        "both (the registry's operator makes one on its host: `oscar-zoo tokens "
+                        "create --scope jobs:submit --scope bundles:publish ...`), or leave the aliases out and move them after the job "
                         "with `oscar-zoo alias NAME@VERSION ALIAS`")
 
 

@@ -17,7 +17,11 @@ One Attempt per claimed job:
   bug) stops the runner and fails the job with the cause (retried only for local I/O and a full
   disk, the registry's included), so the job neither waits out its lease nor reruns the whole
   calibration with the cause lost;
-- a SIGTERM to the runner that the worker did not send is a retryable failure, not a cancel.
+- a SIGTERM to the runner that the worker did not send is a retryable failure, not a cancel;
+- a runner's error: its one line becomes the job's error, which anyone may read; its traceback
+  (or the end of its output), naming this host's paths, goes to this worker's log only;
+- a SIGTERM or SIGINT to the worker: the runner is stopped at once and the lease released, so
+  the job goes back to the queue without spending an attempt and starts over elsewhere.
 """
 
 from __future__ import annotations
@@ -249,11 +253,13 @@ class Attempt:
     # --- child process -------------------------------------------------------------------------
 
     def _child_env(self) -> dict | None:
+        """The runner's environment (None: this process's, unchanged)."""
+        changed = absolute_path_vars(os.environ)
         # The runner spreads a model over every GPU it can see (device_map="auto"): it must see
         # only the worker's own, or --gpus would limit what is claimed but not what is used.
-        if self.devices is None:
-            return None
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": self.devices}
+        if self.devices is not None:
+            changed["CUDA_VISIBLE_DEVICES"] = self.devices
+        return {**os.environ, **changed} if changed else None
 
     def _read_events(self) -> None:
         for line in self.child.stdout:
@@ -500,19 +506,43 @@ class Attempt:
         return "published" if self.spec.get("publish", True) and not failed else "draft"
 
     def _report_error(self, final: dict, log_path: Path) -> str:
+        """Fail the attempt with a one-line error, which anyone may read (GET /v1/jobs/{id}, the
+        UI). The runner's traceback, or the end of its log, names this host's paths and code:
+        it goes to this worker's log, for its operator."""
         code = self.child.returncode if self.child else None
         if final.get("event") == "error":
             message = final.get("error") or "calibration failed"
-            if final.get("traceback"):
-                message += "\n\n" + final["traceback"]
             retryable = bool(final.get("retryable", True))
+            detail = final.get("traceback")
         else:
             why = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
                    else f"exit code {code}")
-            message = f"the calibration process ended without a result ({why})\n\n{_tail(log_path)}"
+            message = (f"the calibration process ended without a result ({why}); its output is "
+                       "in the worker's log")
             retryable = True
+            detail = _tail(log_path)
+        log.warning("job %s: %s\n%s", self.id, message, detail or "(the runner said no more)")
         job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
+
+
+# Environment variables that name a directory or file the runner (or a library it loads) reads
+# or writes, besides the path settings of zoo/settings.py.
+PATH_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE",
+             "HF_DATASETS_CACHE", "HF_MODULES_CACHE", "HF_TOKEN_PATH", "HF_XET_CACHE",
+             "TRANSFORMERS_CACHE", "MODELSCOPE_CACHE", "TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR",
+             "TRITON_CACHE_DIR", "TRITON_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME",
+             "XDG_CONFIG_HOME")
+
+
+def absolute_path_vars(env) -> dict[str, str]:
+    """The path variables of `env` given relative, made absolute against this process's
+    directory. The runner works in the attempt's own directory (deleted after it): there,
+    HF_HOME=hf-cache would download the model again into a folder that goes with the attempt,
+    and miss the cache the operator meant. `~` is left to the library that reads it."""
+    names = PATH_VARS + tuple(s.env for s in settings.SETTINGS if s.kind == "path")
+    return {name: os.path.abspath(env[name]) for name in names
+            if env.get(name) and not os.path.isabs(os.path.expanduser(env[name]))}
 
 
 def asked_wait(e: Exception) -> float:
@@ -605,7 +635,11 @@ def runner_devices(gpus: int | None) -> str | None:
 
 def install_stop_signals(stop: threading.Event) -> None:
     def handler(signum, _frame):
-        log.warning("worker: %s received; stopping after giving back the current job",
+        # as Attempt._run_child (and the Ray dispatcher's _give_back) act on it: the runner is
+        # stopped, not waited for, and the lease released without spending an attempt
+        log.warning("worker: %s received; stopping now: a job in progress has its calibration "
+                    "stopped and its lease released, so it goes back to the queue (no attempt "
+                    "spent) and starts over on the next worker that claims it",
                     signal.Signals(signum).name)
         stop.set()
 

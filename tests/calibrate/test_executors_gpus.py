@@ -1,6 +1,7 @@
 """Which GPUs a worker's jobs run on: `oscar-zoo worker --gpus N` gives its runner only the
-first N visible GPUs, and the embedded executor hands out every GPU. No GPU is needed: the
-runner process is a stand-in that records the environment it was started with."""
+first N visible GPUs, and the embedded executor hands out every GPU; and the path variables the
+runner gets. No GPU is needed: the runner process is a stand-in that records the environment
+it was started with."""
 
 from __future__ import annotations
 
@@ -106,6 +107,30 @@ def test_without_gpus_the_runner_inherits(monkeypatch, started):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     wk.run_worker(FakeClient(), "w", 2, threading.Event(), once=True, devices=wk.runner_devices(None))
     assert started == [None]
+
+
+@pytest.mark.parametrize("devices", [None, "0"])
+def test_relative_path_variables_reach_the_runner_absolute(monkeypatch, started, tmp_path,
+                                                           devices):
+    """The runner works in the attempt's own directory (deleted after it): HF_HOME=hf-cache
+    named a folder there, so each job downloaded its model again into it and the worker's cache
+    went unused. They are resolved against the worker's directory, as the worker reads them."""
+    monkeypatch.chdir(tmp_path)
+    relative = {"HF_HOME": "hf-cache", "HF_DATASETS_CACHE": "./datasets",
+                "TRANSFORMERS_CACHE": "caches/transformers", "OSCAR_ZOO_CACHE": "oscar",
+                "OSCAR_ZOO_DATA_DIR": "../data"}
+    as_given = {"HF_HUB_CACHE": str(tmp_path / "hub"), "TORCH_HOME": "~/torch",
+                "OSCAR_ZOO_SOURCES": "registry,hf"}             # absolute, the home's, no path
+    for name, value in {**relative, **as_given}.items():
+        monkeypatch.setenv(name, value)
+    wk.run_worker(FakeClient(), "w", 1, threading.Event(), once=True, devices=devices)
+    env = started[0]
+    assert env is not None
+    for name, value in relative.items():
+        assert env[name] == os.path.normpath(tmp_path / value), name
+    assert {name: env[name] for name in as_given} == as_given
+    assert _runner_sees(env) == (devices if devices is not None else
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def test_more_gpus_than_visible_is_refused(monkeypatch):

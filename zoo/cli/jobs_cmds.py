@@ -60,7 +60,7 @@ def jobs_group():
 @click.option("--alias", "aliases", multiple=True, help="Alias to point at the new version (repeat).")
 @click.option("--mirror", "mirrors", multiple=True, help="Mirror target hf:ORG/REPO or modelscope:ORG/REPO.")
 @click.option("--gpus", type=int, help="GPUs the job needs [default: the catalog's].")
-@click.option("--idempotency-key", help="Same key, same job: resubmitting returns the first one.")
+@click.option("--idempotency-key", help="Same key, same job: resubmitting returns the first one (keys are each token's own).")
 @click.option("--watch", is_flag=True, help="Follow the job until it ends.")
 @json_option
 def submit(model, spec_file, revision, publish_as, data, tokens, seq_len, seed, granularity,

@@ -183,6 +183,8 @@ def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVer
     Raises VersionNotFound.
     """
     ref = str(ref).strip()
+    if ref[:1] in "vV" and ref[1:].isascii() and ref[1:].isdigit():
+        ref = ref[1:]       # v3 is version 3, as pull reads NAME@v3 (no alias can be named so)
     if ref.isascii() and ref.isdigit():
         # int() of over 4,300 digits raises; no such number is a version anyway
         row = None if len(ref) > 10 or int(ref) >= 2**31 else session.scalar(

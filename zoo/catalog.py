@@ -22,10 +22,13 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]
 # all by the same rule in the same words.
 # A plain model name (compared in lower case; a hub id org/repo is the other way to name one)
 MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
-# A registry alias (recommended, prod). Starting with a letter, it is never a version number.
-ALIAS_NAME = re.compile(r"[a-z][a-z0-9._-]{0,63}")
-ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter "
-              "(e.g. recommended, prod)")
+# A registry alias (recommended, prod). Starting with a letter, it is never a version number;
+# nor `v<N>`, which NAME@v3 reads as version 3 (the cache keeps versions under that ref), nor a
+# ref the cache keeps for the RotationZoo's calibration (rotationzoo, rotationzoo-hf): an alias
+# `v3` pointing at version 4 answered an offline `pull NAME@3` with version 4.
+ALIAS_NAME = re.compile(r"(?!v[0-9]+$)(?!rotationzoo)[a-z][a-z0-9._-]{0,63}")
+ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter, "
+              "other than v<N> (a version number) and rotationzoo* (e.g. recommended, prod)")
 
 
 def is_hub_id(model: str) -> bool:

@@ -111,6 +111,24 @@ def test_aliases_move_with_history(publisher, tmp_path):
     assert http.put("/v1/models/smollm2-135m/aliases/prod", json={"version": 1}).status_code == 409
 
 
+@pytest.mark.parametrize("alias", ["v3", "v10", "rotationzoo", "rotationzoo-hf"])
+def test_an_alias_named_like_a_version_or_a_cache_ref_is_refused_and_v_n_is_version_n(
+        publisher, tmp_path, alias):
+    """An alias `v3` on version 4 was accepted: the API answered .../versions/v3 with version 4,
+    pull NAME@v3 (which reads v3 as version 3) and its cache ref then disagreed, and an offline
+    pull NAME@3 served version 4. `rotationzoo` is the ref the cache keeps for the RotationZoo."""
+    server, http = publisher
+    for seed in (1, 2):
+        make_bundle(tmp_path / str(seed), seed=seed)
+        upload_bundle(http, tmp_path / str(seed))
+    r = http.put(f"/v1/models/smollm2-135m/aliases/{alias}", json={"version": 2})
+    assert r.status_code == 422, r.text
+    assert "other than v<N> (a version number) and rotationzoo*" in r.json()["detail"]
+    assert http.get("/v1/models/smollm2-135m/versions/v1").json()["version"] == 1
+    assert http.get("/v1/models/smollm2-135m/versions/V2").json()["version"] == 2
+    assert http.get("/v1/models/smollm2-135m/versions/v9").status_code == 404
+
+
 def test_a_yank_takes_every_alias_off_the_version(publisher, tmp_path):
     """`recommended` stayed on a yanked version: a bare pull and the model page still offered it."""
     server, http = publisher

@@ -255,6 +255,24 @@ class Cache:
             yield Part(snap.model, snap.digest, None, snap.path)
         yield from self.parts(name)
 
+    def model_named(self, name: str) -> str:
+        """The cache's name for a model as a user gave it: the model of that directory name,
+        else the one whose cached bundles give it as their hub id (`org/repo` or `org--repo`,
+        in any case, as hub ids are compared). A model only a registry knows is cached under
+        the registry's name for it (tiny-model), though it was pulled by its hub id: offline,
+        the same hub id must find it. Else the name as given: nothing is cached by it.
+
+        For a name that is not the catalog's: a catalog model is cached under its catalog
+        name, which its callers look up first (catalog.find)."""
+        key = model_key(name)
+        if (self.root / "models" / key).is_dir() or "--" not in key:   # no org: no hub id
+            return name
+        for mdir in model_dirs(self):
+            hub_id = _hub_id_of(self, mdir.name)
+            if hub_id is not None and _same_key(hub_id, key):
+                return mdir.name
+        return name
+
     def rescued_bundles(self, empty: bool = False) -> list[Rescued]:
         """What calibrate saved under rescued/, oldest first (its names start with the time).
         Not an empty dir (the user moved its bundle out, as calibrate's message says to) unless
@@ -875,6 +893,27 @@ def _rmdir_if_empty(path: Path) -> None:
         os.rmdir(path)
     except OSError:     # not empty, gone already, or not ours to remove: it stays
         pass
+
+
+def _hub_id_of(cache: Cache, model: str) -> str | None:
+    """The hub id the manifest of a bundle held for `model` names (every bundle of one model
+    names the same); None where none can be read. The manifest, not the meta: meta written
+    before hub ids mattered here does not carry it, every cached bundle.json does."""
+    for held in cache.held(model):
+        try:
+            hub_id = json.loads((held.path / "bundle.json").read_text())["model"]["hub_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(hub_id, str):
+            return hub_id
+    return None
+
+
+def _same_key(hub_id: str, key: str) -> bool:
+    try:
+        return model_key(hub_id) == key
+    except UnsafePathError:     # a manifest's hub id no directory could be named after
+        return False
 
 
 def model_dirs(cache: Cache) -> list[Path]:

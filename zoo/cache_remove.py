@@ -159,6 +159,7 @@ def _cached_model_dir(cache: Cache, name: str) -> Path:
     models = cache.root / "models"
     entry = find(name)
     keys = [model_key(name)] + ([model_key(entry.name)] if entry is not None else [])
+    keys.append(model_key(cache.model_named(name)))     # a registry-only model by its hub id
     for key in keys:
         mdir = models / key
         if mdir.is_symlink():

@@ -41,8 +41,7 @@ def base_model_line(m: Manifest) -> str:
     hub_id, rev = m.model.hub_id, m.model.revision
     if not rev:
         return (f"Calibrated on [{hub_id}](https://huggingface.co/{hub_id}); which revision "
-                "was not recorded (the calibration dates from "
-                f"{m.calibration.created_at}), so this card cannot say which weights they fit.")
+                "was not recorded, so this card cannot say which weights they fit.")
     pinned = "" if _is_commit(rev) else (" (a branch or tag name, as asked for at calibration; "
                                         "its files may have changed since)")
     return (f"Calibrated on [{hub_id}](https://huggingface.co/{hub_id}/tree/{rev}) at revision "

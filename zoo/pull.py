@@ -169,8 +169,7 @@ def _mirror_sources(kind: str, cache: Cache) -> list:
 def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=None) -> PullResult:
     sources = _sources(source_names, cache)
     if not sources:
-        raise ConfigError("no source to pull from: OSCAR_ZOO_SOURCES lists none that is "
-                          "configured (registry needs OSCAR_ZOO_ENDPOINT)")
+        raise _no_source(cache, entry, name, ref, layers, source_names)
     if entry is None and not any(s.name == "registry" for s in sources):
         raise ModelNotFound(f"unknown model {name!r}.", suggestions=catalog.suggest(name))
     failures: list[_Failure] = []
@@ -191,7 +190,7 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
                                      _no_opinion(source, e)))
     cache_said = ""
     if _cache_may_answer(failures):
-        model = entry.name if entry is not None else name
+        model = cached_name(cache, entry, name)
         result = _cached_answer(cache, model, ref, layers)
         if result is not None:
             # about the sources, not the bundle: the recipe does not carry it
@@ -204,6 +203,44 @@ def _pull_online(cache, entry, name, ref, layers, progress, source_names, fmt=No
         if fix := _parts_fix(cache, model, ref):
             cache_said += f". To fix: {fix}"
     raise _combine(failures, entry, name, ref, cache_said)
+
+
+def _no_source(cache, entry, name: str, ref: Ref, layers: str | None,
+               asked: list[str] | None) -> ConfigError:
+    """The error for a source list with none configured (`--source registry`, or
+    OSCAR_ZOO_SOURCES=registry, with OSCAR_ZOO_ENDPOINT unset): where the list came from, what
+    it lacks, the fixes, and the cached copy if there is one. Not served by itself: the cache
+    stands in for sources that could not answer (an outage), not for a setting to fix, which
+    it would hide on every pull while the bundle is never updated."""
+    listed = asked if asked is not None else settings.get("sources")
+    where = (f"--source {' --source '.join(asked)}" if asked is not None
+             else f"OSCAR_ZOO_SOURCES ({','.join(listed)})")
+    lacks = ("names only the registry, which needs OSCAR_ZOO_ENDPOINT (not set)" if listed
+             else "names no source")
+    message = (f"no source to pull from: {where} {lacks}. To fix: "
+               f"{', or '.join(_no_source_fixes(asked, listed))}")
+    cached = _cached_answer(cache, cached_name(cache, entry, name), ref, layers)
+    if cached is not None:
+        version = f"v{cached.version}, " if cached.version is not None else ""
+        message += (f". {_asked(cached.model, ref)} is in the cache ({version}sha256:"
+                    f"{cached.digest[:12]}): OSCAR_ZOO_OFFLINE=1 serves that copy without "
+                    "asking any source")
+    return ConfigError(message)
+
+
+def _no_source_fixes(asked: list[str] | None, listed: list[str]) -> list[str]:
+    """What gives a pull a source: the registry's URL, a hub, or (after --source) the list of
+    OSCAR_ZOO_SOURCES where that names a hub."""
+    if not listed:      # OSCAR_ZOO_SOURCES set empty
+        return ["name sources in OSCAR_ZOO_SOURCES (e.g. registry,hf,modelscope)"]
+    fixes = ["set OSCAR_ZOO_ENDPOINT to the registry's URL (e.g. http://127.0.0.1:8000)"]
+    if asked is None:
+        return fixes + ["add hf or modelscope to OSCAR_ZOO_SOURCES"]
+    fixes.append("pass --source hf or --source modelscope")
+    default = settings.get("sources")
+    if set(default) - {"registry"}:
+        fixes.append(f"drop --source to pull from OSCAR_ZOO_SOURCES ({','.join(default)})")
+    return fixes
 
 
 def _check_alias_still_open(source, ref: Ref, failures: list[_Failure]) -> None:
@@ -708,7 +745,7 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
 
     Raises OfflineError naming what is cached when the request is not.
     """
-    model = entry.name if entry is not None else name
+    model = cached_name(cache, entry, name)
     result = _cached_answer(cache, model, ref, layers)
     if result is not None:
         return result
@@ -720,6 +757,12 @@ def from_cache(cache: Cache, entry, name: str, ref: Ref, why: str,
     if settings.is_offline():
         fix += " with OSCAR_ZOO_OFFLINE and HF_HUB_OFFLINE unset"
     raise OfflineError(f"{why}, and {_cache_lacks(cache, model, ref, have)}. To fix: {fix}.")
+
+
+def cached_name(cache: Cache, entry, name: str) -> str:
+    """The model's name in the cache for a name as given: the catalog's name for any of its
+    names, else the cache's own (Cache.model_named: a registry-only model by its hub id)."""
+    return entry.name if entry is not None else cache.model_named(name)
 
 
 def _cached_answer(cache: Cache, model: str, ref: Ref, layers: str | None) -> PullResult | None:

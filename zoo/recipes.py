@@ -76,7 +76,8 @@ def _layer_note(m: dict, layers: list[int] | None) -> list[str]:
     geo = m["geometry"]
     if not layers or layers == (geo.get("attention_layers") or list(range(geo["num_layers"]))):
         return []
-    return [f"These files hold layers {layers_arg(layers)} only ({len(layers)} layers, by "
+    word = "layer" if len(layers) == 1 else "layers"
+    return [f"These files hold {word} {layers_arg(layers)} only ({len(layers)} {word}, by "
             "global id): one pipeline stage's share. The loaders look layers up by global id, so "
             "give each stage the files with its own layers."]
 

@@ -138,7 +138,8 @@ def _name(name: str) -> str:
         from .catalog import suggest
 
         # not found, as the registry would answer, so that pull's hints (and other sources) apply
-        raise ModelNotFound(f"model name {name!r} is not valid: {MODEL_NAME_RULE}",
+        # its own sentence: NotFound appends "Did you mean: ...?" after a space
+        raise ModelNotFound(f"model name {name!r} is not valid: {MODEL_NAME_RULE}.",
                             suggestions=suggest(name))
     return quote(name, safe="/")
 
@@ -186,17 +187,18 @@ def _cache_holds(holds: Callable, *args) -> bool:
         return False                # a name no cache dir can have
 
 
-def _cache_name(name: str) -> str:
-    """The model's directory name in the cache, as pull names it: the catalog's name for any
-    of its aliases and hub ids, else the name as given (a model only the registry knows)."""
+def _cache_name(cache, name: str) -> str:
+    """The model's directory name in the cache, as pull names it (pull.cached_name): the
+    catalog's name for any of its aliases and hub ids, else the cache's (a model only the
+    registry knows, by its name or its hub id)."""
     from .catalog import find
+    from .pull import cached_name
 
-    entry = find(name)
-    return entry.name if entry is not None else name.strip()
+    return cached_name(cache, find(name), name.strip())
 
 
 def _holds_model(cache, name: str) -> bool:
-    return next(cache.held(_cache_name(name)), None) is not None
+    return next(cache.held(_cache_name(cache, name)), None) is not None
 
 
 def _holds_version(cache, name: str, ref: str | int) -> bool:
@@ -204,7 +206,7 @@ def _holds_version(cache, name: str, ref: str | int) -> bool:
     refs/v3, refs/recommended)."""
     from .sources.base import parse_spec
 
-    model = _cache_name(name)
+    model = _cache_name(cache, name)
     held = {h.digest for h in cache.held(model)}
     return any(cache.read_ref(model, r) in held for r in parse_spec(f"{name}@{ref}")[1].cache_refs())
 
@@ -215,6 +217,10 @@ def _holds_listed(cache, q: str | None) -> bool:
     from .catalog import listed
 
     return any(next(cache.held(e.name), None) is not None for e in listed(q))
+
+
+# paths that never answer 404 from a registry: a 404 there is from another server
+_SERVED_BY_EVERY_REGISTRY = ("/v1", "/v1/models", "/v1/jobs", "/v1/whoami")
 
 
 class RegistryClient:
@@ -327,7 +333,7 @@ class RegistryClient:
         if code == 404:
             cls = {"Model not found": ModelNotFound, "Version not found": VersionNotFound,
                    "Alias not found": VersionNotFound}.get(title, NotFound)
-            err = cls(f"{where}: {detail}")
+            err = cls(f"{where}: {detail}{self._not_a_registry(r)}")
             err.suggestions = list(body.get("suggestions") or []) if isinstance(body, dict) else []
             return err
         if code == 401:
@@ -354,6 +360,21 @@ class RegistryClient:
 
             err.retry_after = retry_after_seconds(r.headers.get("Retry-After"))
         return err
+
+    def _not_a_registry(self, r) -> str:
+        """For a 404 of a path every oscar-zoo registry serves (the API root, a listing), the
+        likely cause: the endpoint is another server (`python -m http.server`, a web site) or
+        the registry's URL with a path too many or too few. A model's, a version's or a job's
+        404 is the registry's answer about that name, and says nothing of the endpoint."""
+        try:
+            path = r.request.url.path.rstrip("/")
+        except RuntimeError:    # a response built by hand, with no request
+            return ""
+        if not path.endswith(_SERVED_BY_EVERY_REGISTRY):
+            return ""
+        return (f"; every oscar-zoo registry serves {r.request.url.path}, so {self.endpoint_name} "
+                f"({self.where}) may not point at one: set it to the registry's base URL (e.g. "
+                "http://127.0.0.1:8000, without /v1)")
 
     def _refusal(self, detail: str) -> str:
         """A 401 told once: why (the registry's reason), then what to do here. The registry's

@@ -150,6 +150,17 @@ def test_the_layer_note_names_the_layers_held_and_is_left_out_for_all_of_them():
                    sglang_recipe(hybrid, "k", "v", layers=list(range(3, 40, 4))).notes)
 
 
+@pytest.mark.parametrize("recipe", ["sglang", "vllm"])
+def test_the_layer_note_of_one_layer_says_layer(recipe):
+    """`pull smollm2-135m --layers 29 --format vllm` said "layers 29 only (1 layers, ...)"."""
+    from oscar_zoo.zoo import recipes
+
+    m = _manifest("qwen3-8b")
+    notes = getattr(recipes, f"{recipe}_recipe")(m, "k", "v", layers=[29]).notes
+    note = next(n for n in notes if "pipeline" in n)
+    assert note.startswith("These files hold layer 29 only (1 layer, by global id)"), note
+
+
 @pytest.mark.parametrize("sink, recent, odd", [(64, 256, None), (20, 256, "sink 20"), (64, 100, "recent 100")])
 def test_windows_that_are_not_whole_int2_pages_are_named(sink, recent, odd):
     """SGLang's pool asserts that both BF16 windows are multiples of its 8-token INT2 page

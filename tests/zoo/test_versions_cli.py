@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from click.testing import CliRunner
 
 from oscar_zoo.zoo.cli.main import cli
@@ -93,7 +95,7 @@ def test_yank_says_what_stays_on_the_mirrors_and_a_second_yank_is_a_no_op(regist
     assert [r.status for r in mirror_version(registry.registry, model, 1, [f"hf:{repo}"])] == ["done"]
     monkeypatch.setenv("OSCAR_ZOO_TOKEN", registry.token("bundles:publish"))
 
-    r = zoo("yank", f"{model}@latest", "--reason", "bad clips", "--json")
+    r = zoo("yank", f"{model}@1", "--reason", "bad clips", "--json")
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)
     assert (row["version"], row["status"], row["action"]) == (1, "yanked", "yanked")
@@ -122,3 +124,50 @@ def _yanked_on_hub(hub, repo: str, model: str, number: int) -> bool:
     index = hub.repo("hf", repo).files().get("oscar-zoo.json")
     entry = json.loads(index[0])["models"][model]["versions"][str(number)] if index else {}
     return bool(entry.get("yanked"))
+
+
+def test_yank_and_promote_refuse_an_alias_naming_the_version_it_points_at(registry, glm_bundles,
+                                                                         monkeypatch):
+    """`yank NAME@latest` run twice yanked two versions: latest moved to v1 after the first.
+    An alias is refused, with the command that names the version it points at now."""
+    registry.publish_dir(glm_bundles[0].path)
+    registry.publish_dir(glm_bundles[1].path)
+    monkeypatch.setenv("OSCAR_ZOO_TOKEN", registry.token("bundles:publish"))
+    r = zoo("yank", f"{MODEL}@latest", "--reason", "bad clips")
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    said = " ".join(r.stderr.split())
+    assert said.startswith(f"Error: name the version: {MODEL}@latest points at version 2 now"), said
+    assert f"Run `oscar-zoo yank {MODEL}@2 --reason 'bad clips'`" in said
+    r = zoo("promote", f"{MODEL}@latest")
+    assert r.exit_code == 1 and f"Run `oscar-zoo promote {MODEL}@2`" in r.stderr, r.output
+    with RegistryClient() as client:
+        assert [v["status"] for v in client.versions(MODEL)] == ["published", "published"]
+    r = zoo("yank", f"{MODEL}@nosuch", "--reason", "x")     # the registry's word on the alias
+    assert r.exit_code == 1 and "nosuch" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_yank_refuses_an_empty_reason_before_any_request(monkeypatch, reason):
+    """It sent it, and printed the API's "body.reason: String should have at least 1 character"."""
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")     # nothing listens there
+    r = zoo("yank", f"{MODEL}@1", "--reason", reason)
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--reason': it is empty: say why the version is withdrawn" in r.stderr
+    assert "cannot reach" not in r.stderr and "body.reason" not in r.stderr
+
+
+def test_unalias_of_a_version_says_unalias_takes_no_version(monkeypatch):
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
+    r = zoo("unalias", "smollm2-135m@3", "prod")
+    assert r.exit_code == 1, r.output
+    assert r.stderr == ("Error: unalias takes NAME ALIAS, without a version: `oscar-zoo unalias "
+                        "smollm2-135m prod` removes prod from smollm2-135m, whichever version it "
+                        "points at\n")
+
+
+def test_an_invalid_model_name_and_its_suggestion_are_two_sentences(monkeypatch):
+    """"...(e.g. Qwen/Qwen3-8B) Did you mean: smollm2-135m?" ran them together."""
+    monkeypatch.setenv("OSCAR_ZOO_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(Exception) as e:
+        RegistryClient().model("smollm2-135m!")
+    assert "(e.g. Qwen/Qwen3-8B). Did you mean: smollm2-135m?" in str(e.value)

@@ -148,7 +148,7 @@ def list_command(pattern, validated, as_json):
     from .. import settings
     from ..cache import Cache
     from ..catalog import listed
-    from ..errors import OfflineError
+    from ..errors import OfflineError, RemoteError
     from ..registry_client import RegistryClient
 
     rows: dict[str, dict] = {}
@@ -158,12 +158,13 @@ def list_command(pattern, validated, as_json):
     if asked:
         try:
             rows = _registry_rows(client, pattern, validated)
-        except OfflineError as e:  # the catalog and the cache still answer, as in `show`
-            warn(str(e))
+        except (OfflineError, RemoteError) as e:  # the catalog and the cache still answer
+            _without_registry(e, "this list holds only the RotationZoo's models and the local "
+                                 "cache")
     for e in listed(pattern):
         row = rows.setdefault(e.name, {"name": e.name, "hub_id": e.hub_id, "latest": None,
                                        "recommended": None, "validated": None,
-                                       "validated_version": None, "sources": []})
+                                       "validated_version": None, "sources": [], "state": None})
         if e.zoo is not None:
             row["sources"].append("rotationzoo")
     for row in rows.values():
@@ -187,6 +188,21 @@ def _no_registry_note(configured: bool, validated: bool) -> str:
     return f"note: {why}; {shown}"
 
 
+def _without_registry(e: Exception, shown: str) -> None:
+    """Warn that the registry gave no answer, and what is shown without it; re-raise an answer
+    that is the user's to see (a 4xx: a bad request, an endpoint that is no registry). No
+    answer is a registry that cannot be reached, or one failing on its side (a 5xx, 429: a
+    proxy in front of a registry that is down): errors.is_transient, the rule by which pull
+    stands the cache in for the registry, with the status named as pull's warning names it."""
+    from ..errors import is_transient
+
+    if not is_transient(e):
+        raise e
+    status = getattr(e, "status", None)
+    failed = f" (the registry failed on its side: HTTP {status})" if status is not None else ""
+    warn(f"{e}{failed}; {shown}")
+
+
 def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, dict]:
     rows = {}
     for m in client.models(q=pattern, published=validated):
@@ -197,9 +213,31 @@ def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, di
                            # (queries.model_stats), not the latest's: say which one it is
                            "validated": m.get("validation_passed"),
                            "validated_version": recommended if recommended is not None else latest,
-                           # a catalog model the registry holds no version of is not a source
-                           "sources": ["registry"] if latest is not None else []}
+                           # a catalog model the registry holds no version of is not a source;
+                           # one holding only drafts or yanked versions is, as the API and
+                           # the UI list it (pull NAME@VERSION gets them)
+                           "sources": ["registry"] if latest is not None
+                           or m.get("versions_count") else [],
+                           "state": "published" if latest is not None else None}
+    for row in rows.values():
+        if row["sources"] and row["state"] is None:
+            row["state"] = _unpublished_state(client, row["name"])
     return rows
+
+
+def _unpublished_state(client, name: str) -> str:
+    """What a registry model with versions but no `latest` holds: drafts only, all yanked, or
+    both. The listing counts versions but not their states; such models are few, so one more
+    read each. A failed read says no more than the listing did."""
+    from ..errors import OscarZooError
+
+    try:
+        states = {v.get("status") for v in client.versions(name, cache_hint=False)}
+    except OscarZooError:
+        return "no published version"
+    return {frozenset({"draft"}): "drafts only", frozenset({"yanked"}): "all yanked",
+            frozenset({"draft", "yanked"}): "drafts and yanked only"}.get(
+        frozenset(states), "no published version")
 
 
 def _list_table(rows: list[dict]) -> str:
@@ -210,8 +248,16 @@ def _list_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"{r['name']:<26} {r['hub_id']:<36} {r['latest'] or '-':>6} "
                      f"{r['recommended'] or '-':>11} {_validation_cell(r):<15} "
-                     f"{','.join(r['sources']) or '-':<22} {','.join(r['cached']) or '-'}")
+                     f"{_sources_cell(r):<22} {','.join(r['cached']) or '-'}")
     return "\n".join(lines)
+
+
+def _sources_cell(row: dict) -> str:
+    """registry (drafts only): a registry model with no published version says why LATEST is
+    empty, where a bare pull of it fails."""
+    state = row.get("state")
+    return ",".join(f"registry ({state})" if s == "registry" and state not in (None, "published")
+                    else s for s in row["sources"]) or "-"
 
 
 def _validation_cell(row: dict) -> str:
@@ -232,7 +278,7 @@ def show_command(spec, as_json):
     from .. import settings
     from ..cache import Cache
     from ..catalog import find, suggest
-    from ..errors import ModelNotFound, NotFound, OfflineError
+    from ..errors import ModelNotFound, NotFound, OfflineError, RemoteError
     from ..registry_client import RegistryClient
     from ..sources.base import parse_spec
 
@@ -257,8 +303,8 @@ def show_command(spec, as_json):
     if client.configured and not settings.is_offline():
         try:
             data["registry"] = client.model(data["name"])
-        except OfflineError as e:
-            warn(str(e))
+        except (OfflineError, RemoteError) as e:
+            _without_registry(e, "showing the catalog's and the local cache's word only")
         except NotFound:
             if entry is None:
                 raise
@@ -266,8 +312,13 @@ def show_command(spec, as_json):
         if data["registry"] is not None:
             data["name"] = data["registry"]["name"]
             if not ref.is_default:
-                data["version"] = client.version(data["name"], ref.version or ref.alias)
+                try:
+                    data["version"] = client.version(data["name"], ref.version or ref.alias)
+                except (OfflineError, RemoteError) as e:    # the cache may answer it below
+                    _without_registry(e, "the version is shown from the local cache, if there")
     cache = Cache()
+    if data["registry"] is None and entry is None:   # the cache's name for a hub id it holds
+        data["name"] = cache.model_named(data["name"])
     held = list(cache.held(data["name"]))
     # a model only a registry knows, pulled earlier, is still shown from the cache offline
     if entry is None and data["registry"] is None and not held:
@@ -290,20 +341,20 @@ def _cached_version(cached: list[dict], ref, name: str) -> dict:
         by_number = ref.version is not None and c["version"] == ref.version
         if by_number or set(ref.cache_refs()) & set(c["refs"]):
             return {"version": c["version"] or ref.label, "status": "cached", "digest": c["digest"]}
-    raise VersionNotFound(f"{name}@{ref.label} is not in the cache, and no registry was asked (offline, "
-                          "or OSCAR_ZOO_ENDPOINT unset): connect, or `oscar-zoo cache ls` for what is here")
+    raise VersionNotFound(f"{name}@{ref.label} is not in the cache, and no registry answered (offline, "
+                          "OSCAR_ZOO_ENDPOINT unset, or the registry down): connect, or `oscar-zoo "
+                          "cache ls` for what is here")
 
 
 def _show_text(d: dict) -> str:
     lines = [d["name"]]
     c = d.get("catalog")
+    r = d.get("registry")
+    if not c and r:     # a model only the registry knows: what the catalog would say, from it
+        lines += _model_lines(r["hub_id"], r.get("architecture"), r["geometry"])
     if c:
-        g = c["geometry"]
-        layers = len(g["attention_layers"]) or g["num_layers"]
-        lines += [f"  hub id       {c['hub_id']} ({c['architecture']})",
-                  f"  geometry     {layers} of {g['num_layers']} layers with a KV cache, "
-                  f"{g['num_q_heads']} q / {g['num_kv_heads']} KV heads, head_dim {g['head_dim']}",
-                  f"  OSCAR ships  clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
+        lines += _model_lines(c["hub_id"], c["architecture"], c["geometry"])
+        lines += [f"  OSCAR ships  clip K {c['serving']['k_clip']:g} / V {c['serving']['v_clip']:g}, "
                   f"group {c['serving']['group_size']}, sink {c['serving']['sink_tokens']} + "
                   f"recent {c['serving']['recent_tokens']}"
                   f"{', Lloyd-Max buckets' if c['serving']['lloyd_max'] else ''}, "
@@ -314,7 +365,6 @@ def _show_text(d: dict) -> str:
                          + (" (per KV head)" if z["per_head"] else ""))
         if c["notes"]:
             lines.append(f"  notes        {c['notes']}")
-    r = d.get("registry")
     if r:
         aliases = ", ".join(f"{a}={v}" for a, v in sorted(r.get("version_aliases", {}).items()))
         lines.append(f"  registry     {r.get('versions_count', 0)} version(s); aliases: {aliases or '-'}")
@@ -332,6 +382,14 @@ def _show_text(d: dict) -> str:
         part = f" layers {s['layers']}" if s["layers"] else ""
         lines.append(f"  cached       {s['digest'][:12]}{part} refs {','.join(s['refs']) or '-'}  {s['path']}")
     return "\n".join(lines)
+
+
+def _model_lines(hub_id: str, architecture: str | None, g: dict) -> list[str]:
+    """The hub id and geometry lines, from the catalog or the registry (the same shape)."""
+    layers = len(g.get("attention_layers") or []) or g["num_layers"]
+    return [f"  hub id       {hub_id}" + (f" ({architecture})" if architecture else ""),
+            f"  geometry     {layers} of {g['num_layers']} layers with a KV cache, "
+            f"{g['num_q_heads']} q / {g['num_kv_heads']} KV heads, head_dim {g['head_dim']}"]
 
 
 def _version_lines(v: dict) -> list[str]:
@@ -382,13 +440,14 @@ def verify_command(target, as_json):
              lambda d: f"{target}: OK (hashes, shapes, finiteness, orthogonality)")
         return
     name = None
+    cache = Cache()
     if target:
         from ..catalog import find
+        from ..pull import cached_name
         from ..sources.base import parse_spec
 
-        entry = find(parse_spec(target)[0])
-        name = entry.name if entry else parse_spec(target)[0]
-    cache = Cache()
+        asked = parse_spec(target)[0]
+        name = cached_name(cache, find(asked), asked)
     if name is not None and not cache.model_dir(name).is_dir():
         # checking nothing is not a pass: a typo would read "all checksums match"
         from ..errors import NotFound
@@ -852,12 +911,16 @@ def publish_command(bundle_dir, status, name, as_json):
     """Upload a bundle to the registry as a new immutable version (needs `oscar-zoo login`)."""
     _small_blas()
     from ..bundle import require_whole, verify_bundle
+    from ..errors import InvalidInput
     from ..registry_client import RegistryClient
 
     require_whole(bundle_dir)   # fail here, with the local path, before any upload
-    verify_bundle(bundle_dir)
+    manifest = verify_bundle(bundle_dir)
     with RegistryClient() as client:
-        body, created = client.publish(bundle_dir, name=name, status=status)
+        try:
+            body, created = client.publish(bundle_dir, name=name, status=status)
+        except InvalidInput as e:
+            raise _publish_fix(e, manifest.model.name) from None
     verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \
         else "already there as"
     if created and status is None and body.get("status") == "draft" and not as_json:
@@ -865,6 +928,20 @@ def publish_command(bundle_dir, status, name, as_json):
              "`oscar-zoo promote` publishes it, or publish with --status published")
     emit({**body, "created": created}, as_json, lambda d: (
         f"{verb} {d['model']} v{d['version']} ({d['status']}, sha256:{d['digest'][:12]})"))
+
+
+# the registry's fix for a bundle posted under another model's name, in its API's words
+_UPLOAD_ELSEWHERE = re.compile(r"; upload it to /v1/models/\S+/versions$")
+
+
+def _publish_fix(e: Exception, model: str) -> Exception:
+    """The registry's refusal of --name, with this command's fix in place of its REST path (the
+    registry's text stays for API users)."""
+    text = str(e)
+    if not _UPLOAD_ELSEWHERE.search(text):
+        return e
+    return type(e)(_UPLOAD_ELSEWHERE.sub("", text) + f"; drop --name (publish takes the model "
+                   f"from bundle.json, {model}), or pass --name {model}")
 
 
 def register(cli: click.Group) -> None:

@@ -23,6 +23,19 @@ def _version_spec(spec: str) -> tuple[str, str | int]:
     return name, ref.version if ref.version is not None else ref.alias
 
 
+def _version_number(client, spec: str, command: str, why: str,
+                    rest: str = "") -> tuple[str, int]:
+    """(name, number) of NAME@VERSION for a command that must name a version by its number
+    (`why` says why not by an alias): an alias is refused, naming the version it points at now
+    and the command line that names it. `rest`: the command's other arguments, for that line."""
+    name, ref = _version_spec(spec)
+    if isinstance(ref, int):
+        return name, ref
+    number = client.version(name, ref, cache_hint=False)["version"]
+    raise InvalidInput(f"name the version: {name}@{ref} points at version {number} now, and "
+                       f"{why}. Run `oscar-zoo {command} {name}@{number}{rest}`")
+
+
 def _line(d: dict) -> str:
     aliases = f" [{', '.join(d['aliases'])}]" if d.get("aliases") else ""
     reason = f": {d['yank_reason']}" if d.get("yank_reason") else ""
@@ -33,12 +46,14 @@ def _line(d: dict) -> str:
 @click.argument("spec", metavar="NAME@VERSION")
 @json_option
 def promote_command(spec, as_json):
-    """Publish a draft version (one from `publish --status draft` or a job's --draft)."""
+    """Publish a draft version (one from `publish --status draft` or a job's --draft), named
+    by its number."""
     from ..registry_client import RegistryClient
 
-    name, ref = _version_spec(spec)
     with RegistryClient() as client:
-        emit(client.promote(name, ref), as_json, _line)
+        name, number = _version_number(client, spec, "promote", "an alias names published "
+                                       "versions only, while promote publishes a draft")
+        emit(client.promote(name, number), as_json, _line)
 
 
 @click.command("yank")
@@ -49,11 +64,19 @@ def yank_command(spec, reason, as_json):
     """Withdraw a version: it leaves `latest` and every alias, pulls of it warn, it stays
     downloadable by number. On the hub mirrors that hold it, the registry records the yank, and
     its tag there keeps its files (see the note it prints). Yanking a yanked version changes
-    nothing and says so (action "already yanked" in --json)."""
+    nothing and says so (action "already yanked" in --json). VERSION is a number: an alias
+    moves off a version once it is yanked, so a retry by alias would yank another one."""
+    import shlex
+
     from ..registry_client import RegistryClient
 
-    name, ref = _version_spec(spec)
+    if not reason.strip():      # said here, before any request, in the words of this command
+        raise click.BadParameter("it is empty: say why the version is withdrawn (everyone who "
+                                 "pulls it is shown the reason)", param_hint="'--reason'")
     with RegistryClient() as client:
+        name, ref = _version_number(client, spec, "yank", "an alias moves off a version once "
+                                    f"it is yanked: run twice, `yank {spec}` would yank two",
+                                    f" --reason {shlex.quote(reason)}")
         before = client.version(name, ref, cache_hint=False)
         row = _yank(client, name, ref, reason, before)
         row["mirrors"] = _mirrors_of(client, row["model"], row["version"])
@@ -157,6 +180,11 @@ def unalias_command(name, alias, reason, as_json):
     """
     from ..registry_client import RegistryClient
 
+    if "@" in name:     # `unalias NAME@3 prod`: an alias is removed from the model, not a version
+        model = name.partition("@")[0]
+        raise InvalidInput(f"unalias takes NAME ALIAS, without a version: `oscar-zoo unalias "
+                           f"{model} {alias}` removes {alias} from {model}, whichever version it "
+                           "points at")
     with RegistryClient() as client:
         body = client.remove_alias(name, alias, reason)
     emit(body, as_json, lambda d: f"{d['model']}@{alias} removed")

@@ -87,7 +87,9 @@ class NotFound(OscarZooError, LookupError):
     def __init__(self, message: str, suggestions: list[str] | None = None):
         self.suggestions = list(suggestions or [])
         if self.suggestions:
-            message = f"{message} Did you mean: {', '.join(self.suggestions)}?"
+            # its own sentence, whether or not the message closed one
+            end = "" if message.rstrip().endswith((".", "?", "!")) else "."
+            message = f"{message.rstrip()}{end} Did you mean: {', '.join(self.suggestions)}?"
         super().__init__(message)
 
 

@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..zoo.errors import NotFound, OscarZooError, RangeNotSatisfiable, StorageFull, Unauthorized
+from ..zoo.errors import (NotFound, OscarZooError, PayloadTooLarge, RangeNotSatisfiable,
+                          StorageFull, Unauthorized, UnsupportedMediaType)
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("oscar_zoo.api")
@@ -134,9 +135,22 @@ def wants_page(request: Request) -> bool:
             and quality(accept, "text/html") > quality(accept, "application/json"))
 
 
+# Statuses that one domain error answers, titled as it is when Starlette's HTTPException gives
+# one: api/limits.py must raise that (FastAPI makes any other error while it reads a body a 400),
+# and a client telling 413s apart by title saw "Request Entity Too Large" for a chunked body
+_DOMAIN_TITLES = {e.http_status: e.title
+                  for e in (PayloadTooLarge, UnsupportedMediaType, RangeNotSatisfiable)}
+
+
+def http_title(status: int) -> str:
+    if status in _DOMAIN_TITLES:
+        return _DOMAIN_TITLES[status]
+    return HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+
+
 async def http_error(request: Request, exc: StarletteHTTPException):
     status = exc.status_code
-    title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    title = http_title(status)
     detail = exc.detail if isinstance(exc.detail, str) else title
     if status == 404 and detail == "Not Found":
         if wants_page(request):

@@ -108,6 +108,18 @@ DATA_TERMS = Terms(data="data", held_out_data="validation.data", text_field="tex
                    more_text="add text to data")
 
 
+# What jobspec's refusals tell a job's owner to change, in the spec's fields (as the API takes
+# them). `oscar-zoo jobs submit` gets a refusal as the registry's text and says these in its
+# options' words (zoo/cli/jobs_cmds.py), so each is spelled once, here.
+CONTEXT_LEN = "validation.context_len"
+WINDOWS_FROM = "the job spec's sink_tokens and recent_tokens"
+CLIP_SEARCH_OFF = "set clip_search false"
+CLIP_SEARCH_ON = "turn clip_search on"
+DRAFT = "publish false"
+PUBLISH_ON = "set publish true (or leave it out)"
+NO_ALIASES = "leave aliases out"
+
+
 def parse_spec(body: dict) -> JobSpec:
     """Raises InvalidInput naming the first bad fields."""
     try:
@@ -193,26 +205,28 @@ def int2_defaults(entry: catalog.CatalogEntry | None) -> dict:
 
 
 def check_windows(sink: int, recent: int, seq_len: int | None = None,
-                  context_len: int | None = None) -> None:
+                  context_len: int | None = None, *, job_spec: bool = False) -> None:
     """InvalidInput when clip search's windows (seq_len) or validation's (context_len) hold no
     token past the BF16 sink + recent tiers: each would run a whole model pass and then fail or
-    measure nothing. For a job spec, a CalibrationConfig and a CLI validation (`oscar-zoo
-    calibrate` checks its windows with check_clip_windows first, in its options' names)."""
+    measure nothing. For a job spec (`job_spec`: said in its fields alone), a CalibrationConfig
+    and a CLI validation (`oscar-zoo calibrate` checks its windows with check_clip_windows
+    first, in its options' names)."""
     if sink < 0 or recent < 0:
         raise InvalidInput(f"sink_tokens {sink} and recent_tokens {recent} must be >= 0")
     if seq_len is not None:
         check_clip_windows(seq_len, sink, recent)
     window = sink + recent
     if context_len is not None and context_len <= window:
-        raise InvalidInput(f"validation.context_len {context_len} must exceed sink {sink} + recent "
-                           f"{recent} = {window}; raise --context-len (validation.context_len in "
-                           f"a job spec) above {window}")
+        fix = (CONTEXT_LEN if job_spec
+               else f"--context-len ({CONTEXT_LEN} in a job spec)")
+        raise InvalidInput(f"{CONTEXT_LEN} {context_len} must exceed sink {sink} + recent "
+                           f"{recent} = {window}; raise {fix} above {window}")
 
 
 def check_clip_windows(seq_len: int, sink: int, recent: int, *, seq_len_name: str = "seq_len",
-                       windows_from: str = "the job spec's sink_tokens and recent_tokens; by "
-                                           "default how OSCAR serves the model",
-                       clip_search_off: str = "set clip_search false to use the fixed k_clip / "
+                       windows_from: str = f"{WINDOWS_FROM}; by default how OSCAR serves "
+                                           "the model",
+                       clip_search_off: str = f"{CLIP_SEARCH_OFF} to use the fixed k_clip / "
                                               "v_clip instead (OSCAR ships 0.96 / 0.92)") -> None:
     """InvalidInput when the clip search's windows of seq_len tokens hold no token past the BF16
     sink + recent tiers: the search would run a whole model pass and measure nothing.
@@ -234,11 +248,9 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
     """Reject what cannot run, before it is queued. Raises InvalidInput saying what to change."""
     check_windows(spec.sink_tokens, spec.recent_tokens,
                   seq_len=spec.seq_len if spec.clip_search else None,
-                  context_len=spec.validation.context_len if spec.validation.enabled else None)
-    for alias in spec.aliases:
-        if not catalog.ALIAS_NAME.fullmatch(alias) or alias == "latest":
-            raise InvalidInput(f"alias {alias!r}: use a lower-case name such as recommended "
-                               "(`latest` moves by itself)")
+                  context_len=spec.validation.context_len if spec.validation.enabled else None,
+                  job_spec=True)
+    _check_aliases(spec)
     for target in spec.mirror:
         if not _MIRROR.fullmatch(target):
             raise InvalidInput(f"mirror target {target!r}: use hf:ORG/REPO or modelscope:ORG/REPO")
@@ -254,11 +266,31 @@ def check(spec: JobSpec, geometry: ModelGeometry | None) -> None:
         raise InvalidInput("lloyd_max needs a clip: OSCAR's Lloyd-Max path (SGLANG_LLOYD_MAX=1) "
                            "is its single-scale clip kernel, which SGLang runs only when the K or "
                            "V clip ratio is above 0; with k_clip and v_clip 0 the bundle would be "
-                           "served uniform INT2. Set a clip ratio above 0, turn clip_search on, "
+                           f"served uniform INT2. Set a clip ratio above 0, {CLIP_SEARCH_ON}, "
                            "or set lloyd_max false (\"lloyd_max\": false in the job spec) to "
                            "calibrate for uniform INT2")
     if geometry is not None:
         _check_geometry(spec, geometry)
+
+
+def _check_aliases(spec: JobSpec) -> None:
+    """The registry's alias rule, in its words (`oscar-zoo alias` says the same), and no alias
+    for a draft: record_result moves a job's aliases only with a published version, and promote
+    moves none, so they would silently never move."""
+    for alias in spec.aliases:
+        if not catalog.ALIAS_NAME.fullmatch(alias):
+            raise InvalidInput(f"alias {alias!r} is not valid: {catalog.ALIAS_RULE}")
+        if alias == "latest":
+            raise InvalidInput("alias 'latest' always points at the newest published version and "
+                               "moves by itself: leave it out; use recommended or your own alias "
+                               "to pin a version")
+    if spec.aliases and not spec.publish:
+        name = identity(spec)[0]
+        shown = ("alias " if len(spec.aliases) == 1 else "aliases ") + ", ".join(spec.aliases)
+        raise InvalidInput(f"{shown} would never move: aliases move only with a published "
+                           f"version, and {DRAFT} keeps this job's version a draft; "
+                           f"{PUBLISH_ON}, or {NO_ALIASES} and run `oscar-zoo alias {name}@N "
+                           f"{spec.aliases[0]}` after `oscar-zoo promote {name}@N`")
 
 
 def check_paths(spec: JobSpec) -> None:

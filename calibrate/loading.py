@@ -9,7 +9,7 @@ import hashlib
 import importlib.util
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from oscar_zoo.zoo import settings
@@ -130,6 +130,7 @@ def load_model(src: ModelSource, dtype=None, device_map=None):
         dtype = torch.bfloat16 if cuda else torch.float32
     if device_map is None and cuda:
         device_map = "auto"
+    src = _at_commit(src)
     kwargs = dict(dtype=dtype, revision=src.revision)
     if src.gguf_file:
         kwargs["gguf_file"] = src.gguf_file
@@ -139,9 +140,42 @@ def load_model(src: ModelSource, dtype=None, device_map=None):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with hub_errors(src):
         model = AutoModelForCausalLM.from_pretrained(src.path, device_map=device_map, **kwargs)
+    _pin_commit(model.config, src.revision)
     model.eval()
     install(model)
     return model, load_tokenizer(src)
+
+
+def _at_commit(src: ModelSource) -> ModelSource:
+    """A hub model's source with its revision resolved to the commit it points at now
+    (huggingface_hub's ResolvedRevision: a str equal to what was asked, `.resolved` the commit),
+    so config, weights and tokenizer all come from that commit and the manifest can record it.
+    Local paths, and a revision that cannot be resolved (no network, nothing cached), stay as
+    they are: the load itself then says what is wrong."""
+    if Path(src.path).exists():
+        return src
+    try:
+        from transformers.utils.hub import resolve_revision
+    except ImportError:    # a transformers from before it: it sets config._commit_hash itself
+        return src
+    return replace(src, revision=resolve_revision(src.path, src.revision))
+
+
+def _pin_commit(config, revision) -> None:
+    """Put the resolved commit where loaded_revision reads it: transformers 4 set
+    config._commit_hash on every hub load; transformers 5 resolves the revision and drops it."""
+    commit = getattr(revision, "resolved", None)
+    if commit and not getattr(config, "_commit_hash", None):
+        config._commit_hash = commit
+
+
+def loaded_revision(config, requested: str | None) -> str | None:
+    """The revision to record for weights loaded with this config: the commit transformers
+    resolved (`config._commit_hash`, set for a model read from the hub cache), which pins them
+    where a branch or tag (or nothing) asked for moves on; what was `requested` where it has
+    none (a local directory, a GGUF file)."""
+    commit = getattr(config, "_commit_hash", None)
+    return commit if isinstance(commit, str) and commit else requested
 
 
 @contextmanager

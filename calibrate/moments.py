@@ -44,11 +44,12 @@ class LayerMoments:
         self.m_k = z(h, d, d) if self.want_ktk else None
         self.m_v = z(h, d, d) if self.want_vtv else None
 
-    def finite(self) -> bool:
-        """Whether every statistic is finite (one host sync: call between passes)."""
+    def finite(self) -> torch.Tensor:
+        """Whether every statistic is finite, as a bool tensor on the statistics' device (no
+        host sync: the caller reads many layers' at once)."""
         stats = [s for s in (self.m_q, self.k_sum, self.s_v, self.e_sum, self.m_k, self.m_v)
                  if s is not None]
-        return bool(torch.stack([torch.isfinite(s).all() for s in stats]).all())
+        return torch.stack([torch.isfinite(s).all() for s in stats]).all()
 
     def _on(self, device: torch.device) -> None:
         if self.m_q.device != device:

@@ -32,7 +32,7 @@ from . import capture, clip_search, fit, jobspec
 from .cache_bits import kv_sources
 from .data import BUILTIN, load_text, token_windows
 from .int2_attention import kernel_quantizer
-from .loading import load_model, model_geometry, resolve_source
+from .loading import load_model, loaded_revision, model_geometry, resolve_source
 from .fitter import Fitter
 from .moments import LayerMoments
 
@@ -266,9 +266,15 @@ def _check_layers(geometry, moments) -> None:
 
 def _check_finite(moments, layers, text: str) -> None:
     """A model that overflows (fp16 keys, broken weights) names its layer here, not as NaN in
-    an eigh or in the written bundle."""
-    for lid in layers:
-        if not moments[lid].finite():
+    an eigh or in the written bundle. One host sync for all layers: it runs while the fitter
+    thread works, and a sync per layer (with its small kernels) cost a launch-bound pass each."""
+    import torch
+
+    layers = list(layers)
+    flags = [moments[lid].finite() for lid in layers]     # on each layer's GPU (device_map)
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []
+    for lid, fine in zip(layers, ok):
+        if not fine:
             raise InvalidInput(nonfinite_message(lid, text))
 
 
@@ -429,7 +435,8 @@ def _bundle(cfg, src, model, geometry, text, calib, fitted, clips) -> Bundle:
     else:
         k_global, v_global, gran = cfg.k_clip, cfg.v_clip, "global"
     manifest = Manifest(
-        model=ModelRef(name=src.name, hub_id=src.hub_id, revision=cfg.revision,
+        model=ModelRef(name=src.name, hub_id=src.hub_id,
+                       revision=loaded_revision(model.config, cfg.revision),
                        architecture=(getattr(model.config, "architectures", None) or [None])[0]),
         geometry=Geometry.of(geometry),
         method=_method(cfg),

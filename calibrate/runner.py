@@ -52,11 +52,12 @@ def validation_config(spec: jobspec.JobSpec):
 
 def stamp(manifest, job: dict, spec: jobspec.JobSpec):
     """The job's spec (verbatim, defaults filled) and id in the manifest; the model named as
-    the registry knows it (`publish_as` for a path)."""
+    the registry knows it (`publish_as` for a path), at the revision the calibration loaded
+    (the commit it resolved; the spec keeps the revision asked for)."""
     from oscar_zoo.zoo.manifest import ModelRef
 
     name, hub_id, _ = jobspec.identity(spec)
-    model = ModelRef(name=name, hub_id=hub_id, revision=spec.revision,
+    model = ModelRef(name=name, hub_id=hub_id, revision=manifest.model.revision or spec.revision,
                      architecture=manifest.model.architecture)
     calibration = manifest.calibration.model_copy(update={"spec": job["spec"], "job_id": job["id"]})
     return manifest.model_copy(update={"model": model, "calibration": calibration})

@@ -17,9 +17,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, inspect, text
 
-from ..zoo.errors import SchemaOutOfDate
+from ..zoo.errors import InvalidInput, SchemaOutOfDate
 from .session import Database
 
 SCRIPTS = Path(__file__).parent / "migrations"
@@ -51,13 +52,31 @@ def upgrade(db: Database, revision: str = "head") -> None:
     """Migrate to `revision` in one transaction (PostgreSQL has transactional DDL).
 
     Raises SchemaOutOfDate when a newer oscar-zoo migrated the database (Alembic would only say
-    it "can't locate" that revision).
+    it "can't locate" that revision), InvalidInput for a `revision` Alembic cannot reach.
     """
     with _migrating(db) as conn:
         rev = _current(conn)
         if not _known(rev):
             raise _out_of_date(rev)
-        _run_upgrade(conn, revision)
+        try:
+            _run_upgrade(conn, revision)
+        except CommandError as e:   # nothing was migrated: the transaction rolls back
+            raise _bad_target(revision, e) from None
+
+
+def _bad_target(revision: str, e: CommandError) -> InvalidInput:
+    """Alembic's refusal of a target (its traceback said only "Can't locate revision identified
+    by 'bogus'"), with the revisions this code has, so the next try can pick one."""
+    said = str(e).rstrip(".")
+    return InvalidInput(f"schema revision {revision!r}: {said}; this oscar-zoo's revisions are "
+                        f"{known_revisions()} (`head`, the default, is {head()}); give one of "
+                        "them, or none to migrate to head")
+
+
+def known_revisions() -> str:
+    """The revision ids, oldest to newest, as a range (they are numbered 0001, 0002, ...)."""
+    revisions = [script.revision for script in _scripts().walk_revisions()][::-1]
+    return revisions[0] if len(revisions) == 1 else f"{revisions[0]} to {revisions[-1]}"
 
 
 def ensure_schema(db: Database, upgrade_empty: bool = True) -> None:

@@ -137,8 +137,8 @@ SERVICE: tuple[str, ...] = (
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 
 
 def setting(name: str) -> Setting:
@@ -186,7 +186,8 @@ def get(name: str):
     try:
         converted = _convert(s, value)
     except ValueError:
-        raise SettingError(f"{s.env}={value!r} is not a valid {s.kind}: {s.help}") from None
+        raise SettingError(f"{s.env}={value!r} is not a valid {s.kind}: use {_accepted(s)} "
+                           f"({s.help})") from None
     if s.bound is not None and not _within(converted, s.bound):
         raise SettingError(f"{s.env}={value!r} is out of range: it must be a finite number "
                            f"{s.bound} ({s.help})")
@@ -246,6 +247,19 @@ def _within(value: float, bound: str) -> bool:
     if not math.isfinite(value):
         return False
     return value >= limit if op == ">=" else value > limit
+
+
+def _accepted(s: Setting) -> str:
+    """What _convert takes for a setting of its kind (one it can refuse: a number or a bool)."""
+    if s.kind == "bool":
+        off = [word or "empty" for word in _FALSE]
+        return f"{_either(_TRUE)} (any case) to turn it on; {_either(off)} to turn it off"
+    number = "a whole number" if s.kind == "int" else "a number"
+    return f"{number} {s.bound}" if s.bound else number
+
+
+def _either(words) -> str:
+    return f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def _convert(s: Setting, value: str):

@@ -47,3 +47,22 @@ def test_a_large_body_to_a_route_is_still_413(registry_server):
             assert "request bodies are limited to 1,048,576 bytes" in r.json()["detail"]
     with registry_server.client() as anon:    # the limit comes before the token check
         assert anon.post("/v1/jobs", content=BIG).status_code == 413
+
+
+def test_a_body_over_the_limit_gets_one_title_declared_or_chunked(registry_server):
+    """A declared Content-Length was "Payload too large", a chunked body (no length, cut off
+    while streaming) "Request Entity Too Large": Starlette's phrase for its HTTPException."""
+    def chunked():
+        for _ in range(2 * 16):
+            yield b"x" * 65536
+
+    with registry_server.client(registry_server.token("jobs:submit")) as http:
+        declared = http.post("/v1/jobs", content=BIG, headers={"Content-Type": "application/json"})
+        streamed = http.post("/v1/jobs", content=chunked(),
+                             headers={"Content-Type": "application/json"})
+    assert "content-length" not in streamed.request.headers
+    for r in (declared, streamed):
+        assert r.status_code == 413, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.json()["title"] == "Payload too large", r.json()
+        assert r.json()["detail"] == "request bodies are limited to 1,048,576 bytes"

@@ -107,8 +107,8 @@ def test_a_bad_upload_limit_set_while_serving_is_a_500_problem_naming_it(
     assert r.status_code == 500, r.text
     assert r.headers["content-type"] == "application/problem+json"
     assert r.json() == {"type": "about:blank", "title": "Invalid configuration", "status": 500,
-                        "detail": "OSCAR_ZOO_MAX_UPLOAD_BYTES='abc' is not a valid int: Largest "
-                                  "request body the registry accepts.",
+                        "detail": "OSCAR_ZOO_MAX_UPLOAD_BYTES='abc' is not a valid int: use a "
+                                  "whole number >0 (Largest request body the registry accepts.)",
                         "instance": "/v1/models/smollm2-135m/versions"}
     assert any("OSCAR_ZOO_MAX_UPLOAD_BYTES='abc'" in rec.getMessage() for rec in caplog.records)
     # a body the server never reads: the client still gets the answer, not a reset

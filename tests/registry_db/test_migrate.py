@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 
 from oscar_zoo.registry_db import migrate
 from oscar_zoo.registry_db.session import Database
-from oscar_zoo.zoo.errors import SchemaOutOfDate
+from oscar_zoo.zoo.errors import InvalidInput, SchemaOutOfDate
 
 
 def _wait_until_blocked(url: str, application_name: str, timeout_s: float = 30) -> None:
@@ -118,3 +118,19 @@ def test_an_older_database_still_says_db_upgrade(registry_db_url):
     migrate.upgrade(db)
     migrate.ensure_schema(db)
     db.dispose()
+
+
+@pytest.mark.parametrize("target", ["bogus", "-1"])
+def test_a_target_alembic_cannot_reach_is_one_line_naming_the_revisions(registry_db_url, target):
+    """`oscar-zoo db upgrade --revision bogus` printed Alembic's 60-line traceback ending
+    "CommandError: Can't locate revision identified by 'bogus'"."""
+    db = Database(registry_db_url)
+    try:
+        with pytest.raises(InvalidInput) as raised:
+            migrate.upgrade(db, target)
+        said = str(raised.value)
+        assert said.startswith(f"schema revision {target!r}: ") and "\n" not in said
+        assert f"revisions are 0001 to {migrate.head()}" in said and "`head`" in said
+        assert migrate.current(db) is None      # nothing was migrated
+    finally:
+        db.dispose()

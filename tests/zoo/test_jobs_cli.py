@@ -94,5 +94,47 @@ def test_an_item_of_a_repeated_option_is_named_with_its_value():
     told = _in_option_words(InvalidInput("registry http://r: body.tokens: too few"), given)
     assert str(told) == "registry http://r: --tokens: too few"
     for unchanged in ("registry http://r: body.seq_len: too long",      # not from an option
-                      "registry http://r: tokens must be at least seq_len"):
+                      "registry http://r: k_clip 2 must be at most 1"):  # no option sets it
         assert str(_in_option_words(InvalidInput(unchanged), given)) == unchanged
+
+
+def test_a_draft_with_an_alias_is_refused_in_the_options_words(submitting):
+    """`--draft --alias beta` was queued: the job's version stayed a draft, and the alias was
+    silently never moved, neither by the result nor at promote."""
+    result = submitting("smollm2-135m", "--draft", "--alias", "beta")
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    assert said.startswith("Error: registry http://127.0.0.1:"), said
+    assert ("alias beta would never move: aliases move only with a published version, and "
+            "--draft keeps this job's version a draft; drop --draft, or leave --alias out and run "
+            "`oscar-zoo alias smollm2-135m@N beta` after `oscar-zoo promote smollm2-135m@N`") in said
+    assert "publish" not in said.replace("published", "")
+
+
+def test_an_alias_not_starting_with_a_letter_is_told_the_alias_rule(submitting):
+    """`--alias 9x` was told "use a lower-case name such as recommended": 9x is lower case."""
+    from oscar_zoo.zoo.catalog import ALIAS_RULE
+
+    result = submitting("smollm2-135m", "--alias", "9x")
+    assert result.exit_code == 1, result.output
+    assert f"alias '9x' is not valid: {ALIAS_RULE}" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("args, said, unsaid", [
+    (["--seq-len", "256"],
+     "--seq-len 256 leaves no INT2 keys for the clip search: its windows must be longer than the "
+     "BF16 sink 64 + recent 256 = 320 tokens (--sink-tokens and --recent-tokens; by default how "
+     "OSCAR serves the model). Raise --seq-len above 320 (e.g. 2048), or pass --no-clip-search "
+     "to use the fixed k_clip / v_clip instead", ("clip_search", "seq_len", "sink_tokens")),
+    (["--context-len", "100"],
+     "--context-len 100 must exceed sink 64 + recent 256 = 320; raise --context-len above 320",
+     ("validation.context_len", "job spec")),
+    (["--group-size", "48"], "--group-size 48 must be a power of two", ("group_size",)),
+])
+def test_the_ways_out_of_a_refusal_are_the_options_of_submit(submitting, args, said, unsaid):
+    """`--seq-len 256` ended "or set clip_search false": a spec field, where the option is
+    --no-clip-search (`oscar-zoo calibrate` says "pass --no-clip-search")."""
+    result = submitting("smollm2-135m", *args)
+    assert result.exit_code == 1, result.output
+    told = " ".join(result.stderr.split())
+    assert said in told and not any(word in told for word in unsaid), told

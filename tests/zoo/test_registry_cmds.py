@@ -108,3 +108,15 @@ def test_the_database_is_named_with_its_password_masked(monkeypatch):
     assert "registry database: postgresql+psycopg://ops:***@db.internal:5432/registry" \
         in result.stderr
     assert "Hunter2pw" not in result.output + result.stderr
+
+
+def test_db_upgrade_to_an_unknown_revision_is_one_line(sandbox):
+    """It was Alembic's traceback, ending "CommandError: Can't locate revision ..."."""
+    from oscar_zoo.registry_db import migrate
+
+    result = CliRunner().invoke(cli, ["db", "upgrade", "--revision", "bogus"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    said = result.stderr.strip()
+    assert said.startswith("Error: schema revision 'bogus': Can't locate revision") and \
+        "\n" not in said, said
+    assert f"0001 to {migrate.head()}" in said

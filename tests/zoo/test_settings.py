@@ -37,6 +37,29 @@ def test_bad_values_say_which_variable(monkeypatch):
         settings.get("http_retries")
 
 
+@pytest.mark.parametrize("env, value, accepted", [
+    ("OSCAR_ZOO_OFFLINE", "maybe", "use 1, true, yes or on (any case) to turn it on; 0, false, "
+                                   "no, off or empty to turn it off"),
+    ("OSCAR_ZOO_HTTP_RETRIES", "1.5", "use a whole number >=0"),
+    ("OSCAR_ZOO_HTTP_TIMEOUT", "soon", "use a number >0"),
+])
+def test_a_value_of_the_wrong_kind_is_told_what_the_kind_accepts(monkeypatch, env, value,
+                                                                 accepted):
+    """OSCAR_ZOO_OFFLINE=maybe said "is not a valid bool: Serve from the local cache only; never
+    touch the network.": the help, where the values it takes belong."""
+    s = next(s for s in settings.SETTINGS if s.env == env)
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError) as e:
+        settings.get(s.name)
+    assert str(e.value) == f"{env}={value!r} is not a valid {s.kind}: {accepted} ({s.help})"
+    for word in ("1", "TRUE", " yes ", "on") if s.kind == "bool" else ():   # what it says works
+        monkeypatch.setenv(env, word)
+        assert settings.get(s.name) is True
+    for word in ("0", "False", "no", "off", "") if s.kind == "bool" else ():
+        monkeypatch.setenv(env, word)
+        assert settings.get(s.name) is False
+
+
 @pytest.mark.parametrize("env, value", [
     ("OSCAR_ZOO_HTTP_RETRIES", "-1"),        # zero attempts: an AssertionError traceback
     ("OSCAR_ZOO_HTTP_TIMEOUT", "nan"),       # socket.settimeout's ValueError traceback
@@ -111,8 +134,8 @@ def test_check_names_every_invalid_setting_at_once(monkeypatch):
         settings.check(settings.SERVICE)
     assert str(e.value).splitlines() == [
         "2 settings are invalid:",
-        "  OSCAR_ZOO_MAX_UPLOAD_BYTES='abc' is not a valid int: Largest request body the "
-        "registry accepts.",
+        "  OSCAR_ZOO_MAX_UPLOAD_BYTES='abc' is not a valid int: use a whole number >0 (Largest "
+        "request body the registry accepts.)",
         "  OSCAR_ZOO_JOB_MAX_ATTEMPTS='0' is out of range: it must be a finite number >=1 "
         "(Attempts before a job is marked failed.)"]
     assert e.value.http_status == 500     # the server's to fix: never a client's 422

@@ -115,10 +115,10 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
     from .. import bundle as bundle_mod
     from ..catalog import resolve
     from ..files import out_dir_out_of_space
-    from ..interop.convert import ServingDefaults, import_files
+    from ..interop.convert import ServingDefaults, architecture_from_config, import_files
 
     k_path, v_path = _oscar_pair(inputs)
-    entry = resolve(model, config)
+    entry = architecture_from_config(resolve(model, config), config)
     serving = ServingDefaults.of(entry, k_clip=k_clip, v_clip=v_clip, group_size=group_size)
     if group_size is not None:
         from oscar_zoo.calibrate.jobspec import check_int2_geometry
@@ -131,7 +131,9 @@ def convert_command(inputs, from_fmt, to_fmt, out, model, config, k_clip, v_clip
         written = bundle_mod.write(bundle, out, overwrite=overwrite)
     info(f"imported {k_path.name} + {v_path.name} -> {out}")
     warn_unless_json(notes, as_json)
-    emit({**_summary(written.manifest), "warnings": notes}, as_json, _human_summary_unverified)
+    # write() checked what the text's "verified" line names, as `inspect` would
+    emit({**_summary(written.manifest), "path": str(out), "verified": True, "warnings": notes},
+         as_json, _human_summary)
 
 
 def _kv_shared_notes(bundle, config: Path | None) -> list[str]:
@@ -186,10 +188,6 @@ def _check_bundle_out(out: Path, overwrite: bool) -> None:
         # the write swaps the whole directory out: a mistyped --out would lose its files
         raise click.UsageError(f"{out} exists and is not a bundle (no bundle.json in it); "
                                "--overwrite replaces only a bundle: choose another --out")
-
-
-def _human_summary_unverified(d: dict) -> str:
-    return _human_summary({**d, "verified": True})
 
 
 def _oscar_pair(inputs: tuple[Path, ...]) -> tuple[Path, Path]:

@@ -155,24 +155,56 @@ def list_jobs(status, model, limit, as_json):
 
 
 def _in_option_words(e: InvalidInput, given: dict) -> InvalidInput:
-    """The registry's refusal of a field an option set, naming the option the user typed
-    (`--tokens: Input should be ...`, not `body.tokens: ...`); one of a field from --spec, or of
-    no field, as the registry said it."""
-    said = str(e)
+    """The registry's refusal as `submit`'s options say it: a field an option set named as the
+    option the user typed (`--tokens: Input should be ...`, not `body.tokens: ...`; one of a
+    field from --spec, or of no field, as the registry said it), and the ways out the job
+    spec's checks offer in the options that take them (`pass --no-clip-search`, not `set
+    clip_search false`)."""
+    said = _fixes_in_option_words(_field_in_option_words(str(e), given))
+    if said == str(e):
+        return e
+    worded = type(e)(said)
+    worded.__dict__.update(e.__dict__)      # its suggestions, status, retry_after
+    return worded
+
+
+def _field_in_option_words(said: str, given: dict) -> str:
     m = re.search(r"\bbody\.([\w.]+): ", said)
     if m is None:
-        return e
+        return said
     field, _, index = m.group(1).rpartition(".")
     if not index.isdigit():             # a list's item is named by its index: data.1
         field, index = m.group(1), ""
     if field not in given or field not in OPTION_OF:
-        return e
+        return said
     shown = OPTION_OF[field]
     if index and isinstance(given[field], list) and int(index) < len(given[field]):
         shown += f" {given[field][int(index)]!r}"      # which of the repeated option's values
-    worded = type(e)(said[:m.start()] + f"{shown}: " + said[m.end():])
-    worded.__dict__.update(e.__dict__)      # its suggestions, status, retry_after
-    return worded
+    return said[:m.start()] + f"{shown}: " + said[m.end():]
+
+
+# Fields whose name in a refusal is their option's: only names no English word spells (seq_len,
+# validation.context_len; `tokens` is also a unit), and no flag (`--no-validation false` says
+# nothing); those are said as whole phrases (_fix_phrases).
+_NAMED = {field: option for field, option in OPTION_OF.items()
+          if re.search(r"[_.]", field) and field not in ("clip_search", "validation.enabled")}
+
+
+def _fix_phrases() -> dict[str, str]:
+    from ...calibrate import jobspec     # torch-free, but not for `oscar-zoo --help`
+
+    return {jobspec.WINDOWS_FROM: "--sink-tokens and --recent-tokens",
+            jobspec.CLIP_SEARCH_OFF: "pass --no-clip-search",
+            jobspec.CLIP_SEARCH_ON: "pass --clip-search",
+            jobspec.PUBLISH_ON: "drop --draft", jobspec.DRAFT: "--draft",
+            jobspec.NO_ALIASES: "leave --alias out", **_NAMED}
+
+
+def _fixes_in_option_words(said: str) -> str:
+    for phrase, option in _fix_phrases().items():
+        # whole words only, and never a `body.field` the registry kept for a --spec field
+        said = re.sub(rf"(?<![\w.-]){re.escape(phrase)}(?![\w-])", lambda _: option, said)
+    return said
 
 
 def _read_spec(path: Path) -> dict:

@@ -7,8 +7,9 @@ rather than silently loading the wrong matrix in an engine (oscar-spec 7.2).
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,18 @@ class ServingDefaults:
                     lloyd_max=entry.lloyd_max)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
+
+
+def architecture_from_config(entry: CatalogEntry, config: str | Path | None) -> CatalogEntry:
+    """The entry with the architecture its config.json names (`architectures[0]`, as a
+    calibration records it) where the catalog has none: catalog.resolve makes a model it does
+    not know "unknown", and the manifest and model card would say so for good."""
+    if config is None or entry.architecture != "unknown":
+        return entry
+    path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+    # resolve() has read and parsed it already
+    named = (json.loads(path.read_text()).get("architectures") or [None])[0]
+    return replace(entry, architecture=named) if isinstance(named, str) and named else entry
 
 
 def _method(objective: str) -> tuple[str, str]:

@@ -637,10 +637,10 @@ def install_stop_signals(stop: threading.Event) -> None:
     def handler(signum, _frame):
         # as Attempt._run_child (and the Ray dispatcher's _give_back) act on it: the runner is
         # stopped, not waited for, and the lease released without spending an attempt
-        log.warning("worker: %s received; stopping now: a job in progress has its calibration "
-                    "stopped and its lease released, so it goes back to the queue (no attempt "
-                    "spent) and starts over on the next worker that claims it",
-                    signal.Signals(signum).name)
+        # said at every shutdown, idle or not: what would happen to a job, not that one ran
+        log.warning("worker: %s received; stopping (a job in progress is stopped, its lease "
+                    "released: back to the queue, no attempt spent, it starts over on the next "
+                    "worker)", signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)

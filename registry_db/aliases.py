@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session, lazyload
 
-from ..zoo.catalog import ALIAS_NAME, ALIAS_RULE
+from ..zoo.catalog import ALIAS_NAME, ALIAS_RULE, STORED_ALIAS
 from ..zoo.errors import Conflict, InvalidInput
 from . import audit
 from .models import Alias, AliasEvent, BundleVersion, Model
@@ -21,9 +21,12 @@ from .models import Alias, AliasEvent, BundleVersion, Model
 LATEST = "latest"
 
 
-def check_alias_name(name: str) -> str:
-    """Raises InvalidInput unless the name is a lower-case word that cannot be a version number."""
-    if not ALIAS_NAME.fullmatch(name or ""):
+def check_alias_name(name: str, stored: bool = False) -> str:
+    """Raises InvalidInput unless the name is a lower-case word that cannot be a version number.
+    stored: an alias to read or remove, which may predate the rule against v<N> and rotationzoo*
+    names (catalog.STORED_ALIAS): such an alias would otherwise block every yank of its version
+    and could never be removed."""
+    if not (STORED_ALIAS if stored else ALIAS_NAME).fullmatch(name or ""):
         raise InvalidInput(f"alias {name!r} is not valid: {ALIAS_RULE}")
     return name
 
@@ -35,7 +38,7 @@ def move_alias(session: Session, model: Model, name: str, version: BundleVersion
     Raises InvalidInput for a bad name or for `latest` (unless the registry itself moves it),
     Conflict for a version that is not published.
     """
-    check_alias_name(name)
+    check_alias_name(name, stored=version is None)
     if name == LATEST and not _system:
         raise InvalidInput("`latest` always points at the newest published version and moves by "
                            "itself: it cannot be set or removed; use `recommended` or your own "

@@ -177,13 +177,20 @@ def _removed(session: Session, model: Model, ref: str) -> str:
     return f"; alias {ref.lower()!r} was removed {last.at:%Y-%m-%d %H:%M} UTC{by}{why}"
 
 
+def names_a_number(ref: str | int) -> bool:
+    """3 or v3: a version by number (immutable), not an alias (which moves)."""
+    text = str(ref).strip()
+    text = text[1:] if text[:1] in ("v", "V") else text
+    return text.isascii() and text.isdigit()
+
+
 def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVersion:
     """A version by number or by alias (`latest`, `recommended`, user-defined).
 
     Raises VersionNotFound.
     """
     ref = str(ref).strip()
-    if ref[:1] in "vV" and ref[1:].isascii() and ref[1:].isdigit():
+    if names_a_number(ref) and not ref.isdigit():
         ref = ref[1:]       # v3 is version 3, as pull reads NAME@v3 (no alias can be named so)
     if ref.isascii() and ref.isdigit():
         # int() of over 4,300 digits raises; no such number is a version anyway

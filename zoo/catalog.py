@@ -27,6 +27,8 @@ MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 # ref the cache keeps for the RotationZoo's calibration (rotationzoo, rotationzoo-hf): an alias
 # `v3` pointing at version 4 answered an offline `pull NAME@3` with version 4.
 ALIAS_NAME = re.compile(r"(?!v[0-9]+$)(?!rotationzoo)[a-z][a-z0-9._-]{0,63}")
+# what a registry may hold from before that rule: such an alias can still be read and removed
+STORED_ALIAS = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter, "
               "other than v<N> (a version number) and rotationzoo* (e.g. recommended, prod)")
 

@@ -157,13 +157,14 @@ def _ref(ref: str | int) -> str:
     return quote(text, safe="")
 
 
-def _alias(alias: str) -> str:
+def _alias(alias: str, stored: bool = False) -> str:
     """An alias to set or remove: exactly as the registry stores it (it does not lower-case
-    these, so `Prod` is refused there too)."""
-    from .catalog import ALIAS_NAME, ALIAS_RULE
+    these, so `Prod` is refused there too). stored: one to remove, which may predate the rule
+    against v<N> and rotationzoo* names (catalog.STORED_ALIAS)."""
+    from .catalog import ALIAS_NAME, ALIAS_RULE, STORED_ALIAS
 
     alias = (alias or "").strip()
-    if not ALIAS_NAME.fullmatch(alias):
+    if not (STORED_ALIAS if stored else ALIAS_NAME).fullmatch(alias):
         raise InvalidInput(f"alias {alias!r} is not valid: {ALIAS_RULE}")
     return quote(alias, safe="")
 
@@ -498,7 +499,7 @@ class RegistryClient:
                             json=body).json()
 
     def remove_alias(self, name: str, alias: str, reason: str | None = None) -> dict:
-        return self.request("DELETE", f"/v1/models/{_name(name)}/aliases/{_alias(alias)}",
+        return self.request("DELETE", f"/v1/models/{_name(name)}/aliases/{_alias(alias, stored=True)}",
                             params={"reason": reason} if reason else None).json()
 
     def yank(self, name: str, ref: str | int, reason: str) -> dict:

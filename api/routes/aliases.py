@@ -41,7 +41,7 @@ def get_alias(name: str, alias: str, request: Request,
               cursor: str | None = Query(None, max_length=500)):
     with reading(request) as session:
         model = queries.resolve_model(session, name)
-        return alias_body(session, model, check_alias_name(alias), limit, cursor)
+        return alias_body(session, model, check_alias_name(alias, stored=True), limit, cursor)
 
 
 @router.put("/v1/models/{name:path}/aliases/{alias}", response_model=AliasList,
@@ -62,7 +62,7 @@ def remove_alias(name: str, alias: str, request: Request,
                  actor: str = Depends(require("bundles:publish"))):
     with request.app.state.registry.db.write() as session:
         model = queries.resolve_model(session, name)
-        if not move_alias(session, model, check_alias_name(alias), None, actor, reason):
+        if not move_alias(session, model, check_alias_name(alias, stored=True), None, actor, reason):
             current = ", ".join(a.name for a in queries.current_aliases(session, model)) or "none"
             raise AliasNotFound(f"{model.name} has no alias {alias!r} to remove; its aliases: {current}")
         return alias_body(session, model, alias)

@@ -45,7 +45,7 @@ def download(name: str, ref: str, filename: str, request: Request):
         media = MEDIA.get(suffix)
         return file_response(request, path, entry.size, entry.sha256,
                              media or "application/octet-stream",
-                             immutable=ref.strip().isascii() and ref.strip().isdigit(),
+                             immutable=queries.names_a_number(ref),
                              filename=None if media else filename)
 
 

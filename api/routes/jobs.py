@@ -51,9 +51,17 @@ SPEC_EXAMPLE = {"model": "smollm2-135m", "tokens": 8192, "seq_len": 2048,
 
 # --- the job JSON (the UI's job pages apply it as is) ------------------------------------------
 
+def _public_progress(progress: dict | None) -> dict:
+    # a requeued job's reason is its attempt's error, with whatever an older worker appended
+    progress = dict(progress or {})
+    if isinstance(progress.get("requeued"), str):
+        progress["requeued"] = public_error(progress["requeued"])
+    return progress
+
+
 def job_summary(job: Job, result: BundleVersion | None) -> dict[str, Any]:
     return {"id": job.id, "status": job.status, "phase": job.phase, "model": job.model,
-            "progress": job.progress or {}, "attempts": job.attempts,
+            "progress": _public_progress(job.progress), "attempts": job.attempts,
             "max_attempts": job.max_attempts, "cancel_requested": job.cancel_requested,
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at),
             "result_version": result.number if result else None,
@@ -192,13 +200,22 @@ def submit(request: Request, body: SubmitBody = Body(..., examples=[SPEC_EXAMPLE
     _check_alias_scope(spec, who)
     with registry.db.write() as session:
         job, created = jobs_db.submit(
-            session, spec.model_dump(mode="json"), model=name, gpus=spec.gpus,
+            session, _stored(spec), model=name, gpus=spec.gpus,
             max_attempts=spec.max_attempts, lease_seconds=spec.lease_seconds,
             idempotency_key=key, created_by=who.actor, created_by_token_id=who.token_id,
             given=given_fields(body))
         detail = detail_of(session, job)
     return JSONResponse(detail, status_code=201 if created else 200,
                         headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def _stored(spec: jobspec.JobSpec) -> dict:
+    """The spec as the job row keeps it. publish_hub_id only where set: a worker from before
+    the field (JobSpec forbids unknown fields) refused every job whose spec carried it as null."""
+    stored = spec.model_dump(mode="json")
+    if stored.get("publish_hub_id") is None:
+        stored.pop("publish_hub_id", None)
+    return stored
 
 
 def _check_alias_scope(spec: jobspec.JobSpec, who: Caller) -> None:

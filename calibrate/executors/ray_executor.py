@@ -43,7 +43,7 @@ from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
 from oscar_zoo.zoo.jobs_client import JobsClient
 
-from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, sweep_workdirs
+from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, public_line, sweep_workdirs
 
 log = logging.getLogger("oscar_zoo.ray")
 
@@ -439,7 +439,11 @@ def _landed(client, ref, f: Flight) -> None:
         outcome = ray.get(ref)
         log.info("ray dispatcher: job %s task ended: %s", f.job_id, outcome)
     except Exception as e:  # noqa: BLE001 - Ray gave up (retries spent, node lost, ...)
-        error = f"the Ray task failed: {type(e).__name__}: {str(e)[:2000]}"
+        # str() of a RayTaskError is the remote traceback (pid, node ip, the worker's paths):
+        # the log has it; the job's error, which anyone may read, gets the cause's first line
+        log.warning("ray dispatcher: job %s task failed: %s", f.job_id, e)
+        cause = getattr(e, "cause", None) or e
+        error = public_line(f"the Ray task failed: {type(cause).__name__}: {cause}")
     if f.forced_at is not None:     # a task that reported itself leaves this a LeaseLost
         _report(client, f, FORCED, cancelled=True)
     elif error and f.lost_at is None:

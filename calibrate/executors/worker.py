@@ -223,6 +223,7 @@ class Attempt:
             retryable = True
             if isinstance(e, RemoteStorageFull):   # only the result upload is let through _call
                 message = f"the result could not be stored: {e}"
+        message = public_line(message)      # the whole of it is in the log line above
         try:
             job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         except OscarZooError as report_error:   # LeaseLost included: nothing left to report to
@@ -522,8 +523,16 @@ class Attempt:
             retryable = True
             detail = _tail(log_path)
         log.warning("job %s: %s\n%s", self.id, message, detail or "(the runner said no more)")
+        message = public_line(message)      # the log line above has the whole of it
         job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
+
+
+def public_line(text: str, cap: int = 500) -> str:
+    """A job's error as anyone may read it: the first line, capped. Exception texts go on over
+    lines (CUDA's, a remote traceback) and name this host's paths; the log keeps them whole."""
+    line = (text or "").strip().split("\n", 1)[0].strip()
+    return line if len(line) <= cap else line[:cap - 3] + "..."
 
 
 # Environment variables that name a directory or file the runner (or a library it loads) reads

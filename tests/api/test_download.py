@@ -38,6 +38,8 @@ def test_get_head_etag_and_conditional(served):
     # Through an alias the bytes may change later: clients must revalidate.
     alias = http.get(URL.replace("/1/", "/latest/"))
     assert alias.content == data and alias.headers["cache-control"] == "no-cache"
+    # v1 is version 1 (no alias may be named so): as immutable as 1
+    assert "immutable" in http.get(URL.replace("/1/", "/v1/")).headers["cache-control"]
 
 
 RANGES = [("bytes=0-99", 0, 100), ("bytes=100-", 100, None), ("bytes=-50", -50, None),

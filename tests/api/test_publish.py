@@ -129,6 +129,35 @@ def test_an_alias_named_like_a_version_or_a_cache_ref_is_refused_and_v_n_is_vers
     assert http.get("/v1/models/smollm2-135m/versions/v9").status_code == 404
 
 
+def test_an_alias_stored_before_the_v_n_rule_can_be_read_yanked_past_and_removed(publisher, tmp_path):
+    """A registry may hold an alias `v2` from before such names were refused: checking the name
+    on removal too made every yank of its version fail (yank removes its aliases) and left no
+    way to remove it."""
+    from datetime import datetime, timezone
+
+    from oscar_zoo.registry_db.models import Alias, AliasEvent
+    from oscar_zoo.registry_db.queries import resolve_model, resolve_version
+
+    server, http = publisher
+    for seed in (1, 2):
+        make_bundle(tmp_path / str(seed), seed=seed)
+        upload_bundle(http, tmp_path / str(seed))
+    with server.registry.db.write() as s:
+        m = resolve_model(s, "smollm2-135m")
+        for name, number in (("v2", 1), ("rotationzoo", 2)):
+            vid, now = resolve_version(s, m, number).id, datetime.now(timezone.utc)
+            s.add(Alias(model_id=m.id, name=name, version_id=vid, updated_at=now, updated_by="old"))
+            s.add(AliasEvent(model_id=m.id, alias=name, to_version_id=vid, at=now, by="old"))
+    got = http.get("/v1/models/smollm2-135m/aliases/rotationzoo")
+    assert got.status_code == 200 and got.json()["items"][0]["version"] == 2, got.text
+    r = http.post("/v1/models/smollm2-135m/versions/1/yank", json={"reason": "x"})
+    assert r.status_code == 200, r.text
+    assert http.delete("/v1/models/smollm2-135m/aliases/rotationzoo").status_code == 200
+    aliases = {a["alias"] for a in http.get("/v1/models/smollm2-135m/aliases").json()["items"]}
+    assert aliases == {"latest"}
+    assert http.put("/v1/models/smollm2-135m/aliases/rotationzoo", json={"version": 2}).status_code == 422
+
+
 def test_a_yank_takes_every_alias_off_the_version(publisher, tmp_path):
     """`recommended` stayed on a yanked version: a bare pull and the model page still offered it."""
     server, http = publisher

@@ -87,6 +87,10 @@ def test_a_traceback_stored_by_an_earlier_worker_is_not_shown(jobs_api):
                                  "ended without a result (exit code 1)"}, shown
     page = httpx.get(f"{jobs_api.server.url}/jobs/{old['id']}")
     assert page.status_code == 200 and SECRET not in page.text
+    # nor anywhere else a job is shown: the requeued job's progress carries its reason too
+    for url in ("/v1/jobs", f"/v1/jobs/{died['id']}", f"/jobs/{died['id']}", "/jobs"):
+        text = httpx.get(f"{jobs_api.server.url}{url}").text
+        assert SECRET not in text and "Traceback" not in text, (url, text[:2000])
 
 
 def test_a_stopped_worker_says_its_job_is_given_back_and_it_is(jobs_api, monkeypatch, tmp_path,
@@ -125,3 +129,14 @@ def test_a_stopped_worker_says_its_job_is_given_back_and_it_is(jobs_api, monkeyp
     after = jobs_api.submitter.get(job["id"])
     assert outcome["result"] == "released"
     assert after["status"] == "queued" and after["attempts"] == 0, after
+
+
+def test_a_multi_line_error_is_published_as_its_first_line_capped():
+    """A runner's error text may go on over lines (CUDA's, a remote traceback with the worker's
+    paths): only its first line, capped, becomes the public job error."""
+    from oscar_zoo.calibrate.executors.worker import public_line
+
+    assert public_line(f"RuntimeError: CUDA error\n  File \"{SECRET}\"\n") == "RuntimeError: CUDA error"
+    long = public_line("x" * 2000)
+    assert len(long) == 500 and long.endswith("...")
+    assert public_line("") == ""

@@ -494,3 +494,12 @@ def test_an_alias_the_registry_refused_is_not_answered_by_the_rotationzoo(regist
     assert "recommended" not in Cache().refs("glm-4.7-fp8")
     assert pull("glm-4.7-fp8").version == 1          # the default still falls to latest
     assert pull("glm-4.7-fp8@latest").source == "registry"
+
+
+def test_an_alias_named_like_a_version_is_not_written_as_a_cache_ref():
+    """A registry kept an alias `v3` (on version 4) from before such names were refused: pull
+    wrote refs/v3 -> version 4, and an offline `pull NAME@3` served version 4."""
+    from oscar_zoo.zoo.sources.registry import _cacheable
+
+    assert _cacheable(["v3", "rotationzoo", "rotationzoo-hf", "recommended", "prod", 7]) == [
+        "recommended", "prod"]

@@ -48,7 +48,7 @@ class RegistrySource:
         return Plan(
             source="registry", model=model, kind="bundle", digest=digest, version=number,
             origin=redact_url(client.url(f"/v1/models/{model}/versions/{number}")),
-            refs=[f"v{number}", *summary.get("aliases", [])], status=status,
+            refs=[f"v{number}", *_cacheable(summary.get("aliases", []))], status=status,
             yank_reason=reason if status == "yanked" else None,
             validated=summary.get("validation_passed"),
             manifest=locate(MANIFEST, digest, None), locate=locate, notes=[note] if note else [],
@@ -79,3 +79,11 @@ class RegistrySource:
                 return summary, model
         # older than the detail's newest 20
         return self.client.version(model, number, cache_hint=False), model
+
+
+def _cacheable(aliases) -> list[str]:
+    """The aliases a cache ref may be named after: one a registry kept from before v<N> and
+    rotationzoo* names were refused would write refs/v3 over version 3's own ref."""
+    from ..catalog import ALIAS_NAME
+
+    return [a for a in aliases if isinstance(a, str) and ALIAS_NAME.fullmatch(a)]

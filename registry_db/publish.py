@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError as DBIntegrityError
 from sqlalchemy.orm import Session
 
 from ..zoo.bundle import require_whole, verify_bundle
-from ..zoo.catalog import MODEL_NAME, is_hub_id
+from ..zoo.catalog import MODEL_NAME, PLAIN_NAME_RULE, is_hub_id
 from ..zoo.errors import BundleFormatError, Conflict, InvalidInput, ModelNotFound, YankedVersion
 from ..zoo.files import sha256_bytes
 from ..zoo.geometry import ModelGeometry
@@ -183,8 +183,8 @@ def _resolve_or_none(session: Session, name: str) -> Model | None:
 def _check_new_model(manifest: Manifest) -> None:
     ref = manifest.model
     if not MODEL_NAME.fullmatch(ref.name.lower()) or not is_hub_id(ref.hub_id):
-        raise InvalidInput(f"a new model needs a plain name (letters, digits, '.', '_', '-') and a "
-                           f"hub id like org/repo; got {ref.name!r} and {ref.hub_id!r}")
+        raise InvalidInput(f"a new model needs a plain name ({PLAIN_NAME_RULE}) and a hub id "
+                           f"like org/repo; got {ref.name!r} and {ref.hub_id!r}")
     if "--" in ref.name:    # `org--repo` is how URLs spell the hub id org/repo
         raise InvalidInput(f"model name {ref.name!r}: '--' is reserved (a URL's `org--repo` names "
                            "the hub id org/repo); pick a name without it")

@@ -22,6 +22,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]
 # all by the same rule in the same words.
 # A plain model name (compared in lower case; a hub id org/repo is the other way to name one)
 MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+PLAIN_NAME_RULE = ("1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                   "(e.g. qwen3-8b)")
 # A registry alias (recommended, prod). Starting with a letter, it is never a version number;
 # nor `v<N>`, which NAME@v3 reads as version 3 (the cache keeps versions under that ref), nor a
 # ref the cache keeps for the RotationZoo's calibration (rotationzoo, rotationzoo-hf): an alias

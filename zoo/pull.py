@@ -253,8 +253,10 @@ def _check_alias_still_open(source, ref: Ref, failures: list[_Failure]) -> None:
     refused = next((f for f in failures if isinstance(f.error, VersionNotFound)), None)
     if refused is not None:
         raise VersionNotFound(f"{source.name}: not answering @{ref.alias} with the RotationZoo's "
-                              f"shipped calibration, as {refused.where}, which holds versions of "
-                              f"this model, refused the alias")
+                              f"shipped calibration: {refused.where} holds versions of this model "
+                              f"and did not serve @{ref.alias} (a registry alias: the registry "
+                              "alone says which version it is), and the shipped calibration is "
+                              "none of them")
 
 
 @dataclass(frozen=True)

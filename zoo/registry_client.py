@@ -122,9 +122,11 @@ def check_endpoint(endpoint: str, name: str = "OSCAR_ZOO_ENDPOINT") -> None:
 # size limit, `pull ../../x` "no endpoint at /x"), and a name the registry can never hold is
 # better refused here, saying why, than answered by whatever route it lands on.
 
-MODEL_NAME_RULE = ("a model is named by a plain name, 1-128 letters, digits, '.', '_' or '-' "
-                   "starting with a letter or digit (e.g. qwen3-8b), or by a hub id ORG/REPO "
-                   "(e.g. Qwen/Qwen3-8B)")
+def _model_name_rule() -> str:
+    from .catalog import PLAIN_NAME_RULE
+
+    return (f"a model is named by a plain name, {PLAIN_NAME_RULE}, or by a hub id ORG/REPO "
+            "(e.g. Qwen/Qwen3-8B)")
 
 
 def _name(name: str) -> str:
@@ -139,7 +141,7 @@ def _name(name: str) -> str:
 
         # not found, as the registry would answer, so that pull's hints (and other sources) apply
         # its own sentence: NotFound appends "Did you mean: ...?" after a space
-        raise ModelNotFound(f"model name {name!r} is not valid: {MODEL_NAME_RULE}.",
+        raise ModelNotFound(f"model name {name!r} is not valid: {_model_name_rule()}.",
                             suggestions=suggest(name))
     return quote(name, safe="/")
 
@@ -221,7 +223,7 @@ def _holds_listed(cache, q: str | None) -> bool:
 
 
 # paths that never answer 404 from a registry: a 404 there is from another server
-_SERVED_BY_EVERY_REGISTRY = ("/v1", "/v1/models", "/v1/jobs", "/v1/whoami")
+_SERVED_BY_EVERY_REGISTRY = ("/v1/models", "/v1/jobs", "/v1/whoami")
 
 
 class RegistryClient:
@@ -367,11 +369,16 @@ class RegistryClient:
         likely cause: the endpoint is another server (`python -m http.server`, a web site) or
         the registry's URL with a path too many or too few. A model's, a version's or a job's
         404 is the registry's answer about that name, and says nothing of the endpoint."""
+        from urllib.parse import urlsplit
+
         try:
             path = r.request.url.path.rstrip("/")
         except RuntimeError:    # a response built by hand, with no request
             return ""
-        if not path.endswith(_SERVED_BY_EVERY_REGISTRY):
+        # the path below the endpoint's own (a registry behind a proxy at /zoo): `endswith`
+        # took /v1/models/v1 (a model named v1) for the API root
+        base = urlsplit(self.endpoint).path.rstrip("/")
+        if not path.startswith(base) or path[len(base):] not in _SERVED_BY_EVERY_REGISTRY:
             return ""
         return (f"; every oscar-zoo registry serves {r.request.url.path}, so {self.endpoint_name} "
                 f"({self.where}) may not point at one: set it to the registry's base URL (e.g. "

@@ -111,6 +111,18 @@ def test_a_draft_with_an_alias_is_refused_in_the_options_words(submitting):
     assert "publish" not in said.replace("published", "")
 
 
+def test_a_draft_with_an_alias_from_a_spec_file_is_told_in_the_files_words(submitting, tmp_path):
+    """`publish: false` and `aliases` in --spec were told to "drop --draft, or leave --alias
+    out": options the user never passed."""
+    spec = tmp_path / "job.json"
+    spec.write_text('{"model": "smollm2-135m", "publish": false, "aliases": ["beta"]}')
+    result = submitting("--spec", str(spec))
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    assert "set publish true (or leave it out), or leave aliases out" in said, said
+    assert "--draft" not in said and "--alias" not in said
+
+
 def test_an_alias_not_starting_with_a_letter_is_told_the_alias_rule(submitting):
     """`--alias 9x` was told "use a lower-case name such as recommended": 9x is lower case."""
     from oscar_zoo.zoo.catalog import ALIAS_RULE

@@ -47,6 +47,9 @@ def test_list_and_show_carry_on_without_a_registry_failing_on_its_side(registry,
         listed = zoo("list", "glm-*", "--json")
         shown = zoo("show", "glm-4.7-fp8")
         version = zoo("show", "glm-4.7-fp8@1")
+        unknown = zoo("show", "tiny-model")         # the registry might hold it: not "unknown"
+    assert unknown.exit_code == 1 and "unknown model" not in unknown.stderr, unknown.output
+    assert "did not answer, which may hold it" in unknown.stderr
     assert listed.exit_code == 0, listed.output
     assert [r["name"] for r in json.loads(listed.stdout)] == ["glm-4.7-fp8"]   # the catalog's
     assert f"warning: registry {url}: {status}" in listed.stderr
@@ -150,3 +153,13 @@ def test_show_prints_hub_id_and_geometry_of_a_registry_only_model(unpublished):
     assert lines[1] == "  hub id       myorg/Tiny-Model (LlamaForCausalLM)"
     assert lines[2] == "  geometry     4 of 4 layers with a KV cache, 4 q / 2 KV heads, head_dim 64"
     assert lines[3].startswith("  registry     1 version(s)")
+
+
+def test_a_404_for_a_model_named_like_an_api_path_is_not_blamed_on_the_endpoint(registry):
+    """`pull v1` (404 at /v1/models/v1) was told the endpoint may not be a registry."""
+    from oscar_zoo.zoo.errors import ModelNotFound
+    from oscar_zoo.zoo.registry_client import RegistryClient
+
+    with RegistryClient() as client, pytest.raises(ModelNotFound) as e:
+        client.model("v1")
+    assert "may not point at one" not in str(e.value), str(e.value)

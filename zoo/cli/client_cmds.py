@@ -219,16 +219,22 @@ def _registry_rows(client, pattern: str | None, validated: bool) -> dict[str, di
                            "sources": ["registry"] if latest is not None
                            or m.get("versions_count") else [],
                            "state": "published" if latest is not None else None}
-    for row in rows.values():
-        if row["sources"] and row["state"] is None:
-            row["state"] = _unpublished_state(client, row["name"])
+    unpublished = [row for row in rows.values() if row["sources"] and row["state"] is None]
+    for i, row in enumerate(unpublished):
+        # a read each, for a few; a registry where CI keeps a draft per model would make list
+        # a request per model, each with its retries when the registry fails mid-way
+        row["state"] = (_unpublished_state(client, row["name"]) if i < UNPUBLISHED_READS
+                        else "no published version")
     return rows
+
+
+UNPUBLISHED_READS = 20
 
 
 def _unpublished_state(client, name: str) -> str:
     """What a registry model with versions but no `latest` holds: drafts only, all yanked, or
-    both. The listing counts versions but not their states; such models are few, so one more
-    read each. A failed read says no more than the listing did."""
+    both. The listing counts versions but not their states: one more read each, for the first
+    UNPUBLISHED_READS of them. A failed read says no more than the listing did."""
     from ..errors import OscarZooError
 
     try:
@@ -300,11 +306,15 @@ def show_command(spec, as_json):
                                        "lloyd_max": entry.lloyd_max, "gpus": entry.gpus},
                            "notes": entry.notes}
     client = RegistryClient()
+    unanswered = ""     # why the registry's word is missing, for an unknown model's error
     if client.configured and not settings.is_offline():
         try:
             data["registry"] = client.model(data["name"])
         except (OfflineError, RemoteError) as e:
             _without_registry(e, "showing the catalog's and the local cache's word only")
+            unanswered = (f"{name!r} is not in the catalog or the local cache, and the registry "
+                          f"({client.where}) did not answer, which may hold it: try again once it "
+                          "does.")
         except NotFound:
             if entry is None:
                 raise
@@ -322,7 +332,7 @@ def show_command(spec, as_json):
     held = list(cache.held(data["name"]))
     # a model only a registry knows, pulled earlier, is still shown from the cache offline
     if entry is None and data["registry"] is None and not held:
-        raise ModelNotFound(f"unknown model {name!r}.", suggestions=suggest(name))
+        raise ModelNotFound(unanswered or f"unknown model {name!r}.", suggestions=suggest(name))
     for h in held:
         meta = cache.read_meta(h.model, h.digest)
         refs = [r for r, d in cache.refs(h.model).items() if d == h.digest]

@@ -160,7 +160,7 @@ def _in_option_words(e: InvalidInput, given: dict) -> InvalidInput:
     field from --spec, or of no field, as the registry said it), and the ways out the job
     spec's checks offer in the options that take them (`pass --no-clip-search`, not `set
     clip_search false`)."""
-    said = _fixes_in_option_words(_field_in_option_words(str(e), given))
+    said = _fixes_in_option_words(_field_in_option_words(str(e), given), given)
     if said == str(e):
         return e
     worded = type(e)(said)
@@ -190,18 +190,26 @@ _NAMED = {field: option for field, option in OPTION_OF.items()
           if re.search(r"[_.]", field) and field not in ("clip_search", "validation.enabled")}
 
 
-def _fix_phrases() -> dict[str, str]:
+def _fix_phrases() -> dict[str, tuple[str | None, str]]:
+    """phrase -> (the field an option must have set for the words to be true, else None: an
+    option the user may add whatever they passed; the options' words for it)."""
     from ...calibrate import jobspec     # torch-free, but not for `oscar-zoo --help`
 
-    return {jobspec.WINDOWS_FROM: "--sink-tokens and --recent-tokens",
-            jobspec.CLIP_SEARCH_OFF: "pass --no-clip-search",
-            jobspec.CLIP_SEARCH_ON: "pass --clip-search",
-            jobspec.PUBLISH_ON: "drop --draft", jobspec.DRAFT: "--draft",
-            jobspec.NO_ALIASES: "leave --alias out", **_NAMED}
+    return {jobspec.WINDOWS_FROM: (None, "--sink-tokens and --recent-tokens"),
+            jobspec.CLIP_SEARCH_OFF: (None, "pass --no-clip-search"),
+            jobspec.CLIP_SEARCH_ON: (None, "pass --clip-search"),
+            jobspec.PUBLISH_ON: ("publish", "drop --draft"),
+            jobspec.DRAFT: ("publish", "--draft"),
+            jobspec.NO_ALIASES: ("aliases", "leave --alias out"),
+            **{field: (None, option) for field, option in _NAMED.items()}}
 
 
-def _fixes_in_option_words(said: str) -> str:
-    for phrase, option in _fix_phrases().items():
+def _fixes_in_option_words(said: str, given: dict) -> str:
+    """Undoing words (drop --draft, leave --alias out) only where an option set the field: from
+    --spec, `publish: false` is not fixed by dropping a --draft nobody passed."""
+    for phrase, (field, option) in _fix_phrases().items():
+        if field is not None and field not in given:
+            continue
         # whole words only, and never a `body.field` the registry kept for a --spec field
         said = re.sub(rf"(?<![\w.-]){re.escape(phrase)}(?![\w-])", lambda _: option, said)
     return said

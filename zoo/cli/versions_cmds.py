@@ -51,9 +51,19 @@ def promote_command(spec, as_json):
     from ..registry_client import RegistryClient
 
     with RegistryClient() as client:
-        name, number = _version_number(client, spec, "promote", "an alias names published "
-                                       "versions only, while promote publishes a draft")
-        emit(client.promote(name, number), as_json, _line)
+        name, ref = _version_spec(spec)
+        if not isinstance(ref, int):
+            raise InvalidInput(_drafts_to_promote(client, name, ref))
+        emit(client.promote(name, ref), as_json, _line)
+
+
+def _drafts_to_promote(client, name: str, alias: str) -> str:
+    """An alias points at a published version, never at a draft: what there is to promote."""
+    drafts = [d["version"] for d in client.versions(name, status="draft", cache_hint=False)]
+    which = (f"its drafts: {', '.join(map(str, drafts[:10]))}; run `oscar-zoo promote "
+             f"{name}@{drafts[0]}`" if drafts else f"{name} has no draft to promote")
+    return (f"promote takes a draft's number, not an alias: {name}@{alias} can only point at a "
+            f"published version; {which}")
 
 
 @click.command("yank")

@@ -77,9 +77,10 @@ class MirrorPlan:
     note: str | None = None     # why nothing (or skip)
     error: str | None = None    # why it would fail
 
-    def of(self, step: _Step, commit: str, tag_only: str | None) -> "MirrorPlan":
+    def of(self, step: _Step, commit: str, tag_only: str | None,
+           done: str = "the hub already has all of it") -> "MirrorPlan":
         """Filled in from a step: `commit` where it has files to commit or delete, else
-        `tag_only` where only the tag is missing, else nothing."""
+        `tag_only` where only the tag is missing, else nothing (`done` says why)."""
         self.folder, self.tag = step.folder, step.tag
         self.upload, self.delete = [f.path for f in step.changed], list(step.stale)
         if step.changed or step.stale:
@@ -87,7 +88,7 @@ class MirrorPlan:
         elif tag_only and not step.finished:
             self.action = tag_only
         else:
-            self.action, self.note = "nothing", "the hub already has all of it"
+            self.action, self.note = "nothing", done
         return self
 
     def to_dict(self) -> dict:
@@ -231,7 +232,7 @@ def plan_yank(target: str, model: str, number: int, reason: str) -> MirrorPlan:
     if step is None:
         plan.action, plan.note = "nothing", f"its {layout.INDEX} does not list this version"
         return plan
-    return plan.of(step, "record yank", None)
+    return plan.of(step, "record yank", None, "the yank is already recorded there")
 
 
 class _NewRepo:

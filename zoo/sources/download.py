@@ -389,8 +389,12 @@ def _check_status(remote: RemoteFile, r) -> None:
         return
     r.read()
     where = f"{remote.name} from {remote.source or r.request.url.host}"
-    said = _problem_detail(r)
-    if code in RETRY_STATUS and not _lost_for_good(r):
+    problem = _problem(r)
+    said = f": {problem['detail'][:500]}" if isinstance(problem.get("detail"), str) and \
+        problem["detail"] else ""
+    # the registry's blob is missing or corrupt (StorageCorrupt): a 500 that asking again
+    # cannot heal, so its message is shown at once rather than after every retry's backoff
+    if code in RETRY_STATUS and problem.get("title") != StorageCorrupt.title:
         raise _Retry(f"{code} {r.reason_phrase}{said}",
                      retry_after=retry_after_seconds(r.headers.get("Retry-After")), status=code)
     if code == 401:
@@ -402,25 +406,16 @@ def _check_status(remote: RemoteFile, r) -> None:
     raise _with_status(RemoteError(f"{where}: {code} {r.reason_phrase}{said}"), code)
 
 
-def _problem_detail(r) -> str:
-    """`: <detail>` of an RFC 9457 problem answer (the registry's errors say what to do), else
-    nothing: a hub's or a proxy's HTML page is not worth quoting."""
+def _problem(r) -> dict:
+    """An RFC 9457 problem answer (the registry's errors say what to do), else {}: a hub's or a
+    proxy's HTML page is not worth quoting."""
     if "json" not in r.headers.get("Content-Type", ""):
-        return ""
+        return {}
     try:
-        detail = r.json().get("detail")
-    except (ValueError, AttributeError):
-        return ""
-    return f": {detail[:500]}" if isinstance(detail, str) and detail else ""
-
-
-def _lost_for_good(r) -> bool:
-    """The registry's blob is missing or corrupt (StorageCorrupt): a 500 that asking again
-    cannot heal, so its message is shown at once rather than after every retry's backoff."""
-    try:
-        return r.json().get("title") == StorageCorrupt.title
-    except (ValueError, AttributeError):
-        return False
+        body = r.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _with_status(error: RemoteError, status: int | None) -> RemoteError:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any

@@ -554,7 +554,7 @@ def test_a_job_with_its_result_recorded_is_never_cancelled_beside_it(jobs_api, t
     api.worker.upload_result(racing["id"], lease, tmp_path / "b", "published")
     ended = api.worker.fail(racing["id"], lease, "cancelled", cancelled=True)
     assert ended["status"] == "succeeded" and ended["result"]["version"] is not None
-    with pytest.raises(Conflict, match=f"and succeeded; .*oscar-zoo yank smollm2-135m@"):
+    with pytest.raises(Conflict, match="and succeeded; .*oscar-zoo yank smollm2-135m@"):
         api.submitter.cancel(racing["id"])       # the version to withdraw, not 'nothing to cancel'
 
     make_bundle(tmp_path / "a", seed=1)

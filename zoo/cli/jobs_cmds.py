@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ..errors import InvalidInput
-from ..jobs_client import SHORT_ID, TERMINAL, JobsClient
+from ..jobs_client import SHORT_ID, JobsClient
 from .output import emit, info, json_option, warn
 
 # The job spec's field (as the registry's refusals name it: body.tokens, body.validation.windows)

@@ -227,7 +227,10 @@ def test_a_lossless_int2_tier_reports_no_extra_loss_on_a_bfloat16_model():
     for v in report.variants:
         assert abs(v.delta_nll) < 1e-9 and abs(v.kl) < 1e-9, v
         assert v.delta_nll_by_set == [pytest.approx(0, abs=1e-9)] * 2
-        assert v.per_layer_attn_rel_error == [0.0, 0.0], v
+        # not exactly 0: the centered bundle's round trip, (k - mean) R R^T + mean in float32
+        # and back to bfloat16, can land a key across a bfloat16 rounding boundary (with
+        # transformers 5.24's initialisation one did: 3.7e-9), far below a kernel's bf16 rounding
+        assert max(v.per_layer_attn_rel_error) < 1e-6, v
 
 
 @pytest.mark.parametrize("kwarg", ["softcap", "s_aux"])

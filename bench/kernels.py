@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from oscar_zoo.kernels import Int2KVCache, decode, prepare_rotation, quantize_kv
 from oscar_zoo.kernels import quantize as quantize_mod
+from oscar_zoo.kernels import quantize_hopper
 
 HQ, HKV, D = 32, 8, 128
 SINK, RECENT, PAGE = 64, 256, 256
@@ -144,9 +145,14 @@ def quantize_call(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussia
     return (lambda: quantize_kv(x, prep, clip, None, torch.float16)), x
 
 
-def bench_quantize(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussian") -> tuple[float, float, int, int]:
+def bench_quantize(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussian",
+                   hopper: bool = True) -> tuple[float, float, int, int]:
     call, x = quantize_call(tokens, clip, rows)
-    tq = graph_time(call, 1)
+    quantize_mod.HOPPER = hopper
+    try:
+        tq = graph_time(call, 1)
+    finally:
+        quantize_mod.HOPPER = True
     y = torch.empty_like(x)
     tc = graph_time(lambda: y.copy_(x), 1)
     q_bytes = x.numel() * 2 + tokens * HKV * (D // 4 + 4)
@@ -157,6 +163,7 @@ def bench_quantize(tokens: int = 262144, clip: float = 0.96, rows: str = "gaussi
 # a low one, and no clip
 QCLIPS = [(0.96, "shipped K"), (0.92, "shipped V"), (0.89, "searched"), (0.85, "searched"), (0.7, "low"),
           (1.0, "no clip")]
+HOPPER_PROGRAMS = [4, 8, 16, 64]   # the Hopper kernel's programs per SM in the grid
 QCONFIGS = [(64, 4, 128, 64), (128, 8, 128, 64), (64, 4, 120, 64), (64, 4, 168, 64)]   # BLOCK_T, warps, register cap, programs/SM
 S2CONFIGS = [(8, 32, 3), (8, 64, 3), (8, 32, 4), (8, 16, 4)]   # stage 2: warps, splits per step, stages
 
@@ -276,15 +283,29 @@ def main() -> int:
         spread = f", speedup of the {args.repeat} pairs {ratios[0]:.2f}x-{ratios[-1]:.2f}x" if args.repeat > 1 else ""
         print(f"  done batch {bsz} ctx {n}: sdpa {ts:.4f} ms, int2 {ti:.4f} ms{spread}", flush=True)
     if args.sweep:
-        print("\nquantize sweep (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg, programs per SM")
+        print("\nquantize sweep, Triton kernel (ms at clip 0.96, 0.85): BLOCK_T, warps, maxnreg, programs per SM")
         qres = []
         for qc in QCONFIGS:
             quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG, quantize_mod.PROGRAMS_PER_SM = qc
-            t96, t85 = bench_quantize()[0], bench_quantize(clip=0.85)[0]
+            t96, t85 = bench_quantize(hopper=False)[0], bench_quantize(clip=0.85, hopper=False)[0]
             qres.append((t96, qc))
             print(f"  {qc}: {t96:.4f}  {t85:.4f}", flush=True)
         quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG, quantize_mod.PROGRAMS_PER_SM = min(qres)[1]
-    quant = [(clip, why, bench_quantize(clip=clip)) for clip, why in QCLIPS]
+        print("\nquantize sweep, Hopper kernel (ms at clip 0.96, 0.93): programs per SM in the grid")
+        hres = []
+        for pps in HOPPER_PROGRAMS:
+            quantize_hopper.PROGRAMS_PER_SM = pps
+            t96, t93 = bench_quantize()[0], bench_quantize(clip=0.93)[0]
+            hres.append((t96, pps))
+            print(f"  {pps}: {t96:.4f}  {t93:.4f}", flush=True)
+        quantize_hopper.PROGRAMS_PER_SM = min(hres)[1]
+    quant = []
+    for clip, why in QCLIPS:
+        runs = [(bench_quantize(clip=clip), bench_quantize(clip=clip, hopper=False)[0]) for _ in range(args.repeat)]
+        qb, cb = runs[0][0][2], runs[0][0][3]
+        shares = sorted(qb / r[0][0] / (cb / r[0][1]) for r in runs)
+        quant.append((clip, why, statistics.median(r[0][0] for r in runs), statistics.median(r[0][1] for r in runs),
+                      qb, cb, statistics.median(r[1] for r in runs), shares))
     print("\n| batch | context | BF16 SDPA ms | SDPA TB/s | INT2 decode ms | INT2 TB/s | speedup | byte ratio "
           "(floor) | stage 1 config |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -293,12 +314,19 @@ def main() -> int:
     print("\nquantize_kv (bf16 in, per-head rotation and centering from prepare_rotation, fp16 scale/zero), "
           "262144 tokens x 8 heads, "
           "beside a device copy of x (read + write) timed in the same call:")
-    print("| clip ratio | k at d = 128 | quantize ms | TB/s | copy ms | copy TB/s | share of copy bandwidth |")
-    print("|---|---|---|---|---|---|---|")
-    for clip, why, (tq, tc, qb, cb) in quant:
+    print("(quantize: what quantize_kv runs here, the Hopper kernel where it applies (k <= KFAST); "
+          "Triton kernel: quantize.py's, on the same call)")
+    if args.repeat > 1:
+        print(f"(medians of {args.repeat} timings each, quantize, Triton kernel and copy interleaved; the share's "
+              "range over the runs)")
+    print("| clip ratio | k at d = 128 | quantize ms | TB/s | Triton kernel ms | copy ms | copy TB/s "
+          "| share of copy bandwidth |")
+    print("|---|---|---|---|---|---|---|---|")
+    for clip, why, tq, tc, qb, cb, tt, shares in quant:
         k = int(quantize_mod.clip_counts(clip, 1, D)[0])
-        print(f"| {clip} ({why}) | {k} | {tq:.3f} | {qb / tq / 1e9:.2f} | {tc:.3f} | {cb / tc / 1e9:.2f} "
-              f"| {qb / tq / (cb / tc):.0%} |")
+        spread = f" ({shares[0]:.0%}-{shares[-1]:.0%})" if len(shares) > 1 else ""
+        print(f"| {clip} ({why}) | {k} | {tq:.3f} | {qb / tq / 1e9:.2f} | {tt:.3f} | {tc:.3f} | {cb / tc / 1e9:.2f} "
+              f"| {qb / tq / (cb / tc):.0%}{spread} |")
     print("\nquantize_kv ms by kind of rows (outliers take the fast path's retries, or its exact fallback):")
     clipped = [c for c, _ in QCLIPS if c < 1]
     print("| rows | " + " | ".join(f"clip {c}" for c in clipped) + " |")

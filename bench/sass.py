@@ -3,7 +3,7 @@ the instruction mix of the two largest loops (a conditional block inside a loop 
 Needs the Triton the GPU image has (3.6) on the path:
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
-    PYTHONPATH=/tmp/t36 .venv/bin/python -P bench/sass.py [decode|quantize] [--clip-count K] [--dump DIR]
+    PYTHONPATH=/tmp/t36 .venv/bin/python -P bench/sass.py [decode|quantize|quantize-hopper] [--clip-count K] [--dump DIR]
 
 Counts are of the SASS text (cuobjdump from Triton's own CUDA tools): a leading view of what a
 change does to the loop before spending device time on it.
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -66,6 +67,33 @@ def quant(kmax: int = 6):
     if quantize.MAXNREG:
         opts["maxnreg"] = quantize.MAXNREG
     return _sig(quantize._quantize_kernel, types, consts, div16=("T", "stride_xt", "stride_xh")), opts
+
+
+def quant_hopper(kmax: int = 6):
+    """quantize_hopper's kernel as quantize_kv launches it for the bench's call (bf16 x, per-head
+    R, centering, fp16 scale/zero); its tensor descriptors' types come from CPU stand-ins."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from oscar_zoo.kernels import quantize_hopper as qh
+
+    bt, d, h = qh.BLOCK_T, 128, 8
+    x = torch.empty(4096, h * d, dtype=torch.bfloat16)
+    r = torch.empty(h * d, d, dtype=torch.bfloat16)
+    descs = {"x_desc": TensorDescriptor(x, list(x.shape), [h * d, 1], [bt, d],
+                                        gl.NVMMASharedLayout.get_default_for([bt, d], gl.bfloat16)),
+             "r_desc": TensorDescriptor(r, list(r.shape), [d, 1], [d, d],
+                                        gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16))}
+    types = dict(mr_ptr="*fp32", k_ptr="*i32", out_ptr="*u8", sz_ptr="*fp16", T="i32", H="i32", NTB="i32",
+                 **{k: mangle_type(v) for k, v in descs.items()})
+    consts = dict(D=d, BLOCK_T=bt, KMAX=kmax, R_PER_HEAD=True, HAS_MEAN=True, SZ_KIND=1)
+    fn = qh._quantize_hopper_kernel
+    sig = {name: ("constexpr" if name in consts else types[name]) for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name not in consts and types[name].startswith("*")}
+    return GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), dict(num_warps=qh.NUM_WARPS, maxnreg=qh.MAXNREG)
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -130,6 +158,8 @@ def main() -> int:
         report("stage1", *stage1(), args.dump)
     if "quantize" in args.which:
         report("quantize", *quant(args.clip_count), args.dump)
+    if "quantize-hopper" in args.which:
+        report("quantize_hopper", *quant_hopper(args.clip_count), args.dump)
     return 0
 
 

@@ -520,6 +520,9 @@ PROGRAMS_PER_SM = 64
 KFAST = 10
 # a row whose estimate lands more than NCAP passes from its threshold goes to the fallback
 NCAP = 16
+# the common case on Hopper runs quantize_hopper.py's kernel (x tiles by TMA, in flight while a
+# block computes); False runs this file's everywhere (the bench times both)
+HOPPER = True
 # R stays in shared memory beside the x tile up to d = 128; at 256 it alone is 256 KB in
 # float32 (H100: 227 KB per block), so larger head dims are rotated by a matmul first
 FUSED_MAX_D = 128
@@ -573,6 +576,10 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
     kk_dev, e_dev = _tables(kk, d, dev)
     kmax = int(kk.max())
     est = kmax > KFAST
+    if HOPPER and _hopper_applies(x, r, ng, kmax):
+        from . import quantize_hopper
+        quantize_hopper.quantize(x, r, mr, kk_dev, kmax, packed, sz, scale_dtype)
+        return packed, sz
     bt = _block_t(dev, t)
     ntb = triton.cdiv(t, bt)
     grid = (_programs(dev, ntb, h), h)
@@ -586,6 +593,13 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
         **({} if interpreted(dev) else _launch_options()),
     )
     return packed, sz
+
+
+def _hopper_applies(x: torch.Tensor, r: torch.Tensor | None, ng: int, kmax: int) -> bool:
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return False
+    from . import quantize_hopper     # Gluon: imported only where it can run
+    return quantize_hopper.applies(x, r, ng, kmax, KFAST)
 
 
 def _launch_options() -> dict:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import triton.language as tl
 
-from oscar_zoo.kernels import dequantize_kv, fake_quantize_kv, quantize_kv
+from oscar_zoo.kernels import dequantize_kv, fake_quantize_kv, prepare_rotation, quantize_kv
 from oscar_zoo.kernels import quantize as quantize_mod
 from oscar_zoo.kernels import reference as ref
 from oscar_zoo.kernels._launch import kernel
@@ -212,6 +212,65 @@ def test_whole_row_group_rare_rows(device, kind):
         packed, sz = run_poisoned(lambda: quantize_kv(x.to(device), None, clip, None))
         rp, rsz = ref.ref_quantize_kv(x, None, clip, None)
         assert torch.equal(packed.cpu(), rp) and same_bits(sz.cpu(), rsz)
+
+
+def _hopper(device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+@pytest.mark.parametrize("xdt,sdt,centered,shared", [
+    (torch.bfloat16, torch.float16, True, False), (torch.bfloat16, torch.float32, False, True),
+    (torch.float16, torch.bfloat16, True, True), (torch.float16, torch.float16, False, False)])
+def test_the_hopper_kernels_calls_bit_exact(device, xdt, sdt, centered, shared):
+    """The calls quantize_hopper.py takes on a Hopper GPU (16-bit x, a rotation, d = 128, one group,
+    clip counts <= KFAST), here the same calls on any device: every rare row kind among ordinary
+    rows (their blocks take that kernel's exact path in place), per-head clips k = 6, 9 and 0."""
+    gen = torch.Generator().manual_seed(11)
+    t, h, d = 333, 3, 128
+    y = torch.randn(t, h, d, generator=gen) * 2                  # y: [tokens, heads, d], after R
+    # Not rows of zeros or subnormals: the sign of a zero sum of products (and whether subnormal
+    # products flush) is the matmul's, not the quantizer's, and float64 products, the interpreter
+    # and the tensor cores differ there; R = None covers those rows. fp16 x: scaled into range.
+    kinds = [k for k in RARE_ROWS if not k.startswith("all") and k != "subnormal values"]
+    for j, kind in enumerate(kinds):                              # one in each of the first blocks, two in some
+        y[5 + 29 * j, j % h] = RARE_ROWS[kind](y[5 + 29 * j, j % h], gen) * (1.0 if xdt == torch.bfloat16 else 2.0 ** -6)
+    r = torch.stack([signed_permutation(d, gen) for _ in range(h)])
+    x = torch.einsum("thd,hed->the", y, r).to(xdt).contiguous()  # x @ R is y, rounded as x was
+    if shared:                                                    # one R for every head
+        r = r[0]
+        x = (y @ r.T).to(xdt)
+    mean = torch.randn(h, d, generator=gen) if centered else None
+    clip = [0.96, 0.93, 1.0]
+    prep = prepare_rotation(r, mean, dtype=xdt, device=device)
+    xd = x.to(device)
+    if _hopper(device):
+        assert quantize_mod._hopper_applies(xd, prep.r, 1, 9)
+    packed, sz = run_poisoned(lambda: quantize_kv(xd, prep, clip, None, sdt))
+    rp, rsz = ref.ref_quantize_kv(x, r, clip, None, sdt, mean=mean)
+    assert torch.equal(packed.cpu(), rp) and same_bits(sz.cpu(), rsz)
+
+
+@pytest.mark.parametrize("t", [1, 64, 203, 4099])
+def test_the_hopper_kernel_matches_the_triton_kernel_bit_for_bit(device, t, monkeypatch):
+    """On a Hopper GPU, with a general rotation (products rounded), both kernels compute the same
+    tensor-core products and the same selection: identical outputs, also for x whose tokens are
+    strided (a slice of a wider cache) and rows with outlier channels."""
+    if not _hopper(device):
+        pytest.skip("the Gluon kernel runs on Hopper GPUs only")
+    gen = torch.Generator().manual_seed(t)
+    h, d = 4, 128
+    wide = torch.randn(t, 2 * h, d, generator=gen).bfloat16()
+    wide[:, :, :2] *= 20
+    x = wide[:, :h].to(device)                                    # token stride 2 h d
+    r = random_orthogonal(h, d, d, gen=gen)
+    prep = prepare_rotation(r, torch.randn(h, d, generator=gen), dtype=torch.bfloat16, device=device)
+    for clip in ([0.96, 0.93, 1.0, 0.0], 0.96):
+        assert quantize_mod._hopper_applies(x, prep.r, 1, int(quantize_mod.clip_counts(clip, h, d).max()))
+        got = run_poisoned(lambda: quantize_kv(x, prep, clip, None, torch.float16))
+        monkeypatch.setattr(quantize_mod, "HOPPER", False)
+        want = quantize_kv(x, prep, clip, None, torch.float16)
+        monkeypatch.setattr(quantize_mod, "HOPPER", True)
+        assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
 
 
 def test_general_rotation_close_to_reference(device):

@@ -314,7 +314,7 @@ def main() -> int:
     print("\nquantize_kv (bf16 in, per-head rotation and centering from prepare_rotation, fp16 scale/zero), "
           "262144 tokens x 8 heads, "
           "beside a device copy of x (read + write) timed in the same call:")
-    print("(quantize: what quantize_kv runs here, the Hopper kernel where it applies (k <= KFAST); "
+    print("(quantize: what quantize_kv runs here, the Hopper kernel where it applies; "
           "Triton kernel: quantize.py's, on the same call)")
     if args.repeat > 1:
         print(f"(medians of {args.repeat} timings each, quantize, Triton kernel and copy interleaved; the share's "

@@ -86,9 +86,10 @@ def quant_hopper(kmax: int = 6):
                                         gl.NVMMASharedLayout.get_default_for([bt, d], gl.bfloat16)),
              "r_desc": TensorDescriptor(r, list(r.shape), [d, 1], [d, d],
                                         gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16))}
-    types = dict(mr_ptr="*fp32", k_ptr="*i32", out_ptr="*u8", sz_ptr="*fp16", T="i32", H="i32", NTB="i32",
-                 **{k: mangle_type(v) for k, v in descs.items()})
-    consts = dict(D=d, BLOCK_T=bt, KMAX=kmax, R_PER_HEAD=True, HAS_MEAN=True, SZ_KIND=1)
+    types = dict(mr_ptr="*fp32", k_ptr="*i32", e_ptr="*fp32", out_ptr="*u8", sz_ptr="*fp16", T="i32", H="i32",
+                 NTB="i32", **{k: mangle_type(v) for k, v in descs.items()})
+    consts = dict(D=d, BLOCK_T=bt, KMAX=kmax, R_PER_HEAD=True, HAS_MEAN=True, SZ_KIND=1,
+                  EST=kmax > quantize.KFAST, NCAP=quantize.NCAP)
     fn = qh._quantize_hopper_kernel
     sig = {name: ("constexpr" if name in consts else types[name]) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)

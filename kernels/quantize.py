@@ -576,9 +576,9 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
     kk_dev, e_dev = _tables(kk, d, dev)
     kmax = int(kk.max())
     est = kmax > KFAST
-    if HOPPER and _hopper_applies(x, r, ng, kmax):
+    if HOPPER and _hopper_applies(x, r, ng):
         from . import quantize_hopper
-        quantize_hopper.quantize(x, r, mr, kk_dev, kmax, packed, sz, scale_dtype)
+        quantize_hopper.quantize(x, r, mr, kk_dev, e_dev, kmax, est, NCAP, packed, sz, scale_dtype)
         return packed, sz
     bt = _block_t(dev, t)
     ntb = triton.cdiv(t, bt)
@@ -595,11 +595,11 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
     return packed, sz
 
 
-def _hopper_applies(x: torch.Tensor, r: torch.Tensor | None, ng: int, kmax: int) -> bool:
+def _hopper_applies(x: torch.Tensor, r: torch.Tensor | None, ng: int) -> bool:
     if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
         return False
     from . import quantize_hopper     # Gluon: imported only where it can run
-    return quantize_hopper.applies(x, r, ng, kmax, KFAST)
+    return quantize_hopper.applies(x, r, ng)
 
 
 def _launch_options() -> dict:

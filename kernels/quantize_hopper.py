@@ -6,13 +6,14 @@ costs the fourth program on the SM (kernels-notes.md). Here one x buffer is refi
 soon as the tensor cores have read it, so the next tile is in flight during the passes, codes
 and stores. Same arithmetic as quantize.py's fast path, bit for bit: one [BT, D] x [D, D]
 product split into the packing order's quarters (registers of the same threads); k - 1 passes
-down from the max; the tie count. A block that any row cannot vouch for redoes the passes in
+down from the max (or from an estimate, for larger k); the tie count. A block that any row cannot vouch for redoes the passes in
 place, from the true max with retries (rows with outliers), then, for rows with ties, an exact
 float path (the first distinct value from the top with at least k values at or above it), so no
 block leaves this kernel unchecked.
 
 Taken for: CUDA capability 9.x, 16-bit x whose heads are contiguous (TMA), a rotation, d = 128,
-one group per row, clip counts <= quantize.KFAST. Everything else runs quantize.py. The CPU
+one group per row; clip counts above quantize.KFAST start from quantize.py's estimate here too.
+Everything else runs quantize.py. The CPU
 interpreter cannot run Gluon: the kernel tests run this file on the GPU only.
 """
 
@@ -28,7 +29,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ._launch import sm_count
 # the asm of quantize.py's kernel: |v| - u as int32 bits, |v| >= u as 1.0 / 0.0, codes, and the
 # scale/zero stores by the threads that hold them
-from .quantize import ABS_GE, ABS_SUB, CODES0, CODES1, CODES2, CODES3, SZ_STORE32, SZ_STORE64
+from .quantize import ABS_GE, ABS_SUB, CODES0, CODES1, CODES2, CODES3, SGN_ABS_SUB, SZ_STORE32, SZ_STORE64
 
 BLOCK_T = 64
 NUM_WARPS = 4
@@ -71,7 +72,7 @@ def _exact_threshold(v0, v1, v2, v3, kk, KMAX: gl.constexpr):
     a3 = gl.abs(v3)
     upper = gl.full_like(gl.max(a0, axis=1), float("inf"))
     thr = upper
-    for it in gl.static_range(KMAX):
+    for it in range(KMAX):
         ub = gl.broadcast(gl.expand_dims(upper, 1), a0)[0]
         m = _rows_max(gl.where(a0 < ub, a0, -1.0), gl.where(a1 < ub, a1, -1.0),
                       gl.where(a2 < ub, a2, -1.0), gl.where(a3 < ub, a3, -1.0))
@@ -79,6 +80,45 @@ def _exact_threshold(v0, v1, v2, v3, kk, KMAX: gl.constexpr):
         thr = gl.where((thr == float("inf")) & (c >= kk) & (it < kk), m, thr)
         upper = m
     return thr
+
+
+@gluon.jit
+def _sgn_abs_sub(v, sg, nsu):
+    return gl.inline_asm_elementwise(SGN_ABS_SUB, "=r,f,f,f", [v, sg, nsu], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, live, NCAP: gl.constexpr):
+    """The k-th largest |v| of each row from a guess, as quantize.py's _passes_from_estimate:
+    (thr [BT], good [BT]); a row whose guess is more than NCAP passes off is left not good."""
+    s = gl.sum(gl.abs(v0) + gl.abs(v1) + gl.abs(v2) + gl.abs(v3), axis=1)           # [BT]
+    t0 = s * e1
+    c0 = _count_abs_ge(v0, v1, v2, v3, t0)
+    # rows with outliers overshoot either way: keep t1 within (t0 / 4, max |v|]
+    t1 = gl.maximum(gl.minimum(s * (e1 + (c0 - kk).to(gl.float32) * e2), top), 0.25 * t0)
+    c1 = _count_abs_ge(v0, v1, v2, v3, t1)
+    n0 = gl.where(c0 >= kk, c0 - kk + 1, kk - c0)
+    n1 = gl.where(c1 >= kk, c1 - kk + 1, kk - c1)
+    t = gl.where(n1 < n0, t1, t0)
+    up = gl.where(n1 < n0, c1, c0) >= kk
+    n = gl.minimum(n0, n1)
+    good = ((t > 0) & (t < float("inf")) & (n <= NCAP)) | (kk == 0)
+    n = gl.where(good & live & (kk > 0), n, 0)
+    sg = gl.where(up, -1.0, 1.0)
+    # up: start one float below t, so that the first pass finds a value equal to t too
+    u = gl.where(up, (t.to(gl.int32, bitcast=True) - 1).to(gl.float32, bitcast=True), t)
+    for it in range(gl.max(n, axis=0)):
+        sgb = gl.broadcast(gl.expand_dims(sg, 1), v0)[0]
+        nsu = gl.broadcast(gl.expand_dims(-sg * u, 1), v0)[0]
+        dm = gl.min(gl.minimum(gl.minimum(_sgn_abs_sub(v0, sgb, nsu), _sgn_abs_sub(v1, sgb, nsu)),
+                               gl.minimum(_sgn_abs_sub(v2, sgb, nsu), _sgn_abs_sub(v3, sgb, nsu))),
+                    axis=1).to(gl.float32, bitcast=True)
+        # a value beyond u was found (dm < 0), exactly (within u / 2 of u: Sterbenz)
+        ok = (dm < 0) & (dm > -0.5 * u)
+        act = it < n
+        good = good & (ok | (act == 0))
+        u = gl.where(act & ok, u + sg * dm, u)
+    return u, good
 
 
 @gluon.jit
@@ -132,12 +172,13 @@ def _outside_to_inf(t, thr):
 
 @gluon.jit
 def _quantize_hopper_kernel(
-    x_desc, r_desc, mr_ptr, k_ptr, out_ptr, sz_ptr, T, H, NTB,
+    x_desc, r_desc, mr_ptr, k_ptr, e_ptr, out_ptr, sz_ptr, T, H, NTB,
     D: gl.constexpr, BLOCK_T: gl.constexpr, KMAX: gl.constexpr, R_PER_HEAD: gl.constexpr,
-    HAS_MEAN: gl.constexpr, SZ_KIND: gl.constexpr,
+    HAS_MEAN: gl.constexpr, SZ_KIND: gl.constexpr, EST: gl.constexpr, NCAP: gl.constexpr,
 ):
     # x_desc: x as [T, H * D], tiles [BT, D]; r_desc: R as [H_r * D, D], tiles [D, D]; mr
-    # (mean @ R): [H, D] f32; k: [H] i32 clip counts; out: [T, H, D/4] u8; sz: [T, H, 2].
+    # (mean @ R): [H, D] f32; k: [H] i32 clip counts; e: [H, 2] f32 the estimate's coefficients
+    # (EST); out: [T, H, D/4] u8; sz: [T, H, 2].
     # Program (p, h) quantizes head h's token blocks p, p + P, ... of NTB.
     Q: gl.constexpr = D // 4
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
@@ -164,6 +205,8 @@ def _quantize_hopper_kernel(
     mbarrier.wait(bar_r, 0)
 
     kk = gl.load(k_ptr + h)
+    e1 = gl.load(e_ptr + 2 * h)
+    e2 = gl.load(e_ptr + 2 * h + 1)
     # mean @ R in shared memory, read back per block: held in registers across the loop it
     # would take 32 per thread (or their addresses, spilled)
     mr_smem = gl.allocate_shared_memory(gl.float32, [D], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -205,30 +248,44 @@ def _quantize_hopper_kernel(
                                  gl.maximum(b2.to(gl.uint32, bitcast=True), b3.to(gl.uint32, bitcast=True))), axis=1)
         vmax = smax.to(gl.float32, bitcast=True)                                  # [BT]
         vmin = umax.to(gl.float32, bitcast=True)
-        good = (smax >= 0) & (umax >= 0x80000000)       # a row of both signs: these are its own
-        top = gl.maximum(vmax, -vmin)
+        signs = (smax >= 0) & (umax >= 0x80000000)      # a row of both signs: these are its own
+        top = gl.maximum(vmax, -vmin)                   # exact either way
 
-        # ---- clip threshold: k - 1 passes down from max |v|, each exact or the row is marked
-        thr = top
-        for it in range(kk - 1):
-            u = gl.broadcast(gl.expand_dims(thr, 1), v0)[0]
-            dm = gl.min(gl.minimum(gl.minimum(_abs_sub(v0, u), _abs_sub(v1, u)),
-                                   gl.minimum(_abs_sub(v2, u), _abs_sub(v3, u))), axis=1)
-            d = dm.to(gl.float32, bitcast=True)
-            m = thr + d
-            good = good & (d > -0.5 * thr) & (m < thr)
-            thr = m
+        # ---- clip threshold: k - 1 passes down from max |v| (k <= KFAST) or from an estimate;
+        # `walked`: every pass was exact, so the walk ended on a value of the row
+        if EST:
+            thr, walked = _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, rmask, NCAP)
+        else:
+            thr = top
+            walked = rows >= 0
+            for it in range(kk - 1):
+                u = gl.broadcast(gl.expand_dims(thr, 1), v0)[0]
+                dm = gl.min(gl.minimum(gl.minimum(_abs_sub(v0, u), _abs_sub(v1, u)),
+                                       gl.minimum(_abs_sub(v2, u), _abs_sub(v3, u))), axis=1)
+                d = dm.to(gl.float32, bitcast=True)
+                m = thr + d
+                walked = walked & (d > -0.5 * thr) & (m < thr)     # m < thr: some value was below
+                thr = m
         thr = gl.where(kk > 0, thr, float("inf"))
-        cnt = _count_abs_ge(v0, v1, v2, v3, thr)
-        good = good & ((kk == 0) | (cnt == kk))
-        if gl.max(gl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
-            # a rare row in the block: of one sign (the bit-pattern max and min were not its
-            # own), a wide spread among the top k (passes again, with retries), ties (the float path)
+        # ties among the top k (or fewer than k distinct values) leave more than k values >= thr
+        good = walked & ((kk == 0) | (_count_abs_ge(v0, v1, v2, v3, thr) == kk))
+        if gl.max(gl.where(rmask & ((good & signs) == 0), 1, 0), axis=0) > 0:
+            # a rare row in the block (see quantize.py, in the same order): of one sign, the
+            # bit-pattern max and min were not its own; a wide spread among the top k, which the
+            # estimate's walk through the middle of the row does not meet; then passes from the
+            # max with retries; ties, only the float path counts multiplicities
             vmax = _rows_max(v0, v1, v2, v3)
             vmin = -_rows_max(-v0, -v1, -v2, -v3)
-            thr, good = _passes_with_retries(v0, v1, v2, v3, gl.maximum(vmax, -vmin), kk, rmask)
+            if not EST:
+                if gl.max(gl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
+                    thr, walked = _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, rmask, NCAP)
+                    thr = gl.where(kk > 0, thr, float("inf"))
+                    good = walked & ((kk == 0) | (_count_abs_ge(v0, v1, v2, v3, thr) == kk))
             if gl.max(gl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
-                thr = _exact_threshold(v0, v1, v2, v3, kk, KMAX)
+                if gl.max(gl.where(rmask & (walked == 0), 1, 0), axis=0) > 0:
+                    thr, good = _passes_with_retries(v0, v1, v2, v3, top, kk, rmask)
+                if gl.max(gl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
+                    thr = _exact_threshold(v0, v1, v2, v3, kk, KMAX)
 
         # ---- one group per row: scale / zero from the clamped max and min ---------------- [BT]
         mx = gl.minimum(vmax, thr)
@@ -302,16 +359,17 @@ _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 _SZ_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-def applies(x: torch.Tensor, r: torch.Tensor | None, ng: int, kmax: int, kfast: int) -> bool:
+def applies(x: torch.Tensor, r: torch.Tensor | None, ng: int) -> bool:
     """Whether quantize_kv's call on a Hopper GPU is this kernel's: 16-bit x with contiguous heads,
-    16-byte aligned for TMA, a rotation, d = 128, one group per row, the passes from the max."""
-    return (x.dtype in _GL_DTYPE and r is not None and x.shape[-1] == 128 and ng == 1 and kmax <= kfast
+    16-byte aligned for TMA, a rotation, d = 128, one group per row."""
+    return (x.dtype in _GL_DTYPE and r is not None and x.shape[-1] == 128 and ng == 1
             and x.stride(2) == 1 and x.stride(1) == x.shape[2] and (x.stride(0) * 2) % 16 == 0
             and x.data_ptr() % 16 == 0 and r.data_ptr() % 16 == 0)
 
 
-def quantize(x, r, mr, kk_dev, kmax: int, packed, sz, scale_dtype: torch.dtype) -> None:
-    """Fill packed [T, H, D/4] and sz [T, H, 2] (see quantize.quantize_kv)."""
+def quantize(x, r, mr, kk_dev, e_dev, kmax: int, est: bool, ncap: int, packed, sz, scale_dtype: torch.dtype) -> None:
+    """Fill packed [T, H, D/4] and sz [T, H, 2] (see quantize.quantize_kv, which makes the clip
+    counts, the estimate's coefficients and chooses between the two starts)."""
     t, h, d = x.shape
     gdt = _GL_DTYPE[x.dtype]
     x_desc = TensorDescriptor(x, [t, h * d], [x.stride(0), 1], [BLOCK_T, d],
@@ -321,7 +379,7 @@ def quantize(x, r, mr, kk_dev, kmax: int, packed, sz, scale_dtype: torch.dtype) 
     ntb = triton.cdiv(t, BLOCK_T)
     grid = (max(1, min(ntb, sm_count(x.device) * PROGRAMS_PER_SM // h)), h)
     _quantize_hopper_kernel[grid](
-        x_desc, r_desc, mr if mr is not None else x, kk_dev, packed, sz, t, h, ntb,
+        x_desc, r_desc, mr if mr is not None else x, kk_dev, e_dev, packed, sz, t, h, ntb,
         D=d, BLOCK_T=BLOCK_T, KMAX=kmax, R_PER_HEAD=r.dim() == 3, HAS_MEAN=mr is not None,
-        SZ_KIND=_SZ_KIND[scale_dtype], num_warps=NUM_WARPS, maxnreg=MAXNREG,
+        SZ_KIND=_SZ_KIND[scale_dtype], EST=est, NCAP=ncap, num_warps=NUM_WARPS, maxnreg=MAXNREG,
     )

@@ -222,9 +222,10 @@ def _hopper(device) -> bool:
     (torch.bfloat16, torch.float16, True, False), (torch.bfloat16, torch.float32, False, True),
     (torch.float16, torch.bfloat16, True, True), (torch.float16, torch.float16, False, False)])
 def test_the_hopper_kernels_calls_bit_exact(device, xdt, sdt, centered, shared):
-    """The calls quantize_hopper.py takes on a Hopper GPU (16-bit x, a rotation, d = 128, one group,
-    clip counts <= KFAST), here the same calls on any device: every rare row kind among ordinary
-    rows (their blocks take that kernel's exact path in place), per-head clips k = 6, 9 and 0."""
+    """The calls quantize_hopper.py takes on a Hopper GPU (16-bit x, a rotation, d = 128, one group),
+    here the same calls on any device: every rare row kind among ordinary rows (their blocks take
+    that kernel's exact paths in place), per-head clips k = 6, 9 and 0 (passes from the max) and
+    k = 11, 20 and 39 (from the estimate)."""
     gen = torch.Generator().manual_seed(11)
     t, h, d = 333, 3, 128
     y = torch.randn(t, h, d, generator=gen) * 2                  # y: [tokens, heads, d], after R
@@ -240,14 +241,14 @@ def test_the_hopper_kernels_calls_bit_exact(device, xdt, sdt, centered, shared):
         r = r[0]
         x = (y @ r.T).to(xdt)
     mean = torch.randn(h, d, generator=gen) if centered else None
-    clip = [0.96, 0.93, 1.0]
     prep = prepare_rotation(r, mean, dtype=xdt, device=device)
     xd = x.to(device)
     if _hopper(device):
-        assert quantize_mod._hopper_applies(xd, prep.r, 1, 9)
-    packed, sz = run_poisoned(lambda: quantize_kv(xd, prep, clip, None, sdt))
-    rp, rsz = ref.ref_quantize_kv(x, r, clip, None, sdt, mean=mean)
-    assert torch.equal(packed.cpu(), rp) and same_bits(sz.cpu(), rsz)
+        assert quantize_mod._hopper_applies(xd, prep.r, 1)
+    for clip in ([0.96, 0.93, 1.0], [0.92, 0.85, 0.7]):
+        packed, sz = run_poisoned(lambda: quantize_kv(xd, prep, clip, None, sdt))
+        rp, rsz = ref.ref_quantize_kv(x, r, clip, None, sdt, mean=mean)
+        assert torch.equal(packed.cpu(), rp) and same_bits(sz.cpu(), rsz), clip
 
 
 @pytest.mark.parametrize("t", [1, 64, 203, 4099])
@@ -264,8 +265,8 @@ def test_the_hopper_kernel_matches_the_triton_kernel_bit_for_bit(device, t, monk
     x = wide[:, :h].to(device)                                    # token stride 2 h d
     r = random_orthogonal(h, d, d, gen=gen)
     prep = prepare_rotation(r, torch.randn(h, d, generator=gen), dtype=torch.bfloat16, device=device)
-    for clip in ([0.96, 0.93, 1.0, 0.0], 0.96):
-        assert quantize_mod._hopper_applies(x, prep.r, 1, int(quantize_mod.clip_counts(clip, h, d).max()))
+    assert quantize_mod._hopper_applies(x, prep.r, 1)
+    for clip in ([0.96, 0.93, 1.0, 0.0], 0.96, [0.92, 0.85, 0.7, 0.5]):
         got = run_poisoned(lambda: quantize_kv(x, prep, clip, None, torch.float16))
         monkeypatch.setattr(quantize_mod, "HOPPER", False)
         want = quantize_kv(x, prep, clip, None, torch.float16)

@@ -178,10 +178,10 @@ def _removed(session: Session, model: Model, ref: str) -> str:
 
 
 def names_a_number(ref: str | int) -> bool:
-    """3 or v3: a version by number (immutable), not an alias (which moves)."""
-    text = str(ref).strip()
-    text = text[1:] if text[:1] in ("v", "V") else text
-    return text.isascii() and text.isdigit()
+    """3 or v3 (V3: refs are compared in lower case): a version by number (immutable), not an
+    alias (which moves)."""
+    # the pattern, not catalog.version_number: int() refuses over 4,300 digits, which a URL can hold
+    return catalog.VERSION_REF.fullmatch(str(ref).strip().lower()) is not None
 
 
 def resolve_version(session: Session, model: Model, ref: str | int) -> BundleVersion:

@@ -24,15 +24,25 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]
 MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 PLAIN_NAME_RULE = ("1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
                    "(e.g. qwen3-8b)")
+# A version by its number: 3 or v3 (NAME@v3 is version 3, and the cache keeps versions under
+# that ref). ASCII digits only: str.isdigit and \d also take '٣', which int() reads as 3.
+VERSION_REF = re.compile(r"v?([0-9]+)")
 # A registry alias (recommended, prod). Starting with a letter, it is never a version number;
-# nor `v<N>`, which NAME@v3 reads as version 3 (the cache keeps versions under that ref), nor a
-# ref the cache keeps for the RotationZoo's calibration (rotationzoo, rotationzoo-hf): an alias
-# `v3` pointing at version 4 answered an offline `pull NAME@3` with version 4.
-ALIAS_NAME = re.compile(r"(?!v[0-9]+$)(?!rotationzoo)[a-z][a-z0-9._-]{0,63}")
+# nor `v<N>` (VERSION_REF), nor a ref the cache keeps for the RotationZoo's calibration
+# (rotationzoo, rotationzoo-hf): an alias `v3` pointing at version 4 answered an offline
+# `pull NAME@3` with version 4.
+ALIAS_NAME = re.compile(rf"(?!{VERSION_REF.pattern}$)(?!rotationzoo)[a-z][a-z0-9._-]{{0,63}}")
 # what a registry may hold from before that rule: such an alias can still be read and removed
 STORED_ALIAS = re.compile(r"[a-z][a-z0-9._-]{0,63}")
 ALIAS_RULE = ("use 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter, "
               "other than v<N> (a version number) and rotationzoo* (e.g. recommended, prod)")
+
+
+def version_number(ref: str) -> int | None:
+    """N for a ref that names version N (`3`, `v3`), else None (an alias). Case counts: callers
+    that compare refs in lower case (as aliases are) lower-case them first."""
+    m = VERSION_REF.fullmatch(ref)
+    return int(m.group(1)) if m else None
 
 
 def is_hub_id(model: str) -> bool:

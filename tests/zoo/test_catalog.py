@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from oscar_zoo.zoo.catalog import CATALOG, is_hub_id, lookup, resolve, suggest
+from oscar_zoo.zoo.catalog import (ALIAS_NAME, CATALOG, is_hub_id, lookup, resolve, suggest,
+                                   version_number)
 from oscar_zoo.zoo.errors import InvalidInput, ModelNotFound, UnsupportedModelError
 from oscar_zoo.zoo.geometry import geometry_from_config
 
@@ -110,3 +111,19 @@ def test_a_config_of_another_model_is_refused_for_a_known_one(tmp_path):
 def test_is_hub_id_takes_the_whole_string(model, hub):
     # `$` would match before a final newline, and a hub id with one names no repository
     assert is_hub_id(model) is hub
+
+
+@pytest.mark.parametrize("ref,number", [("3", 3), ("v3", 3), ("v007", 7), ("0", 0),
+                                        ("V3", None), ("v", None), ("", None), ("vv3", None),
+                                        ("v3a", None), ("3v", None), (" 3", None),
+                                        ("v3\n", None), ("٣", None), ("prod", None)])
+def test_a_version_is_named_by_its_number_with_or_without_v(ref, number):
+    """The one rule of NAME@3 and NAME@v3 (pull's refs, the registry's): ASCII digits only
+    ('٣' is a digit to str.isdigit and to \\d, and int() reads it as 3)."""
+    assert version_number(ref) == number
+
+
+@pytest.mark.parametrize("name", ["v3", "v0", "v12345"])
+def test_no_alias_is_spelled_as_a_version(name):
+    assert version_number(name) is not None and not ALIAS_NAME.fullmatch(name)
+    assert ALIAS_NAME.fullmatch(name + "x") and ALIAS_NAME.fullmatch("v")

@@ -6,12 +6,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..catalog import version_number
 from ..errors import InvalidInput, RemoteError
 from ..files import is_sha256
 from .download import RemoteFile
 
 DEFAULT_ALIASES = ("recommended", "latest")
-_VERSION = re.compile(r"^v?(\d+)$")
 # what may follow `@` as an alias (lower-cased first): wider than the registry's rule for new
 # aliases (catalog.ALIAS_NAME), so that a ref no alias can match is the registry's "not found,
 # these exist" rather than a parse error
@@ -62,9 +62,9 @@ def parse_spec(spec: str) -> tuple[str, Ref]:
                                f"{name}@VERSION or @ALIAS")
     if not ref:
         return name, Ref()
-    m = _VERSION.match(ref)
-    if m:
-        return name, Ref(version=int(m.group(1)), typed=ref)
+    number = version_number(ref)
+    if number is not None:
+        return name, Ref(version=number, typed=ref)
     if not ALIAS_REF.match(ref.lower()):
         raise InvalidInput(f"{ref!r} is neither a version number nor an alias (e.g. "
                            f"{name}@3, {name}@recommended)")

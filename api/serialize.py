@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timezone
 from urllib.parse import quote
 
 from ..registry_db.models import Alias, BundleVersion, LayerIndex, MirrorRecord, Model
+from ..zoo.errors import public_line
 
 
 def iso(dt: datetime | None) -> str | None:
@@ -15,18 +15,18 @@ def iso(dt: datetime | None) -> str | None:
     return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# What workers appended to a job's error before they kept it to their log: the runner's
-# traceback, or the end of its output. Both name the worker host's paths and code.
-_TRACEBACK = re.compile(r"\n\nTraceback \(most recent call last\):.*", re.S)
-_OUTPUT = re.compile(r"(ended without a result \([^)\n]*\))\n\n.*", re.S)
+# Room for the registry's words around a worker's line ("attempt 2 failed and will be retried:
+# ...", "... (after 3 attempts)"): only what no current worker sends is cut again on the way out
+_FRAMED_CAP = 1000
 
 
 def public_error(error: str | None) -> str | None:
-    """A job's error as anyone may read it: its one line, without the traceback or runner
-    output a job stored before workers stopped sending them."""
+    """A job's error as anyone may read it: its first line, as workers now store it. Jobs that
+    failed before stored the runner's traceback, or the end of its output, after that line;
+    both name the worker host's paths and code."""
     if not error:
         return error
-    return _OUTPUT.sub(r"\1", _TRACEBACK.sub("", error))
+    return public_line(error, cap=_FRAMED_CAP)
 
 
 def model_item(m: Model, stats: dict) -> dict:

@@ -263,3 +263,11 @@ class Unauthorized(OscarZooError, PermissionError):
 class Forbidden(OscarZooError, PermissionError):
     http_status = 403
     title = "Forbidden"
+
+
+def public_line(text: str, cap: int = 500) -> str:
+    """A job's error as anyone may read it: the first line, capped. Exception texts go on over
+    lines (CUDA's, a remote traceback) and name the worker host's paths; its log keeps them
+    whole. Workers store by this rule and the API reads older rows by it."""
+    line = (text or "").strip().split("\n", 1)[0].strip()
+    return line if len(line) <= cap else line[:cap - 3] + "..."

@@ -40,10 +40,10 @@ import time
 from dataclasses import dataclass, field
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError
+from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError, public_line
 from oscar_zoo.zoo.jobs_client import JobsClient
 
-from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, public_line, sweep_workdirs
+from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, sweep_workdirs
 
 log = logging.getLogger("oscar_zoo.ray")
 

@@ -45,7 +45,7 @@ from typing import Callable
 from oscar_zoo.zoo import settings
 from oscar_zoo.zoo.errors import (ConfigError, Conflict, JobCancelled, LeaseLost, OfflineError,
                                   OscarZooError, RemoteError, RemoteStorageFull, StorageFull,
-                                  TRY_LATER)
+                                  TRY_LATER, public_line)
 from oscar_zoo.zoo.jobs_client import JobsClient
 from oscar_zoo.zoo.sources.download import backoff
 
@@ -526,13 +526,6 @@ class Attempt:
         message = public_line(message)      # the log line above has the whole of it
         job = self._call(lambda: self.client.fail(self.id, self.token, message, retryable))
         return "lost" if job is None else ("requeued" if job["status"] == "queued" else job["status"])
-
-
-def public_line(text: str, cap: int = 500) -> str:
-    """A job's error as anyone may read it: the first line, capped. Exception texts go on over
-    lines (CUDA's, a remote traceback) and name this host's paths; the log keeps them whole."""
-    line = (text or "").strip().split("\n", 1)[0].strip()
-    return line if len(line) <= cap else line[:cap - 3] + "..."
 
 
 # Environment variables that name a directory or file the runner (or a library it loads) reads

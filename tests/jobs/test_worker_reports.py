@@ -72,19 +72,27 @@ def test_a_runner_that_dies_without_a_result_leaves_its_output_to_the_log(jobs_a
 
 def test_a_traceback_stored_by_an_earlier_worker_is_not_shown(jobs_api):
     """Jobs that failed before: their stored error ends with the runner's traceback, or with the
-    end of its output."""
+    end of its output, or goes on over lines (CUDA's): shown by the rule workers store by, its
+    first line."""
     old = jobs_api.submit(max_attempts=1)
     lease = jobs_api.worker.claim("old-worker", 0)["lease"]["token"]
     jobs_api.worker.fail(old["id"], lease, f"ValueError: bad\n\n{TRACEBACK}", retryable=False)
+    cuda = jobs_api.submit(max_attempts=1, seed=2)
+    lease = jobs_api.worker.claim("old-worker", 0)["lease"]["token"]
+    jobs_api.worker.fail(cuda["id"], lease, "RuntimeError: CUDA error: an illegal memory access "
+                         f"was encountered\nCompile with TORCH_USE_CUDA_DSA ({SECRET})",
+                         retryable=False)
     died = jobs_api.submit(max_attempts=2, seed=1)
     lease = jobs_api.worker.claim("old-worker", 0)["lease"]["token"]
     jobs_api.worker.fail(died["id"], lease, "the calibration process ended without a result "
                          f"(exit code 1)\n\nFatal Python error at {SECRET}")
     shown = {j: httpx.get(f"{jobs_api.server.url}/v1/jobs/{j}").json()["error"]
-             for j in (old["id"], died["id"])}
+             for j in (old["id"], died["id"], cuda["id"])}
     assert shown == {old["id"]: "ValueError: bad",
                      died["id"]: "attempt 1 failed and will be retried: the calibration process "
-                                 "ended without a result (exit code 1)"}, shown
+                                 "ended without a result (exit code 1)",
+                     cuda["id"]: "RuntimeError: CUDA error: an illegal memory access was "
+                                 "encountered"}, shown
     page = httpx.get(f"{jobs_api.server.url}/jobs/{old['id']}")
     assert page.status_code == 200 and SECRET not in page.text
     # nor anywhere else a job is shown: the requeued job's progress carries its reason too
@@ -140,3 +148,14 @@ def test_a_multi_line_error_is_published_as_its_first_line_capped():
     long = public_line("x" * 2000)
     assert len(long) == 500 and long.endswith("...")
     assert public_line("") == ""
+
+
+def test_a_capped_line_is_shown_whole_with_the_registrys_words_around_it():
+    """The registry frames a worker's capped line ("attempt 1 failed and will be retried: ...",
+    "... (after 3 attempts)"): reading it back cuts nothing of either."""
+    from oscar_zoo.api.serialize import public_error
+
+    line = W.public_line("x" * 2000)
+    for stored in (f"attempt 1 failed and will be retried: {line}", f"{line} (after 3 attempts)"):
+        assert len(stored) > len(line) and public_error(stored) == stored
+    assert public_error(None) is None

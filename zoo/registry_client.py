@@ -226,6 +226,10 @@ def _holds_listed(cache, q: str | None) -> bool:
 _SERVED_BY_EVERY_REGISTRY = ("/v1/models", "/v1/jobs", "/v1/whoami")
 
 
+# a problem's standard members (RFC 9457); the others are its extensions
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance"})
+
+
 class RegistryClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         self.endpoint = (endpoint or settings.get("endpoint") or "").rstrip("/")
@@ -351,7 +355,12 @@ class RegistryClient:
         # TRY_LATER says nothing of the request itself: RemoteErrors with their status, which
         # pull may stand a cached copy in for, as for a 5xx
         if 400 <= code < 500 and code not in TRY_LATER:
-            return InvalidInput(f"{where}: {detail}")
+            err = InvalidInput(f"{where}: {detail}")
+            # the members beside the standard ones (api/errors.py extensions_of): facts a command
+            # acts on without parsing the detail, such as publish's bundle_model
+            err.extensions = ({k: v for k, v in body.items() if k not in _PROBLEM_MEMBERS}
+                              if isinstance(body, dict) else {})
+            return err
         if code == 507:     # the detail says what the registry was writing and how to make room
             return RemoteStorageFull(f"{where}: {detail}")
         said = f"{code} {title or r.reason_phrase}"

@@ -175,6 +175,7 @@ def test_geometry_and_model_mismatch(publisher, tmp_path, snapshot):
     # A bundle for smollm2 sent to another model's URL.
     r = http.post("/v1/models/qwen3-8b/versions", files=_files(d))
     assert r.status_code == 422 and "not 'qwen3-8b'" in r.json()["detail"]
+    assert r.json()["bundle_model"] == "smollm2-135m"       # the fix, for a client to act on
     # A self-consistent bundle whose geometry contradicts the catalog's (verified) one.
     manifest = json.loads((d / "bundle.json").read_text())
     manifest["model"] = {"name": "qwen3-8b", "hub_id": "Qwen/Qwen3-8B", "revision": None,

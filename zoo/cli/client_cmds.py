@@ -925,12 +925,12 @@ def publish_command(bundle_dir, status, name, as_json):
     from ..registry_client import RegistryClient
 
     require_whole(bundle_dir)   # fail here, with the local path, before any upload
-    manifest = verify_bundle(bundle_dir)
+    verify_bundle(bundle_dir)
     with RegistryClient() as client:
         try:
             body, created = client.publish(bundle_dir, name=name, status=status)
         except InvalidInput as e:
-            raise _publish_fix(e, manifest.model.name) from None
+            raise _publish_fix(e) from None
     verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \
         else "already there as"
     if created and status is None and body.get("status") == "draft" and not as_json:
@@ -940,18 +940,17 @@ def publish_command(bundle_dir, status, name, as_json):
         f"{verb} {d['model']} v{d['version']} ({d['status']}, sha256:{d['digest'][:12]})"))
 
 
-# the registry's fix for a bundle posted under another model's name, in its API's words
-_UPLOAD_ELSEWHERE = re.compile(r"; upload it to /v1/models/\S+/versions$")
-
-
-def _publish_fix(e: Exception, model: str) -> Exception:
-    """The registry's refusal of --name, with this command's fix in place of its REST path (the
-    registry's text stays for API users)."""
-    text = str(e)
-    if not _UPLOAD_ELSEWHERE.search(text):
+def _publish_fix(e: Exception) -> Exception:
+    """The registry's refusal of --name (its answer names the bundle's model, `bundle_model`),
+    with this command's fix in place of its API's (a REST path). Any other refusal, or that one
+    from a registry that does not name the model yet, keeps the registry's words."""
+    model = getattr(e, "extensions", {}).get("bundle_model")
+    if not isinstance(model, str) or not model:
         return e
-    return type(e)(_UPLOAD_ELSEWHERE.sub("", text) + f"; drop --name (publish takes the model "
-                   f"from bundle.json, {model}), or pass --name {model}")
+    # the registry's reasons say "what; how to fix": its what, then this command's fix
+    what = str(e).rpartition("; ")[0] or str(e)
+    return type(e)(f"{what}; drop --name (publish takes the model from bundle.json, {model}), "
+                   f"or pass --name {model}")
 
 
 def register(cli: click.Group) -> None:

@@ -23,17 +23,19 @@ def _version_spec(spec: str) -> tuple[str, str | int]:
     return name, ref.version if ref.version is not None else ref.alias
 
 
-def _version_number(client, spec: str, command: str, why: str,
-                    rest: str = "") -> tuple[str, int]:
-    """(name, number) of NAME@VERSION for a command that must name a version by its number
-    (`why` says why not by an alias): an alias is refused, naming the version it points at now
-    and the command line that names it. `rest`: the command's other arguments, for that line."""
+def _number_to_yank(client, spec: str, reason: str) -> tuple[str, int]:
+    """(name, number) of yank's NAME@VERSION: an alias is refused, naming the version it points
+    at now and the yank command that names it (with `reason`, quoted for the shell)."""
+    import shlex
+
     name, ref = _version_spec(spec)
     if isinstance(ref, int):
         return name, ref
     number = client.version(name, ref, cache_hint=False)["version"]
-    raise InvalidInput(f"name the version: {name}@{ref} points at version {number} now, and "
-                       f"{why}. Run `oscar-zoo {command} {name}@{number}{rest}`")
+    raise InvalidInput(f"name the version: {name}@{ref} points at version {number} now, and an "
+                       f"alias moves off a version once it is yanked: run twice, `yank {spec}` "
+                       f"would yank two. Run `oscar-zoo yank {name}@{number} --reason "
+                       f"{shlex.quote(reason)}`")
 
 
 def _line(d: dict) -> str:
@@ -76,17 +78,13 @@ def yank_command(spec, reason, as_json):
     its tag there keeps its files (see the note it prints). Yanking a yanked version changes
     nothing and says so (action "already yanked" in --json). VERSION is a number: an alias
     moves off a version once it is yanked, so a retry by alias would yank another one."""
-    import shlex
-
     from ..registry_client import RegistryClient
 
     if not reason.strip():      # said here, before any request, in the words of this command
         raise click.BadParameter("it is empty: say why the version is withdrawn (everyone who "
                                  "pulls it is shown the reason)", param_hint="'--reason'")
     with RegistryClient() as client:
-        name, ref = _version_number(client, spec, "yank", "an alias moves off a version once "
-                                    f"it is yanked: run twice, `yank {spec}` would yank two",
-                                    f" --reason {shlex.quote(reason)}")
+        name, ref = _number_to_yank(client, spec, reason)
         before = client.version(name, ref, cache_hint=False)
         row = _yank(client, name, ref, reason, before)
         row["mirrors"] = _mirrors_of(client, row["model"], row["version"])

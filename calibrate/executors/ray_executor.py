@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass, field
 
 from oscar_zoo.zoo import settings
-from oscar_zoo.zoo.errors import ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError, public_line
+from oscar_zoo.zoo.errors import (ConfigError, LeaseLost, OfflineError, OscarZooError, RemoteError,
+                                  public_line)
 from oscar_zoo.zoo.jobs_client import JobsClient
 
 from .worker import CLAIM_WAIT_S, POLL_S, Attempt, new_worker_id, sweep_workdirs

@@ -42,6 +42,8 @@ def version_number(ref: str) -> int | None:
     """N for a ref that names version N (`3`, `v3`), else None (an alias). Case counts: callers
     that compare refs in lower case (as aliases are) lower-case them first."""
     m = VERSION_REF.fullmatch(ref)
+    if m and len(m.group(1)) > 18:      # int() refuses over 4,300 digits, with a traceback
+        raise InvalidInput(f"{ref[:24]}... names no version: version numbers have at most 18 digits")
     return int(m.group(1)) if m else None
 
 

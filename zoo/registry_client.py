@@ -149,11 +149,11 @@ def _name(name: str) -> str:
 def _ref(ref: str | int) -> str:
     """A version number or an alias (any case: the registry looks aliases up in lower case), as
     pull's NAME@REF reads them (sources.base.ALIAS_REF)."""
-    from .catalog import ALIAS_RULE
+    from .catalog import ALIAS_RULE, VERSION_REF
     from .sources.base import ALIAS_REF
 
     text = str(ref).strip()
-    if not ((text.isascii() and text.isdigit()) or ALIAS_REF.fullmatch(text.lower())):
+    if not (VERSION_REF.fullmatch(text.lower()) or ALIAS_REF.fullmatch(text.lower())):
         raise InvalidInput(f"{text!r} is neither a version number nor an alias: give a number "
                            f"(e.g. 3) or an alias; for an alias, {ALIAS_RULE}")
     return quote(text, safe="")

@@ -123,6 +123,11 @@ def test_a_version_is_named_by_its_number_with_or_without_v(ref, number):
     assert version_number(ref) == number
 
 
+def test_a_ref_too_long_for_a_version_number_is_refused_in_words():
+    with pytest.raises(InvalidInput, match="at most 18 digits"):
+        version_number("v" + "9" * 5000)
+
+
 @pytest.mark.parametrize("name", ["v3", "v0", "v12345"])
 def test_no_alias_is_spelled_as_a_version(name):
     assert version_number(name) is not None and not ALIAS_NAME.fullmatch(name)

@@ -36,3 +36,9 @@ def test_names_and_refs_still_parse():
     assert parse_spec(GLM)[1].is_default
     assert parse_spec(f"{GLM}@3")[1].version == 3
     assert parse_spec("zai-org/GLM-4.7-FP8@recommended")[1].alias == "recommended"
+
+
+def test_a_version_ref_reads_in_any_case_as_the_registry_reads_it():
+    # the registry's names_a_number reads V3 as version 3: pull read it as an alias "v3"
+    ref = parse_spec(f"{GLM}@V3")[1]
+    assert ref.version == 3 and ref.alias is None and ref.label == "V3"

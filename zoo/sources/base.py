@@ -62,7 +62,7 @@ def parse_spec(spec: str) -> tuple[str, Ref]:
                                f"{name}@VERSION or @ALIAS")
     if not ref:
         return name, Ref()
-    number = version_number(ref)
+    number = version_number(ref.lower())     # V3 too, as the registry reads it
     if number is not None:
         return name, Ref(version=number, typed=ref)
     if not ALIAS_REF.match(ref.lower()):

@@ -140,11 +140,13 @@ def model_for(session: Session, manifest: Manifest, name: str | None = None,
         new_model = model is None and asked is None and name.strip().lower() in (
             ref.name.lower(), ref.hub_id.lower(), ref.hub_id.lower().replace("/", "--"))
         if not new_model and (model is None or asked is None or asked.id != model.id):
+            # the registry's name for the bundle's model (known by its hub id under another name)
+            target = model.name if model is not None else ref.name
             err = InvalidInput(f"this bundle is for {ref.name} ({ref.hub_id}), not {name!r}; "
-                               f"upload it to /v1/models/{ref.name}/versions")
+                               f"upload it to /v1/models/{target}/versions")
             # the model to post it under, for a client to give its own fix (the CLI's --name)
             # without parsing the detail, whose fix is for whoever calls the API by hand
-            err.extensions = {"bundle_model": ref.name}
+            err.extensions = {"bundle_model": target}
             raise err
     if model is None:
         _check_new_model(manifest)

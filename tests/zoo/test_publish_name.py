@@ -20,8 +20,8 @@ def test_publish_under_another_name_says_the_commands_fix(registry, tmp_path, mo
     assert r.exit_code == 1, r.output
     said = " ".join(r.stderr.split())
     assert "this bundle is for smollm2-135m" in said and "not 'brand-new-model'" in said, said
-    assert said.endswith("; drop --name (publish takes the model from bundle.json, "
-                         "smollm2-135m), or pass --name smollm2-135m"), said
+    assert said.endswith("; drop --name (publish takes the model from bundle.json), "
+                         "or pass --name smollm2-135m"), said
     assert "/v1/models" not in said
     r = CliRunner().invoke(cli, ["publish", str(bundle), "--name", "smollm2-135m"])
     assert r.exit_code == 0 and "published smollm2-135m v1" in r.stdout, r.output
@@ -55,7 +55,7 @@ def test_the_fix_comes_from_the_registrys_bundle_model(tmp_path, monkeypatch, de
     said = " ".join(r.stderr.split())
     if fixed:
         assert said.endswith("not 'brand-new-model'; drop --name (publish takes the model from "
-                             "bundle.json, smollm2-135m), or pass --name smollm2-135m"), said
+                             "bundle.json), or pass --name smollm2-135m"), said
         assert "/v1/models" not in said
     else:
         assert said.endswith(f"registry http://registry.test: {OLD_WORDS}"), said

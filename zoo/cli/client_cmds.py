@@ -930,7 +930,7 @@ def publish_command(bundle_dir, status, name, as_json):
         try:
             body, created = client.publish(bundle_dir, name=name, status=status)
         except InvalidInput as e:
-            raise _publish_fix(e) from None
+            raise _publish_fix(e, name) from None
     verb = ("stored as a draft:" if body.get("status") == "draft" else "published") if created \
         else "already there as"
     if created and status is None and body.get("status") == "draft" and not as_json:
@@ -940,17 +940,20 @@ def publish_command(bundle_dir, status, name, as_json):
         f"{verb} {d['model']} v{d['version']} ({d['status']}, sha256:{d['digest'][:12]})"))
 
 
-def _publish_fix(e: Exception) -> Exception:
-    """The registry's refusal of --name (its answer names the bundle's model, `bundle_model`),
-    with this command's fix in place of its API's (a REST path). Any other refusal, or that one
-    from a registry that does not name the model yet, keeps the registry's words."""
+def _publish_fix(e: Exception, name: str | None) -> Exception:
+    """The registry's refusal of the model name (its answer names the model to post under,
+    `bundle_model`: the bundle's, or the registry's name for it), with this command's fix in
+    place of its API's (a REST path). Any other refusal, or that one from a registry that does
+    not name the model yet, keeps the registry's words."""
+    import shlex
+
     model = getattr(e, "extensions", {}).get("bundle_model")
     if not isinstance(model, str) or not model:
         return e
     # the registry's reasons say "what; how to fix": its what, then this command's fix
     what = str(e).rpartition("; ")[0] or str(e)
-    return type(e)(f"{what}; drop --name (publish takes the model from bundle.json, {model}), "
-                   f"or pass --name {model}")
+    drop = "drop --name (publish takes the model from bundle.json), or " if name is not None else ""
+    return type(e)(f"{what}; {drop}pass --name {shlex.quote(model)}")
 
 
 def register(cli: click.Group) -> None:

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from oscar_zoo.kernels import Int2KVCache, decode, prepare_rotation, quantize_kv
 from oscar_zoo.kernels import quantize as quantize_mod
-from oscar_zoo.kernels import quantize_hopper
 
 HQ, HKV, D = 32, 8, 128
 SINK, RECENT, PAGE = 64, 256, 256
@@ -291,6 +290,7 @@ def main() -> int:
             qres.append((t96, qc))
             print(f"  {qc}: {t96:.4f}  {t85:.4f}", flush=True)
         quantize_mod.BLOCK_T, quantize_mod.NUM_WARPS, quantize_mod.MAXNREG, quantize_mod.PROGRAMS_PER_SM = min(qres)[1]
+        from oscar_zoo.kernels import quantize_hopper   # Gluon (experimental): only for its sweep
         print("\nquantize sweep, Hopper kernel (ms at clip 0.96, 0.93): programs per SM in the grid")
         hres = []
         for pps in HOPPER_PROGRAMS:

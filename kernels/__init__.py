@@ -16,7 +16,8 @@ quantize_kv(x, rotation, clip, group_size=None, scale_dtype=torch.float32, mean=
     -> (packed uint8 [T, H, d/4], scales_zeros [T, H, 2G] in scale_dtype, scale at 2g, zero at 2g+1)
     On a Hopper GPU the common case (16-bit x with contiguous heads, a rotation, d = 128, one
     group per row) runs quantize_hopper.py's Gluon kernel instead, with the same outputs bit for
-    bit (x tiles by TMA while the previous block computes).
+    bit (x tiles by TMA while the previous block computes); where this Triton cannot build it
+    (Gluon is experimental), a warning, then the Triton kernel.
     x must be finite: a row holding NaN or inf gets unspecified codes and scales (the reference
     gives NaN), as checking every value would cost the hot path; validate names such a layer.
     rotation may also be prepare_rotation's result (then no mean): see below.

@@ -28,10 +28,12 @@ thresholds (see reference.py), which also folds the clamp in.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 
 from oscar_zoo.zoo.errors import InvalidInput
 
@@ -126,8 +128,10 @@ def _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, good, rmask,
 
 @triton.jit
 def _bf16_rne(x):
-    # float32 -> bfloat16 rounded to nearest even by hand: the interpreter truncates
+    # float32 -> bfloat16 rounded to nearest even by hand: the interpreter truncates. NaN stays
+    # NaN (torch's 0x7FC0): rounding a NaN with a full payload would carry into -0.0
     b = x.to(tl.uint32, bitcast=True)
+    b = tl.where(x != x, 0x7FC00000, b)
     b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
     return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
@@ -576,9 +580,8 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
     kk_dev, e_dev = _tables(kk, d, dev)
     kmax = int(kk.max())
     est = kmax > KFAST
-    if HOPPER and _hopper_applies(x, r, ng):
-        from . import quantize_hopper
-        quantize_hopper.quantize(x, r, mr, kk_dev, e_dev, kmax, est, NCAP, packed, sz, scale_dtype)
+    if HOPPER and _hopper_applies(x, r, ng) and _quantize_hopper(x, r, mr, kk_dev, e_dev, kmax, est, packed, sz,
+                                                                 scale_dtype):
         return packed, sz
     bt = _block_t(dev, t)
     ntb = triton.cdiv(t, bt)
@@ -596,10 +599,39 @@ def quantize_kv(x: torch.Tensor, rotation: torch.Tensor | PreparedRotation | Non
 
 
 def _hopper_applies(x: torch.Tensor, r: torch.Tensor | None, ng: int) -> bool:
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+    global HOPPER
+    if not x.is_cuda or interpreted(x.device) or torch.cuda.get_device_capability(x.device)[0] != 9:
         return False
-    from . import quantize_hopper     # Gluon: imported only where it can run
+    try:
+        from . import quantize_hopper     # Gluon: imported only where it can run
+    except (ImportError, AttributeError) as e:
+        HOPPER = False
+        _warn_no_gluon(e)
+        return False
     return quantize_hopper.applies(x, r, ng)
+
+
+def _quantize_hopper(x, r, mr, kk_dev, e_dev, kmax, est, packed, sz, scale_dtype) -> bool:
+    """Run quantize_hopper.py's kernel; False (and this file's kernel from then on) where this
+    Triton cannot compile it: it compiles before it launches, so nothing was written."""
+    global HOPPER
+    from . import quantize_hopper
+    try:
+        quantize_hopper.quantize(x, r, mr, kk_dev, e_dev, kmax, est, NCAP, packed, sz, scale_dtype)
+    except CompilationError as e:
+        HOPPER = False
+        _warn_no_gluon(e)
+        return False
+    return True
+
+
+def _warn_no_gluon(e: Exception) -> None:
+    # Gluon is experimental and its API moves between Triton releases: this file's kernel
+    # computes the same bits, only slower
+    warnings.warn(f"oscar_zoo: the Hopper quantize kernel needs Triton's Gluon as in Triton 3.6 "
+                  f"(triton {triton.__version__}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}); "
+                  f"using the portable kernel (same bits, about 15% slower). `pip install triton==3.6.0` "
+                  f"restores it", RuntimeWarning, stacklevel=4)
 
 
 def _launch_options() -> dict:

@@ -63,6 +63,12 @@ def _rows_max(v0, v1, v2, v3):
 
 
 @gluon.jit
+def _rows_min(v0, v1, v2, v3):
+    # min, not -max(-v): quantize.py's, so that the sign of a zero minimum is the same
+    return gl.min(gl.minimum(gl.minimum(v0, v1), gl.minimum(v2, v3)), axis=1)
+
+
+@gluon.jit
 def _exact_threshold(v0, v1, v2, v3, kk, KMAX: gl.constexpr):
     """The k-th largest |v| of every row, ties counted: the first distinct value from the top
     with at least k values at or above it (inf for k = 0). The slow path: KMAX max passes."""
@@ -275,7 +281,7 @@ def _quantize_hopper_kernel(
             # estimate's walk through the middle of the row does not meet; then passes from the
             # max with retries; ties, only the float path counts multiplicities
             vmax = _rows_max(v0, v1, v2, v3)
-            vmin = -_rows_max(-v0, -v1, -v2, -v3)
+            vmin = _rows_min(v0, v1, v2, v3)
             if not EST:
                 if gl.max(gl.where(rmask & (good == 0), 1, 0), axis=0) > 0:
                     thr, walked = _passes_from_estimate(v0, v1, v2, v3, kk, e1, e2, top, rmask, NCAP)
@@ -360,10 +366,12 @@ _SZ_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def applies(x: torch.Tensor, r: torch.Tensor | None, ng: int) -> bool:
-    """Whether quantize_kv's call on a Hopper GPU is this kernel's: 16-bit x with contiguous heads,
-    16-byte aligned for TMA, a rotation, d = 128, one group per row."""
+    """Whether quantize_kv's call on a Hopper GPU is this kernel's: 16-bit x with contiguous heads
+    and tokens that do not overlap (a TMA tile is [tokens, H * D]), 16-byte aligned, a rotation,
+    d = 128, one group per row."""
     return (x.dtype in _GL_DTYPE and r is not None and x.shape[-1] == 128 and ng == 1
-            and x.stride(2) == 1 and x.stride(1) == x.shape[2] and (x.stride(0) * 2) % 16 == 0
+            and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) >= x.shape[1] * x.shape[2]
+            and (x.stride(0) * 2) % 16 == 0
             and x.data_ptr() % 16 == 0 and r.data_ptr() % 16 == 0)
 
 

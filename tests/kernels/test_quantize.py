@@ -255,23 +255,40 @@ def test_the_hopper_kernels_calls_bit_exact(device, xdt, sdt, centered, shared):
 def test_the_hopper_kernel_matches_the_triton_kernel_bit_for_bit(device, t, monkeypatch):
     """On a Hopper GPU, with a general rotation (products rounded), both kernels compute the same
     tensor-core products and the same selection: identical outputs, also for x whose tokens are
-    strided (a slice of a wider cache) and rows with outlier channels."""
+    strided (a slice of a wider cache), rows with outlier channels, and (uncentered) rows of zeros
+    or of one sign, which take the rare path's own min and max."""
     if not _hopper(device):
         pytest.skip("the Gluon kernel runs on Hopper GPUs only")
     gen = torch.Generator().manual_seed(t)
     h, d = 4, 128
-    wide = torch.randn(t, 2 * h, d, generator=gen).bfloat16()
-    wide[:, :, :2] *= 20
-    x = wide[:, :h].to(device)                                    # token stride 2 h d
     r = random_orthogonal(h, d, d, gen=gen)
-    prep = prepare_rotation(r, torch.randn(h, d, generator=gen), dtype=torch.bfloat16, device=device)
-    assert quantize_mod._hopper_applies(x, prep.r, 1)
-    for clip in ([0.96, 0.93, 1.0, 0.0], 0.96, [0.92, 0.85, 0.7, 0.5]):
-        got = run_poisoned(lambda: quantize_kv(x, prep, clip, None, torch.float16))
-        monkeypatch.setattr(quantize_mod, "HOPPER", False)
-        want = quantize_kv(x, prep, clip, None, torch.float16)
-        monkeypatch.setattr(quantize_mod, "HOPPER", True)
-        assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
+    wide = torch.randn(t, 2 * h, d, generator=gen)
+    wide[:, :, :2] *= 20
+    for i in range(0, t, 3):                                      # after R: zeros, > 0, < 0
+        wide[i, i % h] = torch.einsum("e,de->d", (torch.rand(d, generator=gen) + 1) * (i % 9 - 4), r[i % h])
+    x = wide.bfloat16()[:, :h].to(device)                         # token stride 2 h d
+    for mean in (torch.randn(h, d, generator=gen), None):
+        prep = prepare_rotation(r, mean, dtype=torch.bfloat16, device=device)
+        assert quantize_mod._hopper_applies(x, prep.r, 1)
+        for clip in ([0.96, 0.93, 1.0, 0.0], 0.96, [0.92, 0.85, 0.7, 0.5]):
+            got = run_poisoned(lambda: quantize_kv(x, prep, clip, None, torch.float16))
+            monkeypatch.setattr(quantize_mod, "HOPPER", False)
+            want = quantize_kv(x, prep, clip, None, torch.float16)
+            monkeypatch.setattr(quantize_mod, "HOPPER", True)
+            assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
+
+
+def test_hopper_applies_only_to_tokens_a_tma_tile_can_read(device):
+    """Tokens that overlap (a broadcast x) and an interpreted CUDA device take quantize.py's kernel."""
+    if not _hopper(device):
+        pytest.skip("the Gluon kernel runs on Hopper GPUs only")
+    prep = prepare_rotation(torch.eye(128), None, dtype=torch.bfloat16, device=device)
+    row = torch.randn(1, 2, 128, device=device).bfloat16()
+    assert quantize_mod._hopper_applies(row.expand(8, 2, 128).contiguous(), prep.r, 1)
+    assert not quantize_mod._hopper_applies(row.expand(8, 2, 128), prep.r, 1)
+    got = run_poisoned(lambda: quantize_kv(row.expand(8, 2, 128), prep, 0.96, None))
+    want = quantize_kv(row.expand(8, 2, 128).contiguous(), prep, 0.96, None)
+    assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
 
 
 def test_general_rotation_close_to_reference(device):
@@ -360,3 +377,28 @@ def test_clip_shapes_per_head(device):
     for clip in (torch.tensor(ratios).view(2, 2), torch.rand(4, 4), torch.rand(2, 1, 2)):
         with pytest.raises(InvalidInput, match=r"clip must be .*kv_heads=4"):
             quantize_kv(x.to(device), None, clip, 16)
+
+
+def test_a_triton_that_cannot_compile_the_gluon_kernel_falls_back_with_a_warning(device, monkeypatch):
+    """Gluon is experimental: where a Triton release no longer compiles quantize_hopper.py's
+    kernel (simulated by its launcher raising as the compiler would), quantize_kv warns once,
+    names the fix and computes the same bits with quantize.py's kernel."""
+    if not _hopper(device):
+        pytest.skip("the Gluon kernel runs on Hopper GPUs only")
+    from triton.compiler.errors import CompilationError
+
+    from oscar_zoo.kernels import quantize_hopper
+
+    def broken(*args, **kwargs):
+        raise CompilationError(None, None, "gluon.language has no attribute 'warpgroup_mma'")
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(100, 2, 128, generator=gen).bfloat16().to(device)
+    prep = prepare_rotation(random_orthogonal(2, 128, 128, gen=gen), None, dtype=torch.bfloat16, device=device)
+    want = quantize_kv(x, prep, 0.96, None)
+    monkeypatch.setattr(quantize_hopper, "quantize", broken)
+    monkeypatch.setattr(quantize_mod, "HOPPER", True)
+    with pytest.warns(RuntimeWarning, match=r"warpgroup_mma.*pip install triton==3\.6\.0"):
+        got = run_poisoned(lambda: quantize_kv(x, prep, 0.96, None))
+    assert torch.equal(got[0], want[0]) and same_bits(got[1], want[1])
+    assert quantize_mod.HOPPER is False                 # once: later calls go straight to quantize.py

@@ -162,7 +162,7 @@ def test_a_worker_token_revoked_during_a_result_upload_records_nothing(jobs_api,
     from oscar_zoo.zoo.errors import Unauthorized
     from tests.utils.bundles import make_bundle
 
-    job = jobs_api.submit()
+    job = jobs_api.submit(lease_seconds=60)     # held while the bundle is written
     lease = jobs_api.worker.claim("w1", 0)["lease"]["token"]
     real = workers.store_blobs
 

@@ -43,8 +43,10 @@ def _runner_bundle(job: dict, out) -> None:
 
 def test_publish_as_an_uploaded_model_is_stamped_by_the_runner_and_published_there(uploaded,
                                                                                     tmp_path):
+    # a lease that outlasts writing the bundle on a loaded machine (jobs_api's default is 3 s,
+    # and one CI run lost it between claim and upload)
     job, created = uploaded.submitter.submit({"model": str(tmp_path / "tiny.gguf"),
-                                              "publish_as": "Tiny-Llama"})
+                                              "publish_as": "Tiny-Llama", "lease_seconds": 60})
     assert created and job["model"] == NAME
     # the registry's names for it, in the spec the worker gets: it has no registry to ask
     assert job["spec"]["publish_as"] == NAME and job["spec"]["publish_hub_id"] == HUB_ID
